@@ -1,1 +1,2 @@
+//! Placeholder until the throughput bench lands.
 fn main() {}
