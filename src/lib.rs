@@ -21,3 +21,6 @@ pub mod classify;
 pub mod dialect;
 pub mod sse;
 pub mod stream;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;

@@ -27,9 +27,9 @@ pub struct OpenAiChat;
 /// without allocating.
 #[derive(Deserialize)]
 struct RawChunk<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
     id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     created: Option<i64>,
@@ -53,8 +53,18 @@ struct RawUsage {
 struct RawChoice<'a> {
     #[serde(borrow, default)]
     delta: Option<RawDelta<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
     finish_reason: Option<Cow<'a, str>>,
+}
+
+/// serde borrows a bare `Cow<str>` field but always allocates for an
+/// `Option<Cow<str>>`; this borrows whenever the string has no escapes.
+fn borrowed_str<'de: 'a, 'a, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'a>>::deserialize(deserializer)?.map(|b| b.0))
 }
 
 #[derive(Deserialize)]

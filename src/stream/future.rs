@@ -1,0 +1,52 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
+use pin_project_lite::pin_project;
+
+use super::StreamStateBody;
+use super::layer::StreamConfig;
+use crate::dialect::Dialect;
+
+pin_project! {
+    /// Response future of [`StreamStateService`](super::StreamStateService).
+    pub struct ResponseFuture<F, D> {
+        #[pin]
+        inner: F,
+        config: Arc<StreamConfig<D>>,
+    }
+}
+
+impl<F, D> ResponseFuture<F, D> {
+    pub(crate) fn new(inner: F, config: Arc<StreamConfig<D>>) -> Self {
+        Self { inner, config }
+    }
+}
+
+impl<F: std::fmt::Debug, D> std::fmt::Debug for ResponseFuture<F, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, D, B, E> Future for ResponseFuture<F, D>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+    D: Dialect,
+{
+    type Output = Result<Response<StreamStateBody<B, D>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        Poll::Ready(Ok(StreamStateBody::wrap_response(response, this.config)))
+    }
+}

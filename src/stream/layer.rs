@@ -1,0 +1,119 @@
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::StreamStateService;
+use crate::dialect::{OpenAiChat, TerminalMode};
+use crate::sse::{DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES};
+
+/// Default number of malformed chunks dropped before the stream is failed.
+pub const DEFAULT_MAX_MALFORMED: u64 = 3;
+
+#[derive(Debug, Clone)]
+pub(crate) struct StreamConfig<D> {
+    pub(crate) dialect: D,
+    pub(crate) terminal_mode: TerminalMode,
+    pub(crate) finish_reason: Cow<'static, str>,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_malformed: u64,
+    pub(crate) max_line_bytes: usize,
+    pub(crate) max_event_bytes: usize,
+}
+
+/// Wraps a service's `text/event-stream` responses in a
+/// [`StreamStateBody`](super::StreamStateBody) that tracks the commit point
+/// and ends failed streams cleanly. See the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct StreamStateLayer<D = OpenAiChat> {
+    config: StreamConfig<D>,
+}
+
+impl Default for StreamStateLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamStateLayer {
+    /// A layer for OpenAI chat-chunk streams with the defaults: terminal
+    /// chunk with a top-level `error` and `finish_reason: "error"`, no idle
+    /// timeout, three malformed chunks tolerated, 1 MiB line and event caps.
+    pub fn new() -> Self {
+        Self {
+            config: StreamConfig {
+                dialect: OpenAiChat,
+                terminal_mode: TerminalMode::default(),
+                finish_reason: Cow::Borrowed("error"),
+                idle_timeout: None,
+                max_malformed: DEFAULT_MAX_MALFORMED,
+                max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+                max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            },
+        }
+    }
+}
+
+impl<D> StreamStateLayer<D> {
+    /// Uses another wire dialect.
+    pub fn dialect<D2>(self, dialect: D2) -> StreamStateLayer<D2> {
+        let c = self.config;
+        StreamStateLayer {
+            config: StreamConfig {
+                dialect,
+                terminal_mode: c.terminal_mode,
+                finish_reason: c.finish_reason,
+                idle_timeout: c.idle_timeout,
+                max_malformed: c.max_malformed,
+                max_line_bytes: c.max_line_bytes,
+                max_event_bytes: c.max_event_bytes,
+            },
+        }
+    }
+
+    /// How a failed stream is ended for the client.
+    pub fn terminal_mode(mut self, mode: TerminalMode) -> Self {
+        self.config.terminal_mode = mode;
+        self
+    }
+
+    /// The `finish_reason` of the terminal chunk (default `"error"`).
+    pub fn finish_reason(mut self, reason: impl Into<Cow<'static, str>>) -> Self {
+        self.config.finish_reason = reason.into();
+        self
+    }
+
+    /// Fails the stream when no frame arrives from upstream for this long.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.config.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// How many malformed chunks are dropped before the stream is failed.
+    pub fn max_malformed(mut self, count: u64) -> Self {
+        self.config.max_malformed = count;
+        self
+    }
+
+    /// Cap on one SSE line, in bytes.
+    pub fn max_line_bytes(mut self, limit: usize) -> Self {
+        self.config.max_line_bytes = limit;
+        self
+    }
+
+    /// Cap on one SSE event, in bytes; also bounds the bytes of an
+    /// incomplete event held back from the client.
+    pub fn max_event_bytes(mut self, limit: usize) -> Self {
+        self.config.max_event_bytes = limit;
+        self
+    }
+}
+
+impl<S, D: Clone> Layer<S> for StreamStateLayer<D> {
+    type Service = StreamStateService<S, D>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StreamStateService::new(inner, Arc::new(self.config.clone()))
+    }
+}

@@ -1,0 +1,59 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::StreamConfig;
+use crate::dialect::Dialect;
+
+/// The service [`StreamStateLayer`](super::StreamStateLayer) produces.
+#[derive(Debug, Clone)]
+pub struct StreamStateService<S, D> {
+    inner: S,
+    config: Arc<StreamConfig<D>>,
+}
+
+impl<S, D> StreamStateService<S, D> {
+    pub(crate) fn new(inner: S, config: Arc<StreamConfig<D>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the wrapper, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for StreamStateService<S, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: std::fmt::Display,
+    D: Dialect,
+{
+    type Response = Response<super::StreamStateBody<ResBody, D>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, D>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        ResponseFuture::new(self.inner.call(request), Arc::clone(&self.config))
+    }
+}

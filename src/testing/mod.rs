@@ -1,0 +1,136 @@
+//! Scriptable fakes for tests and demos (feature `testing`).
+//!
+//! [`ScriptedBody`] plays a list of [`Step`]s as a response body: data
+//! frames, waits, a stall, an error (a reset), or the end. The `chunks`
+//! helpers write OpenAI chat-chunk SSE events.
+
+pub mod chunks;
+
+use std::collections::VecDeque;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame};
+use tokio::time::Sleep;
+
+/// One step of a scripted body.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// A data frame.
+    Data(Bytes),
+    /// Wait this long before the next step.
+    Wait(Duration),
+    /// Never produce anything again (a silent upstream).
+    Stall,
+    /// Fail the body with an I/O error carrying this message (a reset).
+    Error(String),
+}
+
+impl Step {
+    /// A data frame from anything that becomes `Bytes`.
+    pub fn data(bytes: impl Into<Bytes>) -> Self {
+        Self::Data(bytes.into())
+    }
+}
+
+/// A response body that plays [`Step`]s, then ends.
+pub struct ScriptedBody {
+    steps: VecDeque<Step>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for ScriptedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptedBody")
+            .field("steps_left", &self.steps.len())
+            .finish()
+    }
+}
+
+impl ScriptedBody {
+    /// A body playing `steps`.
+    pub fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Self {
+            steps: steps.into_iter().collect(),
+            sleep: None,
+            dropped: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A flag that turns true when the body is dropped, so tests can check
+    /// that the upstream was released.
+    pub fn drop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.dropped)
+    }
+}
+
+impl Drop for ScriptedBody {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Body for ScriptedBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.sleep = None;
+            }
+            match self.steps.pop_front() {
+                None => return Poll::Ready(None),
+                Some(Step::Data(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Some(Step::Wait(duration)) => {
+                    self.sleep = Some(Box::pin(tokio::time::sleep(duration)));
+                }
+                Some(Step::Stall) => {
+                    self.steps.push_front(Step::Stall);
+                    return Poll::Pending;
+                }
+                Some(Step::Error(message)) => {
+                    self.steps.clear();
+                    return Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        message,
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+/// A `200 text/event-stream` response playing `steps`.
+pub fn sse_response(steps: impl IntoIterator<Item = Step>) -> Response<ScriptedBody> {
+    let mut response = Response::new(ScriptedBody::new(steps));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+/// A JSON response with this status and body.
+pub fn json_response(status: u16, body: impl Into<Bytes>) -> Response<ScriptedBody> {
+    let mut response = Response::new(ScriptedBody::new([Step::Data(body.into())]));
+    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
