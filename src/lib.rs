@@ -13,10 +13,12 @@
 //!   finish_reason, usage, in-band errors, terminal chunks.
 //! - [`classify`]: failure classes from the providers' own contracts.
 //! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination.
+//! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling per turn.
 //! - [`action`]: idempotent tool actions keyed by the application.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod action;
+pub mod budget;
 pub mod classify;
 pub mod dialect;
 pub mod sse;

@@ -1,0 +1,130 @@
+//! [`BudgetBody`]: a response body that ends at the turn's deadline.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Buf;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{Sleep, sleep_until};
+
+use crate::classify::Phase;
+
+use super::error::{BudgetBodyError, DeadlineExceeded};
+use super::turn::TurnBudget;
+
+pin_project! {
+    /// A response body that ends with [`BudgetBodyError::Deadline`] when the
+    /// turn's deadline passes mid-stream, so a stream layer outside can
+    /// close the stream cleanly (a terminal chunk) instead of leaving the
+    /// client on a silent connection.
+    ///
+    /// Frames pass through unchanged. After the deadline error the inner
+    /// body is dropped (releasing the upstream connection) and the body
+    /// reports its end.
+    pub struct BudgetBody<B> {
+        #[pin]
+        inner: Option<B>,
+        // Made on first poll, inside the runtime.
+        #[pin]
+        sleep: Option<Sleep>,
+        budget: TurnBudget,
+        body_bytes: u64,
+    }
+}
+
+impl<B> BudgetBody<B> {
+    /// Wrap `inner` so it ends at `budget`'s deadline.
+    pub fn new(inner: B, budget: TurnBudget) -> Self {
+        Self {
+            inner: Some(inner),
+            sleep: None,
+            budget,
+            body_bytes: 0,
+        }
+    }
+
+    /// The turn this body belongs to.
+    pub fn budget(&self) -> &TurnBudget {
+        &self.budget
+    }
+
+    /// Data bytes passed through so far.
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes
+    }
+}
+
+impl<B> std::fmt::Debug for BudgetBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetBody")
+            .field("run_id", self.budget.run_id())
+            .field("ended", &self.inner.is_none())
+            .field("body_bytes", &self.body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for BudgetBody<B> {
+    type Data = B::Data;
+    type Error = BudgetBodyError<B::Error>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if this.inner.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(sleep_until(this.budget.deadline())));
+        }
+        let expired = this
+            .sleep
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|sleep| sleep.poll(cx).is_ready());
+        if expired {
+            this.inner.set(None);
+            this.sleep.set(None);
+            // Bytes that went out cannot be taken back: from then on only
+            // ending the stream is legal.
+            let phase = if *this.body_bytes == 0 {
+                Phase::Preamble
+            } else {
+                Phase::Committed
+            };
+            tracing::debug!(run_id = %this.budget.run_id(), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
+            return Poll::Ready(Some(Err(BudgetBodyError::Deadline(DeadlineExceeded {
+                run_id: this.budget.run_id().clone(),
+                phase,
+                limit: this.budget.time_limit(),
+                elapsed: this.budget.elapsed(),
+                body_bytes: *this.body_bytes,
+            }))));
+        }
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(inner.poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(data) = frame.data_ref()
+        {
+            *this.body_bytes = this.body_bytes.saturating_add(data.remaining() as u64);
+        }
+        Poll::Ready(frame.map(|frame| frame.map_err(BudgetBodyError::Inner)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(inner) => inner.size_hint(),
+            None => SizeHint::with_exact(0),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Errors of the budget layer, its response future and its body.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use crate::classify::{Classification, FailureClass, Phase, Recovery, RetryHint};
+
+use super::turn::{BudgetExhausted, RunId};
+
+/// The turn's deadline passed while the [`Budget`](super::Budget) service
+/// waited for the response head or streamed the response body.
+///
+/// Its class is [`FailureClass::Timeout`], and its recovery
+/// [`Recovery::Stop`]: the turn has no time left for another hop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "turn {run_id}: deadline of {limit:?} passed in phase {phase} ({elapsed:?} elapsed, {body_bytes} body bytes passed)"
+)]
+pub struct DeadlineExceeded {
+    pub(crate) run_id: RunId,
+    pub(crate) phase: Phase,
+    pub(crate) limit: Duration,
+    pub(crate) elapsed: Duration,
+    pub(crate) body_bytes: u64,
+}
+
+impl DeadlineExceeded {
+    /// The turn that ran out of time.
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    /// Where the deadline passed.
+    ///
+    /// [`Phase::Head`] while waiting for the response head. In the body the
+    /// budget layer cannot see commit, so it says [`Phase::Preamble`] when no
+    /// body byte had passed yet and [`Phase::Committed`] once any had (bytes
+    /// that went out cannot be taken back, so the stream must be ended, not
+    /// rerouted). A stream layer that tracks commit knows better.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Always [`FailureClass::Timeout`].
+    pub fn class(&self) -> FailureClass {
+        FailureClass::Timeout
+    }
+
+    /// The turn's whole time budget.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// Time since the turn started when the deadline fired.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// Body data bytes that passed through the budget layer before the
+    /// deadline (0 for a head timeout).
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes
+    }
+
+    /// This failure as a [`Classification`]: class `timeout`, this phase,
+    /// provider code `turn_deadline_exceeded`, recovery `Stop`.
+    pub fn classification(&self) -> Classification {
+        Classification {
+            class: FailureClass::Timeout,
+            phase: self.phase,
+            status: None,
+            provider_code: Some("turn_deadline_exceeded".to_owned()),
+            retry: RetryHint::default(),
+            message: self.to_string(),
+            recovery: Recovery::Stop,
+        }
+    }
+
+    /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.
+    /// behind a boxed [`BudgetBodyError`] or [`BudgetError`]).
+    pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {
+        find_in_chain(error)
+    }
+}
+
+impl BudgetExhausted {
+    /// Find a `BudgetExhausted` in an error or its chain of sources.
+    pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a BudgetExhausted> {
+        find_in_chain(error)
+    }
+}
+
+fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(found) = error.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = error.source();
+    }
+    None
+}
+
+/// The error of the [`Budget`](super::Budget) service.
+///
+/// The budget variants keep their payload as the error's `source()`, so
+/// [`DeadlineExceeded::find_in`] and [`BudgetExhausted::find_in`] work
+/// through a `Box<dyn Error>`; the inner service's error passes through
+/// unchanged (`Display` and `source` are its own).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BudgetError<E> {
+    /// The turn's budget refused the call before the inner service was
+    /// called (deadline passed, attempts used, spend ceiling reached).
+    #[error("turn budget exhausted")]
+    Exhausted(#[source] BudgetExhausted),
+    /// The deadline passed before the response head arrived; the inner call
+    /// was dropped.
+    #[error("turn deadline exceeded")]
+    Deadline(#[source] DeadlineExceeded),
+    /// The inner service failed.
+    #[error(transparent)]
+    Inner(E),
+}
+
+impl<E> BudgetError<E> {
+    /// The deadline failure, if this is one.
+    pub fn deadline(&self) -> Option<&DeadlineExceeded> {
+        match self {
+            BudgetError::Deadline(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The budget refusal, if this is one.
+    pub fn exhausted(&self) -> Option<&BudgetExhausted> {
+        match self {
+            BudgetError::Exhausted(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The inner service's error, if this is one.
+    pub fn into_inner(self) -> Option<E> {
+        match self {
+            BudgetError::Inner(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The error of [`BudgetBody`](super::BudgetBody): the inner body's own, or
+/// the turn's deadline passing mid-stream (after which the body ends).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BudgetBodyError<E> {
+    /// The deadline passed while the body was streaming.
+    #[error("turn deadline exceeded")]
+    Deadline(#[source] DeadlineExceeded),
+    /// The inner body failed.
+    #[error(transparent)]
+    Inner(E),
+}
+
+impl<E> BudgetBodyError<E> {
+    /// The deadline failure, if this is one.
+    pub fn deadline(&self) -> Option<&DeadlineExceeded> {
+        match self {
+            BudgetBodyError::Deadline(d) => Some(d),
+            BudgetBodyError::Inner(_) => None,
+        }
+    }
+}

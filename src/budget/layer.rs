@@ -1,0 +1,124 @@
+//! [`BudgetLayer`]: the per-turn budget's configuration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::backoff::Backoff;
+use super::cost::{Cost, Pricing};
+use super::retry_budget::RetryBudget;
+use super::service::Budget;
+use super::turn::TurnLimits;
+
+/// Applies a per-turn [`TurnBudget`](super::TurnBudget) to every request:
+/// made on the first hop, reused by every later one.
+///
+/// See the [module docs](super) for what the service does with it.
+/// Defaults: 120 s deadline, 4 attempts, no spend ceiling, the OpenAI-SDK
+/// backoff, no retry budget, no pricing, each call counted as an attempt.
+#[derive(Debug, Clone)]
+pub struct BudgetLayer {
+    pub(crate) settings: Arc<Settings>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) limits: TurnLimits,
+    pub(crate) pricing: Option<Pricing>,
+    pub(crate) attempt_per_call: bool,
+}
+
+impl Default for BudgetLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BudgetLayer {
+    /// A layer with the defaults (see the type docs).
+    pub fn new() -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                limits: TurnLimits::new(),
+                pricing: None,
+                attempt_per_call: true,
+            }),
+        }
+    }
+
+    fn update(mut self, f: impl FnOnce(&mut Settings)) -> Self {
+        f(Arc::make_mut(&mut self.settings));
+        self
+    }
+
+    fn update_limits(self, f: impl FnOnce(TurnLimits) -> TurnLimits) -> Self {
+        self.update(|s| s.limits = f(s.limits.clone()))
+    }
+
+    /// Replace all turn limits at once.
+    pub fn limits(self, limits: TurnLimits) -> Self {
+        self.update(|s| s.limits = limits)
+    }
+
+    /// Time allowed for the whole turn, every hop and wait included.
+    pub fn deadline(self, deadline: Duration) -> Self {
+        self.update_limits(|l| l.deadline(deadline))
+    }
+
+    /// Upstream attempts allowed per turn, first attempt included; at least 1.
+    pub fn max_attempts(self, max_attempts: u32) -> Self {
+        self.update_limits(|l| l.max_attempts(max_attempts))
+    }
+
+    /// Money a turn may spend across all its attempts.
+    pub fn spend_ceiling(self, ceiling: Cost) -> Self {
+        self.update_limits(|l| l.spend_ceiling(ceiling))
+    }
+
+    /// The backoff between attempts on the same target, handed to the inner
+    /// layers through [`TurnBudget::backoff`](super::TurnBudget::backoff).
+    pub fn backoff(self, backoff: Backoff) -> Self {
+        self.update_limits(|l| l.backoff(backoff))
+    }
+
+    /// The retry budget shared by all turns through this layer (and every
+    /// other holder of a clone of `retry_budget`).
+    pub fn retry_budget(self, retry_budget: RetryBudget) -> Self {
+        self.update_limits(|l| l.retry_budget(retry_budget))
+    }
+
+    /// Record each response's cost at this price, from the
+    /// [`ReportedUsage`](super::ReportedUsage) in its extensions.
+    ///
+    /// Set it only around a single upstream: a failover layer inside records
+    /// each attempt's spend itself, at each target's own price.
+    pub fn pricing(self, pricing: Pricing) -> Self {
+        self.update(|s| s.pricing = Some(pricing))
+    }
+
+    /// Whether each call of the inner service is counted as one attempt of
+    /// the turn (default `true`: right around a single upstream).
+    ///
+    /// Set `false` when an inner layer (the failover loop) begins its own
+    /// attempts with [`TurnBudget::try_begin_attempt`]; the layer then only
+    /// refuses calls of a turn that is already exhausted.
+    ///
+    /// [`TurnBudget::try_begin_attempt`]: super::TurnBudget::try_begin_attempt
+    pub fn attempt_per_call(self, attempt_per_call: bool) -> Self {
+        self.update(|s| s.attempt_per_call = attempt_per_call)
+    }
+
+    /// The limits each turn starts with.
+    pub fn turn_limits(&self) -> &TurnLimits {
+        &self.settings.limits
+    }
+}
+
+impl<S> Layer<S> for BudgetLayer {
+    type Service = Budget<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Budget::from_parts(inner, self.settings.clone())
+    }
+}

@@ -1,0 +1,622 @@
+//! The per-turn budget every hop draws from.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::backoff::{Backoff, Delay};
+use super::cost::Cost;
+use super::retry_budget::RetryBudget;
+
+/// The id of one turn (one client request and all its hops), shared by its
+/// records and log lines.
+///
+/// [`RunId::random`] makes 16 lowercase hex characters (64 random bits, not
+/// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
+/// header, say). Cloning is cheap.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(Arc<str>);
+
+impl RunId {
+    /// A fresh random id from fastrand's thread-local generator.
+    pub fn random() -> Self {
+        Self::from_rng(&mut fastrand::Rng::new())
+    }
+
+    /// A random id from the given generator (seed it for reproducible ids).
+    pub fn from_rng(rng: &mut fastrand::Rng) -> Self {
+        RunId(format!("{:016x}", rng.u64(..)).into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for RunId {
+    fn from(id: String) -> Self {
+        RunId(id.into())
+    }
+}
+
+impl From<&str> for RunId {
+    fn from(id: &str) -> Self {
+        RunId(id.into())
+    }
+}
+
+impl AsRef<str> for RunId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Why a turn's budget refused another attempt (or spend).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BudgetExhausted {
+    /// The turn's deadline has passed.
+    #[error("the turn's deadline of {limit:?} has passed ({elapsed:?} elapsed)")]
+    Deadline {
+        /// The turn's whole time budget.
+        limit: Duration,
+        /// Time since the turn started.
+        elapsed: Duration,
+    },
+    /// Every attempt the turn may make has been made.
+    #[error("all {max} attempts of the turn are used")]
+    Attempts {
+        /// Attempts made so far.
+        used: u32,
+        /// The turn's maximum.
+        max: u32,
+    },
+    /// The next attempt would take the turn's spend past its ceiling.
+    #[error(
+        "spend ceiling {ceiling} reached: {spent}{} spent, next attempt estimated at {estimated_next}",
+        if *.spent_includes_estimate { " (partly estimated)" } else { "" }
+    )]
+    Spend {
+        /// Spent so far.
+        spent: Cost,
+        /// Whether `spent` includes estimated costs.
+        spent_includes_estimate: bool,
+        /// The estimated cost of the attempt that was refused.
+        estimated_next: Cost,
+        /// The turn's ceiling.
+        ceiling: Cost,
+    },
+    /// The retry budget shared across turns refused an extra attempt: too
+    /// many attempts are failing right now.
+    #[error("the shared retry budget refused attempt {attempt} (too many retries across turns)")]
+    RetryBudget {
+        /// The attempt number that was refused.
+        attempt: u32,
+    },
+}
+
+/// The limits and helpers each turn starts with: the whole-turn deadline,
+/// the attempt cap, the spend ceiling, the backoff and the retry budget
+/// shared across turns. [`BudgetLayer`](super::BudgetLayer) holds one and
+/// starts a [`TurnBudget`] from it per request.
+///
+/// Defaults: 120 s deadline, 4 attempts, no spend ceiling,
+/// [`Backoff::new`], no retry budget.
+#[derive(Debug, Clone)]
+pub struct TurnLimits {
+    deadline: Duration,
+    max_attempts: u32,
+    spend_ceiling: Option<Cost>,
+    backoff: Backoff,
+    retry_budget: Option<RetryBudget>,
+}
+
+impl Default for TurnLimits {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TurnLimits {
+    /// The defaults (see the type docs).
+    pub fn new() -> Self {
+        Self {
+            deadline: Duration::from_secs(120),
+            max_attempts: 4,
+            spend_ceiling: None,
+            backoff: Backoff::new(),
+            retry_budget: None,
+        }
+    }
+
+    /// Time allowed for the whole turn, every hop and wait included.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Upstream attempts allowed per turn, first attempt included; at least 1.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// Money the turn may spend across all attempts.
+    pub fn spend_ceiling(mut self, ceiling: Cost) -> Self {
+        self.spend_ceiling = Some(ceiling);
+        self
+    }
+
+    /// The backoff between attempts on the same target.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// A retry budget shared by every turn started from these limits (and
+    /// their clones).
+    pub fn retry_budget(mut self, retry_budget: RetryBudget) -> Self {
+        self.retry_budget = Some(retry_budget);
+        self
+    }
+
+    /// Start a turn now, with a random run id.
+    pub fn start(&self) -> TurnBudget {
+        self.start_with_run_id(RunId::random())
+    }
+
+    /// Start a turn now, with the given run id.
+    pub fn start_with_run_id(&self, run_id: RunId) -> TurnBudget {
+        let started = Instant::now();
+        TurnBudget {
+            inner: Arc::new(Inner {
+                run_id,
+                started,
+                deadline: deadline_after(started, self.deadline),
+                limit: self.deadline,
+                max_attempts: self.max_attempts,
+                attempts: AtomicU32::new(0),
+                spend_ceiling: self.spend_ceiling,
+                spent: AtomicU64::new(0),
+                spent_estimated: AtomicBool::new(false),
+                backoff: self.backoff.clone(),
+                retry_budget: self.retry_budget.clone(),
+            }),
+        }
+    }
+}
+
+/// `start + limit`, or as far as the clock goes when that overflows.
+fn deadline_after(start: Instant, limit: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    start
+        .checked_add(limit)
+        .or_else(|| start.checked_add(FAR))
+        .unwrap_or(start)
+}
+
+/// The budget of one turn: deadline, attempts and spend, shared by every hop.
+///
+/// Made once per turn (by [`BudgetLayer`](super::BudgetLayer) or
+/// [`TurnLimits::start`]) and carried in the request extensions; cloning
+/// shares it (an `Arc` inside), so nothing resets per hop. All methods take
+/// `&self` and are safe to call from concurrent hops.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_failover::budget::{BudgetExhausted, Cost, TurnLimits};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let turn = TurnLimits::new()
+///     .deadline(Duration::from_secs(30))
+///     .max_attempts(2)
+///     .spend_ceiling(Cost::from_usd(0.05))
+///     .start();
+/// assert_eq!(turn.try_begin_attempt(), Ok(1));
+/// turn.record_spend(Cost::from_usd(0.04), false);
+/// // The next attempt is estimated at 2 cents: it would pass the ceiling.
+/// assert!(matches!(
+///     turn.check_spend(Cost::from_usd(0.02)),
+///     Err(BudgetExhausted::Spend { .. })
+/// ));
+/// assert_eq!(turn.try_begin_attempt(), Ok(2));
+/// assert!(matches!(
+///     turn.try_begin_attempt(),
+///     Err(BudgetExhausted::Attempts { used: 2, max: 2 })
+/// ));
+/// // A backoff longer than the time left is never taken.
+/// assert!(!turn.wait_fits(Duration::from_secs(31)));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TurnBudget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    run_id: RunId,
+    started: Instant,
+    deadline: Instant,
+    limit: Duration,
+    max_attempts: u32,
+    attempts: AtomicU32,
+    spend_ceiling: Option<Cost>,
+    spent: AtomicU64,
+    spent_estimated: AtomicBool,
+    backoff: Backoff,
+    retry_budget: Option<RetryBudget>,
+}
+
+/// What [`TurnBudget::retry_delay`] advises before another attempt on the
+/// same target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDelay {
+    /// Wait this long (it ends before the deadline), then retry the same
+    /// target.
+    Wait(Duration),
+    /// The provider asked for a wait longer than the backoff's maximum
+    /// server-directed delay: reroute, or stop with the original failure.
+    HintTooLong {
+        /// The wait the provider asked for.
+        asked: Duration,
+        /// The configured maximum.
+        max: Duration,
+    },
+    /// The wait would end at or past the turn's deadline: don't take it;
+    /// reroute, or stop with the original failure.
+    PastDeadline {
+        /// The wait that would have been needed.
+        wait: Duration,
+        /// Time left in the turn.
+        remaining: Duration,
+    },
+}
+
+impl RetryDelay {
+    /// The wait to take, if any.
+    pub fn wait(self) -> Option<Duration> {
+        match self {
+            RetryDelay::Wait(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl TurnBudget {
+    /// A turn with the default [`TurnLimits`], starting now.
+    pub fn new() -> Self {
+        TurnLimits::new().start()
+    }
+
+    /// The turn's budget from a request's (or response's) extensions, if a
+    /// [`BudgetLayer`](super::BudgetLayer) or the application put one there.
+    pub fn from_extensions(extensions: &http::Extensions) -> Option<TurnBudget> {
+        extensions.get::<TurnBudget>().cloned()
+    }
+
+    /// Whether two handles are the same turn.
+    pub fn ptr_eq(&self, other: &TurnBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The turn's run id.
+    pub fn run_id(&self) -> &RunId {
+        &self.inner.run_id
+    }
+
+    /// When the turn started.
+    pub fn started(&self) -> Instant {
+        self.inner.started
+    }
+
+    /// Time since the turn started.
+    pub fn elapsed(&self) -> Duration {
+        self.inner.started.elapsed()
+    }
+
+    /// When the turn must be over.
+    pub fn deadline(&self) -> Instant {
+        self.inner.deadline
+    }
+
+    /// The turn's whole time budget (`deadline - started`).
+    pub fn time_limit(&self) -> Duration {
+        self.inner.limit
+    }
+
+    /// Time left before the deadline; zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        self.inner
+            .deadline
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.inner.deadline
+    }
+
+    /// The turn's attempt cap.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+
+    /// Attempts begun so far.
+    pub fn attempts_used(&self) -> u32 {
+        self.inner.attempts.load(Ordering::Acquire)
+    }
+
+    /// The turn's spend ceiling, if any.
+    pub fn spend_ceiling(&self) -> Option<Cost> {
+        self.inner.spend_ceiling
+    }
+
+    /// The backoff for attempts on the same target.
+    pub fn backoff(&self) -> &Backoff {
+        &self.inner.backoff
+    }
+
+    /// The retry budget shared across turns, if one is configured.
+    pub fn retry_budget(&self) -> Option<&RetryBudget> {
+        self.inner.retry_budget.as_ref()
+    }
+
+    fn deadline_error(&self) -> BudgetExhausted {
+        BudgetExhausted::Deadline {
+            limit: self.inner.limit,
+            elapsed: self.elapsed(),
+        }
+    }
+
+    /// Begin an attempt: returns its 1-based number, or why the turn may not
+    /// make it.
+    ///
+    /// Refuses once the deadline has passed or every attempt is used; the
+    /// count is claimed atomically, so concurrent hops never overdraw it.
+    /// When the turn carries a [`RetryBudget`], attempt 1 deposits into it
+    /// and every later attempt withdraws from it first; a refused withdrawal
+    /// gives [`BudgetExhausted::RetryBudget`] and does not use up an attempt.
+    /// Spend is checked separately, with [`check_spend`](Self::check_spend),
+    /// because only the caller knows the next attempt's estimate.
+    pub fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
+        if self.is_expired() {
+            return Err(self.deadline_error());
+        }
+        let max = self.inner.max_attempts;
+        let claimed =
+            self.inner
+                .attempts
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    (used < max).then_some(used + 1)
+                });
+        let attempt = match claimed {
+            Ok(before) => before + 1,
+            Err(used) => return Err(BudgetExhausted::Attempts { used, max }),
+        };
+        if let Some(retry_budget) = &self.inner.retry_budget {
+            if attempt == 1 {
+                retry_budget.deposit();
+            } else if !retry_budget.withdraw() {
+                // Give the attempt back: it was never made.
+                self.inner.attempts.fetch_sub(1, Ordering::AcqRel);
+                return Err(BudgetExhausted::RetryBudget { attempt });
+            }
+        }
+        Ok(attempt)
+    }
+
+    /// Check that an attempt estimated to cost `estimated_next` still fits
+    /// under the spend ceiling.
+    ///
+    /// Refuses when spend has already reached the ceiling, or when spend plus
+    /// the estimate would pass it. Always fine without a ceiling.
+    pub fn check_spend(&self, estimated_next: Cost) -> Result<(), BudgetExhausted> {
+        let Some(ceiling) = self.inner.spend_ceiling else {
+            return Ok(());
+        };
+        let (spent, spent_includes_estimate) = self.spent();
+        if spent >= ceiling || spent.saturating_add(estimated_next) > ceiling {
+            return Err(BudgetExhausted::Spend {
+                spent,
+                spent_includes_estimate,
+                estimated_next,
+                ceiling,
+            });
+        }
+        Ok(())
+    }
+
+    /// Check, without using anything up, that the turn could still make an
+    /// attempt: deadline not passed, an attempt left, spend below the
+    /// ceiling. (The retry budget is not consulted: asking it costs a token.)
+    pub fn check_open(&self) -> Result<(), BudgetExhausted> {
+        if self.is_expired() {
+            return Err(self.deadline_error());
+        }
+        let used = self.attempts_used();
+        if used >= self.inner.max_attempts {
+            return Err(BudgetExhausted::Attempts {
+                used,
+                max: self.inner.max_attempts,
+            });
+        }
+        self.check_spend(Cost::ZERO)
+    }
+
+    /// Add a finished attempt's cost; `estimated` marks it as estimated
+    /// rather than computed from reported usage.
+    pub fn record_spend(&self, cost: Cost, estimated: bool) {
+        // fetch_update never fails with a closure returning Some.
+        let _ = self
+            .inner
+            .spent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |spent| {
+                Some(spent.saturating_add(cost.as_nanos()))
+            });
+        if estimated {
+            self.inner.spent_estimated.store(true, Ordering::Release);
+        }
+    }
+
+    /// Spent so far, and whether any of it is an estimate.
+    pub fn spent(&self) -> (Cost, bool) {
+        (
+            Cost::from_nanos(self.inner.spent.load(Ordering::Acquire)),
+            self.inner.spent_estimated.load(Ordering::Acquire),
+        )
+    }
+
+    /// Whether a wait of `wait` starting now would end before the deadline.
+    /// A backoff that does not fit is never taken.
+    pub fn wait_fits(&self, wait: Duration) -> bool {
+        Instant::now()
+            .checked_add(wait)
+            .is_some_and(|end| end < self.inner.deadline)
+    }
+
+    /// The backoff before retry `retry_index` (0 = first retry) on the same
+    /// target, given the provider's hint, checked against the time left.
+    pub fn retry_delay(&self, retry_index: u32, hint: Option<Duration>) -> RetryDelay {
+        match self.inner.backoff.delay(retry_index, hint) {
+            Delay::Wait(wait) if self.wait_fits(wait) => RetryDelay::Wait(wait),
+            Delay::Wait(wait) => RetryDelay::PastDeadline {
+                wait,
+                remaining: self.remaining(),
+            },
+            Delay::HintTooLong { asked, max } => RetryDelay::HintTooLong { asked, max },
+        }
+    }
+}
+
+impl Default for TurnBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for TurnBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (spent, estimated) = self.spent();
+        f.debug_struct("TurnBudget")
+            .field("run_id", &self.inner.run_id)
+            .field("time_limit", &self.inner.limit)
+            .field("remaining", &self.remaining())
+            .field("attempts_used", &self.attempts_used())
+            .field("max_attempts", &self.inner.max_attempts)
+            .field("spent", &spent)
+            .field("spent_includes_estimate", &estimated)
+            .field("spend_ceiling", &self.inner.spend_ceiling)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_16_hex_and_distinct() {
+        let a = RunId::random();
+        let b = RunId::random();
+        assert_eq!(a.as_str().len(), 16);
+        assert!(a.as_str().chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        let mut r1 = fastrand::Rng::with_seed(3);
+        let mut r2 = fastrand::Rng::with_seed(3);
+        assert_eq!(RunId::from_rng(&mut r1), RunId::from_rng(&mut r2));
+        assert_eq!(RunId::from("req-7").to_string(), "req-7");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_counts_down_and_refuses() {
+        let turn = TurnLimits::new().deadline(Duration::from_secs(10)).start();
+        assert_eq!(turn.remaining(), Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(turn.remaining(), Duration::from_secs(6));
+        assert!(!turn.is_expired());
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(turn.is_expired());
+        assert_eq!(turn.remaining(), Duration::ZERO);
+        assert_eq!(
+            turn.try_begin_attempt(),
+            Err(BudgetExhausted::Deadline {
+                limit: Duration::from_secs(10),
+                elapsed: Duration::from_secs(10)
+            })
+        );
+        assert_eq!(turn.attempts_used(), 0);
+        assert!(turn.check_open().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn huge_deadline_does_not_overflow() {
+        let turn = TurnLimits::new().deadline(Duration::MAX).start();
+        assert!(!turn.is_expired());
+        assert!(turn.wait_fits(Duration::from_secs(3600)));
+        assert!(!turn.wait_fits(Duration::MAX));
+    }
+
+    #[test]
+    fn attempts_are_claimed_atomically_across_threads() {
+        let turn = TurnLimits::new().max_attempts(50).start();
+        let ok = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        if turn.try_begin_attempt().is_ok() {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(ok.load(Ordering::Relaxed), 50);
+        assert_eq!(turn.attempts_used(), 50);
+    }
+
+    #[test]
+    fn zero_max_attempts_means_one() {
+        let turn = TurnLimits::new().max_attempts(0).start();
+        assert_eq!(turn.try_begin_attempt(), Ok(1));
+        assert!(turn.try_begin_attempt().is_err());
+    }
+
+    #[test]
+    fn spend_without_ceiling_is_unbounded_but_counted() {
+        let turn = TurnBudget::new();
+        turn.record_spend(Cost::MAX, false);
+        turn.record_spend(Cost::from_nanos(5), true);
+        assert_eq!(turn.spent(), (Cost::MAX, true));
+        assert!(turn.check_spend(Cost::MAX).is_ok());
+    }
+
+    #[test]
+    fn spend_error_reads_well() {
+        let turn = TurnLimits::new()
+            .spend_ceiling(Cost::from_usd(0.10))
+            .start();
+        turn.record_spend(Cost::from_usd(0.08), true);
+        let err = turn.check_spend(Cost::from_usd(0.03)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spend ceiling $0.10 reached: $0.08 (partly estimated) spent, next attempt estimated at $0.03"
+        );
+        assert!(turn.check_spend(Cost::from_usd(0.02)).is_ok());
+        turn.record_spend(Cost::from_usd(0.02), false);
+        // At the ceiling exactly: even a free attempt is refused.
+        assert!(turn.check_spend(Cost::ZERO).is_err());
+        assert!(turn.check_open().is_err());
+    }
+}

@@ -1,0 +1,340 @@
+//! BudgetLayer alone around a fake LLM service.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::{Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
+use tokio::time::{Instant, advance, sleep};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_llm_failover::budget::{
+    BudgetExhausted, BudgetLayer, Cost, DeadlineExceeded, Pricing, ReportedUsage, TurnBudget,
+    TurnLimits,
+};
+use tower_llm_failover::classify::{FailureClass, Phase, Recovery};
+
+fn request() -> Request<Full<Bytes>> {
+    Request::new(Full::new(Bytes::from_static(
+        br#"{"model":"m","messages":[]}"#,
+    )))
+}
+
+/// An upstream answering `{}` at once, counting its calls and reporting the
+/// turn it saw.
+#[derive(Clone, Default)]
+struct Upstream {
+    calls: Arc<AtomicU32>,
+    seen: Arc<std::sync::Mutex<Vec<TurnBudget>>>,
+    usage: Option<ReportedUsage>,
+}
+
+impl Service<Request<Full<Bytes>>> for Upstream {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let turn = TurnBudget::from_extensions(req.extensions()).expect("turn in extensions");
+        self.seen.lock().unwrap().push(turn);
+        let mut res = Response::new(Full::new(Bytes::from_static(b"{}")));
+        if let Some(usage) = self.usage {
+            res.extensions_mut().insert(usage);
+        }
+        std::future::ready(Ok(res))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_turn_is_made_and_handed_inward_and_outward() {
+    let upstream = Upstream::default();
+    let svc = BudgetLayer::new()
+        .max_attempts(2)
+        .layer_service(upstream.clone());
+    let res = svc.oneshot(request()).await.unwrap();
+    let outward = TurnBudget::from_extensions(res.extensions()).unwrap();
+    let inward = upstream.seen.lock().unwrap()[0].clone();
+    assert!(outward.ptr_eq(&inward));
+    assert_eq!(outward.attempts_used(), 1);
+    assert_eq!(outward.run_id().as_str().len(), 16);
+    assert_eq!(
+        &res.into_body().collect().await.unwrap().to_bytes()[..],
+        b"{}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_in_the_extensions_is_reused_and_never_reset_per_hop() {
+    let upstream = Upstream::default();
+    let mut svc = BudgetLayer::new()
+        .deadline(Duration::from_secs(60)) // ignored: the turn already has one
+        .layer_service(upstream.clone());
+    let turn = TurnLimits::new()
+        .deadline(Duration::from_secs(10))
+        .max_attempts(2)
+        .start_with_run_id("turn-1".into());
+    let start = Instant::now();
+
+    let mut first = request();
+    first.extensions_mut().insert(turn.clone());
+    svc.ready().await.unwrap().call(first).await.unwrap();
+    advance(Duration::from_secs(4)).await;
+
+    let mut second = request();
+    second.extensions_mut().insert(turn.clone());
+    let res = svc.ready().await.unwrap().call(second).await.unwrap();
+    let after = TurnBudget::from_extensions(res.extensions()).unwrap();
+    assert!(after.ptr_eq(&turn));
+    assert_eq!(after.run_id().as_str(), "turn-1");
+    assert_eq!(after.attempts_used(), 2);
+    assert_eq!(after.deadline(), start + Duration::from_secs(10));
+    assert_eq!(after.remaining(), Duration::from_secs(6));
+
+    // The third hop finds the attempts used up; the upstream is not called.
+    let mut third = request();
+    third.extensions_mut().insert(turn.clone());
+    let err = svc.ready().await.unwrap().call(third).await.unwrap_err();
+    assert_eq!(
+        err.exhausted(),
+        Some(&BudgetExhausted::Attempts { used: 2, max: 2 })
+    );
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
+    assert!(
+        upstream
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|t| t.ptr_eq(&turn))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spend_is_recorded_from_usage_and_the_ceiling_refuses() {
+    let upstream = Upstream {
+        usage: Some(ReportedUsage::reported(1_000, 500)),
+        ..Upstream::default()
+    };
+    let mut svc = BudgetLayer::new()
+        .spend_ceiling(Cost::from_usd(0.02))
+        .pricing(Pricing::per_million_usd(5.0, 10.0)) // 0.01 + 0.01 per call
+        .layer_service(upstream.clone());
+    let turn = TurnLimits::new()
+        .spend_ceiling(Cost::from_usd(0.02))
+        .start();
+    for _ in 0..2 {
+        let mut req = request();
+        req.extensions_mut().insert(turn.clone());
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    assert_eq!(turn.spent(), (Cost::from_usd(0.02), false));
+
+    let mut req = request();
+    req.extensions_mut().insert(turn.clone());
+    let err = svc.ready().await.unwrap().call(req).await.unwrap_err();
+    assert!(matches!(
+        err.exhausted(),
+        Some(BudgetExhausted::Spend { spent, ceiling, .. })
+            if *spent == Cost::from_usd(0.02) && *ceiling == Cost::from_usd(0.02)
+    ));
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
+    // A refused call does not use an attempt.
+    assert_eq!(turn.attempts_used(), 2);
+    // Found through a boxed error too.
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(err);
+    assert!(BudgetExhausted::find_in(boxed.as_ref()).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn estimated_usage_marks_the_spend() {
+    let upstream = Upstream {
+        usage: Some(ReportedUsage::estimated(1_000_000, 0)),
+        ..Upstream::default()
+    };
+    let svc = BudgetLayer::new()
+        .pricing(Pricing::per_million_usd(1.0, 1.0))
+        .layer_service(upstream);
+    let res = svc.oneshot(request()).await.unwrap();
+    let turn = TurnBudget::from_extensions(res.extensions()).unwrap();
+    assert_eq!(turn.spent(), (Cost::from_usd(1.0), true));
+}
+
+/// Sets a flag when dropped, to see the inner call abandoned.
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_head_ends_at_the_deadline() {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    let upstream = tower::service_fn(move |_req: Request<Full<Bytes>>| {
+        let guard = DropFlag(flag.clone());
+        async move {
+            sleep(Duration::from_secs(30)).await;
+            drop(guard);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(2)))
+        .service(upstream);
+
+    let start = Instant::now();
+    let err = svc.oneshot(request()).await.unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the inner call was not dropped"
+    );
+
+    let deadline = err.deadline().expect("a deadline error");
+    assert_eq!(deadline.class(), FailureClass::Timeout);
+    assert_eq!(deadline.phase(), Phase::Head);
+    assert_eq!(deadline.body_bytes(), 0);
+    assert_eq!(deadline.elapsed(), Duration::from_secs(2));
+    let class = deadline.classification();
+    assert_eq!(class.class, FailureClass::Timeout);
+    assert_eq!(class.phase, Phase::Head);
+    assert_eq!(class.recovery, Recovery::Stop);
+    assert_eq!(err.to_string(), "turn deadline exceeded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_body_ends_with_a_deadline_error_at_the_deadline() {
+    let upstream = tower::service_fn(|_req: Request<Full<Bytes>>| async {
+        // Two chunks a second apart, then silence.
+        let chunks = stream::unfold(0u32, |n| async move {
+            match n {
+                0 => Some((
+                    Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"data: {\"a\":1}\n\n"))),
+                    1,
+                )),
+                1 => {
+                    sleep(Duration::from_secs(1)).await;
+                    Some((
+                        Ok(Frame::data(Bytes::from_static(b"data: {\"b\":2}\n\n"))),
+                        2,
+                    ))
+                }
+                _ => {
+                    sleep(Duration::from_secs(3600)).await;
+                    None
+                }
+            }
+        });
+        Ok::<_, Infallible>(Response::new(StreamBody::new(chunks)))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(5)))
+        .service(upstream);
+
+    let start = Instant::now();
+    // Holds a timer, so it is !Unpin like tower-http's TimeoutBody.
+    let mut body = std::pin::pin!(svc.oneshot(request()).await.unwrap().into_body());
+    let mut received = Vec::new();
+    let err = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => received.extend_from_slice(&frame.into_data().unwrap()),
+            Some(Err(err)) => break err,
+            None => panic!("body ended without the deadline error"),
+        }
+    };
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert_eq!(&received[..], b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\n");
+    let deadline = err.deadline().expect("a deadline error");
+    assert_eq!(deadline.phase(), Phase::Committed);
+    assert_eq!(deadline.body_bytes(), received.len() as u64);
+    assert_eq!(deadline.class(), FailureClass::Timeout);
+    // The body is over: no more frames, and it says so.
+    assert!(http_body::Body::is_end_stream(&body));
+    assert!(body.frame().await.is_none());
+    // Found behind a box, the way a stream layer outside would hold it.
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(err);
+    assert_eq!(
+        DeadlineExceeded::find_in(boxed.as_ref()).map(DeadlineExceeded::phase),
+        Some(Phase::Committed)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_stalled_before_any_byte_reports_preamble() {
+    let upstream = tower::service_fn(|_req: Request<Full<Bytes>>| async {
+        let silent = stream::pending::<Result<Frame<Bytes>, Infallible>>();
+        Ok::<_, Infallible>(Response::new(StreamBody::new(silent)))
+    });
+    let svc = BudgetLayer::new()
+        .deadline(Duration::from_secs(3))
+        .layer_service(upstream);
+    let body = svc.oneshot(request()).await.unwrap().into_body();
+    let err = body.collect().await.unwrap_err();
+    assert_eq!(
+        err.deadline().map(DeadlineExceeded::phase),
+        Some(Phase::Preamble)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_attempt_per_call_the_inner_loop_counts_attempts() {
+    let upstream = tower::service_fn(|req: Request<Full<Bytes>>| async move {
+        let turn = TurnBudget::from_extensions(req.extensions()).unwrap();
+        // The failover loop inside begins its own attempts.
+        assert_eq!(turn.try_begin_attempt(), Ok(1));
+        assert_eq!(turn.try_begin_attempt(), Ok(2));
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    });
+    let svc = BudgetLayer::new()
+        .attempt_per_call(false)
+        .layer_service(upstream);
+    let res = svc.oneshot(request()).await.unwrap();
+    assert_eq!(
+        TurnBudget::from_extensions(res.extensions())
+            .unwrap()
+            .attempts_used(),
+        2
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_turn_is_refused_before_the_call() {
+    let upstream = Upstream::default();
+    let svc = BudgetLayer::new()
+        .attempt_per_call(false)
+        .layer_service(upstream.clone());
+    let turn = TurnLimits::new().deadline(Duration::from_secs(1)).start();
+    advance(Duration::from_secs(1)).await;
+    let mut req = request();
+    req.extensions_mut().insert(turn);
+    let err = svc.oneshot(req).await.unwrap_err();
+    assert!(matches!(
+        err.exhausted(),
+        Some(BudgetExhausted::Deadline { .. })
+    ));
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 0);
+}
+
+/// `Layer::layer` without importing the trait in every test.
+trait LayerExt {
+    fn layer_service<S>(&self, inner: S) -> tower_llm_failover::budget::Budget<S>;
+}
+impl LayerExt for BudgetLayer {
+    fn layer_service<S>(&self, inner: S) -> tower_llm_failover::budget::Budget<S> {
+        tower::Layer::layer(self, inner)
+    }
+}
