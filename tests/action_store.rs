@@ -32,22 +32,40 @@ async fn acquire(store: &MemoryStore, id: &str) -> RunToken {
 async fn only_the_first_claim_acquires_and_others_see_running() {
     let store = MemoryStore::new();
     let first = store.claim(&request("a")).await.unwrap();
-    assert_eq!(first.claim, Claim::Acquired { run: RunToken::new(1) });
+    assert_eq!(
+        first.claim,
+        Claim::Acquired {
+            run: RunToken::new(1)
+        }
+    );
     let t = first.transition.unwrap();
-    assert_eq!((t.before, t.after), (StateKind::NotStarted, StateKind::Running));
+    assert_eq!(
+        (t.before, t.after),
+        (StateKind::NotStarted, StateKind::Running)
+    );
 
     let second = store.claim(&request("a")).await.unwrap();
-    assert_eq!(second.claim, Claim::InProgress { run: RunToken::new(1) });
+    assert_eq!(
+        second.claim,
+        Claim::InProgress {
+            run: RunToken::new(1)
+        }
+    );
     assert!(second.transition.is_none());
 
     let t = store
         .complete(&"a".into(), RunToken::new(1), None, json!({"ok": true}))
         .await
         .unwrap();
-    assert_eq!((t.before, t.after), (StateKind::Running, StateKind::Succeeded));
+    assert_eq!(
+        (t.before, t.after),
+        (StateKind::Running, StateKind::Succeeded)
+    );
     assert_eq!(
         store.claim(&request("a")).await.unwrap().claim,
-        Claim::Succeeded { result: json!({"ok": true}) }
+        Claim::Succeeded {
+            result: json!({"ok": true})
+        }
     );
 }
 
@@ -69,7 +87,13 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
     let store = MemoryStore::new();
     let run = acquire(&store, "a").await;
     store
-        .fail(&"a".into(), run, None, StoredError::new("declined for now"), true)
+        .fail(
+            &"a".into(),
+            run,
+            None,
+            StoredError::new("declined for now"),
+            true,
+        )
         .await
         .unwrap();
     // A retryable failure: the next claim starts run 2.
@@ -86,10 +110,18 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
             if r == RunToken::new(1) && c == RunToken::new(2)
     ));
     // Nor can anyone report twice.
-    store.complete(&"a".into(), run2, None, json!(2)).await.unwrap();
+    store
+        .complete(&"a".into(), run2, None, json!(2))
+        .await
+        .unwrap();
     assert!(matches!(
-        store.fail(&"a".into(), run2, None, StoredError::new("x"), false).await,
-        Err(StoreError::Conflict { found: StateKind::Succeeded, .. })
+        store
+            .fail(&"a".into(), run2, None, StoredError::new("x"), false)
+            .await,
+        Err(StoreError::Conflict {
+            found: StateKind::Succeeded,
+            ..
+        })
     ));
     assert!(matches!(
         store.mark_unknown(&"missing".into(), run2, None).await,
@@ -102,12 +134,20 @@ async fn a_final_failure_is_replayed() {
     let store = MemoryStore::new();
     let run = acquire(&store, "a").await;
     store
-        .fail(&"a".into(), run, None, StoredError::new("card blocked"), false)
+        .fail(
+            &"a".into(),
+            run,
+            None,
+            StoredError::new("card blocked"),
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(
         store.claim(&request("a")).await.unwrap().claim,
-        Claim::Failed { error: StoredError::new("card blocked") }
+        Claim::Failed {
+            error: StoredError::new("card blocked")
+        }
     );
 }
 
@@ -131,13 +171,23 @@ async fn a_running_claim_past_its_lease_turns_unknown_not_free() {
     // The owner vanishes without reporting.
     tokio::time::advance(LEASE + Duration::from_secs(1)).await;
     let claimed = store.claim(&request("a")).await.unwrap();
-    assert_eq!(claimed.claim, Claim::Unknown { run: RunToken::new(1) });
+    assert_eq!(
+        claimed.claim,
+        Claim::Unknown {
+            run: RunToken::new(1)
+        }
+    );
     let t = claimed.transition.unwrap();
-    assert_eq!((t.before, t.after), (StateKind::Running, StateKind::Unknown));
+    assert_eq!(
+        (t.before, t.after),
+        (StateKind::Running, StateKind::Unknown)
+    );
     // And it stays unknown: nobody acquires it.
     assert_eq!(
         store.claim(&request("a")).await.unwrap().claim,
-        Claim::Unknown { run: RunToken::new(1) }
+        Claim::Unknown {
+            run: RunToken::new(1)
+        }
     );
 }
 
@@ -160,24 +210,45 @@ async fn resolution_moves_unknown_on_exactly_once() {
         .resolve(&request("a"), run, Reconciliation::NotApplied)
         .await
         .unwrap();
-    assert_eq!(first.claim, Claim::Acquired { run: RunToken::new(2) });
+    assert_eq!(
+        first.claim,
+        Claim::Acquired {
+            run: RunToken::new(2)
+        }
+    );
     let second = store
         .resolve(&request("a"), run, Reconciliation::NotApplied)
         .await
         .unwrap();
-    assert_eq!(second.claim, Claim::InProgress { run: RunToken::new(2) });
+    assert_eq!(
+        second.claim,
+        Claim::InProgress {
+            run: RunToken::new(2)
+        }
+    );
 
     // Unknown resolved as succeeded stores the reconciled result.
     let run = acquire(&store, "b").await;
     store.mark_unknown(&"b".into(), run, None).await.unwrap();
     let done = store
-        .resolve(&request("b"), run, Reconciliation::Succeeded(json!({"charge": "ch_1"})))
+        .resolve(
+            &request("b"),
+            run,
+            Reconciliation::Succeeded(json!({"charge": "ch_1"})),
+        )
         .await
         .unwrap();
-    assert_eq!(done.claim, Claim::Succeeded { result: json!({"charge": "ch_1"}) });
+    assert_eq!(
+        done.claim,
+        Claim::Succeeded {
+            result: json!({"charge": "ch_1"})
+        }
+    );
     assert_eq!(
         store.state(&"b".into()).await.unwrap(),
-        ActionState::Succeeded { result: json!({"charge": "ch_1"}) }
+        ActionState::Succeeded {
+            result: json!({"charge": "ch_1"})
+        }
     );
 }
 
@@ -186,10 +257,15 @@ async fn a_late_report_on_an_unknown_run_is_taken_as_the_truth() {
     let store = MemoryStore::new();
     let run = acquire(&store, "a").await;
     store.mark_unknown(&"a".into(), run, None).await.unwrap();
-    store.complete(&"a".into(), run, None, json!("late")).await.unwrap();
+    store
+        .complete(&"a".into(), run, None, json!("late"))
+        .await
+        .unwrap();
     assert_eq!(
         store.state(&"a".into()).await.unwrap(),
-        ActionState::Succeeded { result: json!("late") }
+        ActionState::Succeeded {
+            result: json!("late")
+        }
     );
 }
 
@@ -198,13 +274,19 @@ async fn finished_records_expire_after_their_ttl() {
     let ttl = Duration::from_secs(60);
     let store = MemoryStore::new().ttl(ttl);
     let run = acquire(&store, "a").await;
-    store.complete(&"a".into(), run, None, json!(1)).await.unwrap();
+    store
+        .complete(&"a".into(), run, None, json!(1))
+        .await
+        .unwrap();
 
     tokio::time::advance(ttl - Duration::from_secs(1)).await;
     assert!(store.get(&"a".into()).await.unwrap().is_some());
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(store.get(&"a".into()).await.unwrap().is_none());
-    assert_eq!(store.state(&"a".into()).await.unwrap(), ActionState::NotStarted);
+    assert_eq!(
+        store.state(&"a".into()).await.unwrap(),
+        ActionState::NotStarted
+    );
     assert_eq!(store.purge_expired(), 1);
     assert!(store.is_empty());
     // A new claim starts afresh.
@@ -217,7 +299,10 @@ async fn running_and_unknown_records_never_expire_or_get_evicted() {
     let store = MemoryStore::new().ttl(ttl).max_records(2);
     acquire(&store, "running").await;
     let run = acquire(&store, "unknown").await;
-    store.mark_unknown(&"unknown".into(), run, None).await.unwrap();
+    store
+        .mark_unknown(&"unknown".into(), run, None)
+        .await
+        .unwrap();
 
     tokio::time::advance(ttl * 100).await;
     assert_eq!(store.purge_expired(), 0);
@@ -226,7 +311,10 @@ async fn running_and_unknown_records_never_expire_or_get_evicted() {
         store.claim(&request("new")).await,
         Err(StoreError::Full { max_records: 2, ref action_id }) if action_id.as_str() == "new"
     ));
-    assert_eq!(store.state(&"unknown".into()).await.unwrap(), ActionState::Unknown);
+    assert_eq!(
+        store.state(&"unknown".into()).await.unwrap(),
+        ActionState::Unknown
+    );
     // The running one is past its lease by now: unknown, still not evicted.
     assert!(matches!(
         store.claim(&request("running")).await.unwrap().claim,
@@ -266,7 +354,11 @@ async fn the_store_stays_bounded_under_a_long_run() {
             Err(other) => panic!("unexpected {other}"),
         }
         peak = peak.max(store.len());
-        assert!(store.len() <= max, "store grew past its bound: {}", store.len());
+        assert!(
+            store.len() <= max,
+            "store grew past its bound: {}",
+            store.len()
+        );
         tokio::time::advance(Duration::from_millis(500)).await;
     }
     assert_eq!(peak, max);
@@ -277,7 +369,9 @@ async fn the_store_stays_bounded_under_a_long_run() {
     assert!(store.get(&"action-0".into()).await.unwrap().is_none());
     assert_eq!(
         store.state(&"action-19999".into()).await.unwrap(),
-        ActionState::Succeeded { result: json!(19_999) }
+        ActionState::Succeeded {
+            result: json!(19_999)
+        }
     );
     tokio::time::advance(ttl).await;
     store.purge_expired();
@@ -297,10 +391,15 @@ async fn waiters_wake_on_the_transition() {
     };
     tokio::task::yield_now().await;
     assert!(!waiter.is_finished());
-    store.complete(&"a".into(), run, None, json!("done")).await.unwrap();
+    store
+        .complete(&"a".into(), run, None, json!("done"))
+        .await
+        .unwrap();
     assert_eq!(
         waiter.await.unwrap(),
-        ActionState::Succeeded { result: json!("done") }
+        ActionState::Succeeded {
+            result: json!("done")
+        }
     );
     // Not running on that run any more: returns at once.
     store.changed(&"a".into(), run).await;
