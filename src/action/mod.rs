@@ -1,1 +1,120 @@
-//! placeholder
+//! Idempotent tool actions: an effect runs once per action id, and a timeout
+//! means "unknown", never "repeat".
+//!
+//! Failover makes model attempts repeatable; effects are not. A backup model
+//! may propose the same tool call again, and a retried executor could charge a
+//! card twice. Here the application's [`ActionId`] (for example
+//! `send-order-847`), not the model attempt, decides whether an effect runs.
+//!
+//! [`ActionExecutorLayer`] wraps any Tower service that performs effects
+//! (`Service<ToolCall, Response = serde_json::Value>`). For each call it:
+//!
+//! 1. checks the arguments against the tool's JSON Schema, if
+//!    [`ToolSchemas`] are configured (invalid calls leave no record);
+//! 2. claims the action in an [`ActionStore`] *before* the effect;
+//! 3. runs the inner service under the effect timeout and stores the outcome.
+//!
+//! The same action id again gets the stored result (or the stored final
+//! error) without running the effect. A concurrent duplicate waits for the
+//! first call, up to [`in_progress_wait`](ActionExecutorLayer::in_progress_wait),
+//! then gets [`ActionError::InProgress`]. If the effect times out, its future
+//! is dropped, or the executor fails ambiguously, the action becomes
+//! [`ActionState::Unknown`]. A later call never repeats it blindly: it asks
+//! the [`Reconciler`] (if any) and acts on the answer; without one, or if the
+//! reconciler cannot tell, it returns [`ActionError::NeedsReconciliation`].
+//!
+//! States: not started → running → succeeded | failed (retryable or final) |
+//! unknown. A retryable failure runs again on the next call; an unknown one
+//! runs again only after the reconciler answers [`Reconciliation::NotApplied`].
+//! Every transition is a `tracing` event (`"action transition"`) with the
+//! action id, attempt id, run, and the states before and after.
+//!
+//! [`MemoryStore`] is the in-process store: bounded, finished records expire
+//! after a time-to-live, live records are never evicted (a full store refuses
+//! new claims with [`StoreError::Full`]). The trait is shaped so a shared
+//! backend can implement each step with one round trip.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use serde_json::{Value, json};
+//! use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+//! use tower_llm_failover::action::{
+//!     ActionError, ActionExecutorLayer, ActionState, ActionStore, Disposition, MemoryStore,
+//!     Reconciliation, ToolCall, ToolSchemas, reconcile_fn,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The tools from the chat request, checked before any effect.
+//! let request = json!({ "tools": [{ "type": "function", "function": {
+//!     "name": "send_order",
+//!     "parameters": {
+//!         "type": "object",
+//!         "properties": { "sku": { "type": "string" }, "qty": { "type": "integer", "minimum": 1 } },
+//!         "required": ["sku", "qty"]
+//!     }
+//! }}]});
+//! let store = Arc::new(MemoryStore::new().max_records(10_000).ttl(Duration::from_secs(3600)));
+//!
+//! let mut executor = ServiceBuilder::new()
+//!     .layer(
+//!         ActionExecutorLayer::new(store.clone())
+//!             .schemas(ToolSchemas::from_request(&request)?)
+//!             .effect_timeout(Duration::from_secs(10))
+//!             .in_progress_wait(Duration::from_secs(2))
+//!             // Ask the order system what happened to an action it may have applied.
+//!             .reconciler(reconcile_fn(|_call: ToolCall| async {
+//!                 Ok::<_, BoxError>(Reconciliation::NotApplied)
+//!             }))
+//!             .classify_errors(|_e: &BoxError| Disposition::Retryable),
+//!     )
+//!     .service_fn(|call: ToolCall| async move {
+//!         // The effect: place the order in the external system.
+//!         Ok::<_, BoxError>(json!({ "order": call.action_id.as_str(), "status": "placed" }))
+//!     });
+//!
+//! let call = ToolCall::new("send-order-847", "send_order", json!({ "sku": "A-1", "qty": 2 }))
+//!     .with_attempt_id("turn-9/attempt-1");
+//! let first = executor.ready().await?.call(call.clone()).await?;
+//!
+//! // A backup model proposes the same call: the stored result, no second order.
+//! let again = executor.ready().await?.call(call.with_attempt_id("turn-9/attempt-2")).await?;
+//! assert_eq!(first, again);
+//! assert!(matches!(store.state(&"send-order-847".into()).await?, ActionState::Succeeded { .. }));
+//!
+//! // Invalid arguments never reach the executor.
+//! let bad = ToolCall::new("send-order-848", "send_order", json!({ "sku": "A-1", "qty": 0 }));
+//! let err = executor.ready().await?.call(bad).await.unwrap_err();
+//! assert!(matches!(err, ActionError::InvalidArguments { ref path, .. } if path == "/qty"));
+//! # let _: Value = first;
+//! # Ok(())
+//! # }
+//! ```
+
+mod disposition;
+mod error;
+mod future;
+mod id;
+mod layer;
+mod memory;
+mod reconcile;
+mod schema;
+mod service;
+mod state;
+mod store;
+
+pub use disposition::{ClassifyEffectError, Disposition, FinalOnError};
+pub use error::{ActionError, UnknownReason};
+pub use future::ResponseFuture;
+pub use id::{ActionId, ToolCall};
+pub use layer::ActionExecutorLayer;
+pub use memory::MemoryStore;
+pub use reconcile::{ReconcileFn, Reconciler, Reconciliation, reconcile_fn};
+pub use schema::{SchemaError, ToolSchemas};
+pub use service::ActionExecutor;
+pub use state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
+pub use store::{ActionStore, BoxError, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};

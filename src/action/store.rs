@@ -1,0 +1,309 @@
+//! The `ActionStore` trait: atomic claims and transitions.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::id::ActionId;
+use super::reconcile::Reconciliation;
+use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
+
+/// A boxed, `Send` future, so [`ActionStore`] and
+/// [`Reconciler`](super::Reconciler) stay object safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A type-erased error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a caller asks the store for when it wants to run an action.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRequest {
+    /// The action.
+    pub action_id: ActionId,
+    /// The model attempt asking, for the record.
+    pub attempt_id: Option<String>,
+    /// The tool; a record claimed for another tool is a
+    /// [`StoreError::ToolMismatch`].
+    pub tool: String,
+    /// How long a `running` claim is trusted. A claim that finds a running
+    /// record past its lease turns it `unknown`: its owner vanished, and the
+    /// effect may or may not have been applied.
+    pub lease: Duration,
+}
+
+/// What a claim (or a resolution) found or made.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// This caller owns run `run` and must apply the effect now, then report
+    /// it with `complete`, `fail` or `mark_unknown`.
+    Acquired {
+        /// The run this caller owns.
+        run: RunToken,
+    },
+    /// Another caller is applying the effect.
+    InProgress {
+        /// The run in progress.
+        run: RunToken,
+    },
+    /// The effect was applied; here is the stored result.
+    Succeeded {
+        /// The stored result.
+        result: Value,
+    },
+    /// The effect failed for good; here is the stored error.
+    Failed {
+        /// The stored error.
+        error: StoredError,
+    },
+    /// The effect may or may not have been applied; reconcile before anything else.
+    Unknown {
+        /// The run whose outcome is unknown.
+        run: RunToken,
+    },
+}
+
+impl Claim {
+    /// The state this claim reports.
+    pub fn kind(&self) -> StateKind {
+        match self {
+            Self::Acquired { .. } | Self::InProgress { .. } => StateKind::Running,
+            Self::Succeeded { .. } => StateKind::Succeeded,
+            Self::Failed { .. } => StateKind::Failed,
+            Self::Unknown { .. } => StateKind::Unknown,
+        }
+    }
+}
+
+/// A [`Claim`] and the transition it made, if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// What the caller got.
+    pub claim: Claim,
+    /// The state change the claim caused (`None` when it only read).
+    pub transition: Option<Transition>,
+}
+
+impl Claimed {
+    /// A claim that changed nothing.
+    pub fn read(claim: Claim) -> Self {
+        Self {
+            claim,
+            transition: None,
+        }
+    }
+
+    /// A claim that made `transition`.
+    pub fn changed(claim: Claim, transition: Transition) -> Self {
+        Self {
+            claim,
+            transition: Some(transition),
+        }
+    }
+}
+
+/// Errors of an [`ActionStore`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store holds its maximum number of records and none has expired.
+    /// Live records (running, unknown, or finished within their time-to-live)
+    /// are never evicted to make room: that would let an effect run twice.
+    #[error(
+        "action store is full ({max_records} live records); refusing to claim new action `{action_id}`"
+    )]
+    Full {
+        /// The action that could not be claimed.
+        action_id: ActionId,
+        /// The store's bound.
+        max_records: usize,
+    },
+    /// The action id was first claimed for another tool.
+    #[error("action `{action_id}` was claimed for tool `{recorded}`, not `{requested}`")]
+    ToolMismatch {
+        /// The action.
+        action_id: ActionId,
+        /// The tool on record.
+        recorded: String,
+        /// The tool of this call.
+        requested: String,
+    },
+    /// A transition named a run the action is no longer on, or a state it is
+    /// no longer in.
+    #[error("action `{action_id}` is {found} (run {current}); transition for run {run} refused")]
+    Conflict {
+        /// The action.
+        action_id: ActionId,
+        /// The run the transition named.
+        run: RunToken,
+        /// The action's current run.
+        current: RunToken,
+        /// The action's current state.
+        found: StateKind,
+    },
+    /// A transition named an action the store has no record of.
+    #[error("no record of action `{action_id}`")]
+    NotFound {
+        /// The action.
+        action_id: ActionId,
+    },
+    /// The backend failed (connection, encoding, ...).
+    #[error("action store backend failed: {0}")]
+    Backend(#[source] BoxError),
+}
+
+/// Where actions are claimed and their outcomes stored.
+///
+/// Every method is one atomic step, so a shared backend (Redis, with one
+/// script per method) can implement each with one round trip. Methods return
+/// boxed futures so the trait is usable as `Arc<dyn ActionStore>`.
+///
+/// The transitions:
+///
+/// | from | `claim` | `complete` / `fail` / `mark_unknown` (same run) | `resolve` (same run) |
+/// |---|---|---|---|
+/// | no record | → running (run 1), `Acquired` | `NotFound` | `NotFound` |
+/// | running | `InProgress`; past its lease → unknown | → succeeded / failed / unknown | read |
+/// | succeeded | `Succeeded` (replay) | `Conflict` | read |
+/// | failed, retryable | → running (next run), `Acquired` | `Conflict` | read |
+/// | failed, final | `Failed` (replay) | `Conflict` | read |
+/// | unknown | `Unknown` | `complete`/`fail` accepted (late truth); `mark_unknown` no-op | succeeded → succeeded; not applied → running (next run), `Acquired` |
+///
+/// Callers trace the [`Transition`]s the methods report; the executor layer does.
+pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
+    /// Claims the action: only one caller gets [`Claim::Acquired`] for a
+    /// fresh (or retryable) action; others see it running, its stored
+    /// outcome, or unknown.
+    fn claim<'a>(&'a self, request: &'a ClaimRequest)
+    -> BoxFuture<'a, Result<Claimed, StoreError>>;
+
+    /// Stores the result of run `run`: running (or unknown) → succeeded.
+    fn complete<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>>;
+
+    /// Stores the error of run `run`: running (or unknown) → failed.
+    fn fail<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+        error: StoredError,
+        retryable: bool,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>>;
+
+    /// Records that run `run` may or may not have applied the effect:
+    /// running → unknown.
+    fn mark_unknown<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>>;
+
+    /// Acts on a reconciler's answer about unknown run `run`:
+    /// [`Reconciliation::Succeeded`] stores the result,
+    /// [`Reconciliation::NotApplied`] claims the next run for this caller,
+    /// [`Reconciliation::StillUnknown`] changes nothing. If the action moved
+    /// on meanwhile (another caller resolved it), behaves as
+    /// [`claim`](Self::claim) would now.
+    fn resolve<'a>(
+        &'a self,
+        request: &'a ClaimRequest,
+        run: RunToken,
+        answer: Reconciliation,
+    ) -> BoxFuture<'a, Result<Claimed, StoreError>>;
+
+    /// The action's record, if the store has one.
+    fn get<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+    ) -> BoxFuture<'a, Result<Option<ActionRecord>, StoreError>>;
+
+    /// The action's state ([`ActionState::NotStarted`] without a record).
+    fn state<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+    ) -> BoxFuture<'a, Result<ActionState, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .get(action_id)
+                .await?
+                .map_or(ActionState::NotStarted, |record| record.state))
+        })
+    }
+
+    /// Resolves when the action may have left running run `run`, so a waiting
+    /// duplicate can claim again. Spurious wake-ups are fine; callers bound
+    /// the wait. The default polls every 20 ms; stores that can notify
+    /// (the in-memory one, Redis pub/sub) should override it.
+    fn changed<'a>(&'a self, action_id: &'a ActionId, run: RunToken) -> BoxFuture<'a, ()> {
+        let _ = (action_id, run);
+        Box::pin(tokio::time::sleep(Duration::from_millis(20)))
+    }
+}
+
+impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
+    fn claim<'a>(
+        &'a self,
+        request: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
+        (**self).claim(request)
+    }
+    fn complete<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        (**self).complete(action_id, run, attempt_id, result)
+    }
+    fn fail<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+        error: StoredError,
+        retryable: bool,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        (**self).fail(action_id, run, attempt_id, error, retryable)
+    }
+    fn mark_unknown<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+        run: RunToken,
+        attempt_id: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        (**self).mark_unknown(action_id, run, attempt_id)
+    }
+    fn resolve<'a>(
+        &'a self,
+        request: &'a ClaimRequest,
+        run: RunToken,
+        answer: Reconciliation,
+    ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
+        (**self).resolve(request, run, answer)
+    }
+    fn get<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+    ) -> BoxFuture<'a, Result<Option<ActionRecord>, StoreError>> {
+        (**self).get(action_id)
+    }
+    fn state<'a>(
+        &'a self,
+        action_id: &'a ActionId,
+    ) -> BoxFuture<'a, Result<ActionState, StoreError>> {
+        (**self).state(action_id)
+    }
+    fn changed<'a>(&'a self, action_id: &'a ActionId, run: RunToken) -> BoxFuture<'a, ()> {
+        (**self).changed(action_id, run)
+    }
+}
