@@ -305,17 +305,11 @@ fn trim(bytes: &[u8]) -> &[u8] {
 fn parse_text(bytes: &[u8]) -> ErrorBody {
     let text = String::from_utf8_lossy(bytes);
     let head = text.trim_start();
-    let lower_head: String = head
-        .chars()
-        .take(64)
-        .collect::<String>()
-        .to_ascii_lowercase();
-    if lower_head.starts_with("<!doctype html")
-        || lower_head.starts_with("<html")
-        || lower_head.starts_with("<head")
-        || lower_head.starts_with("<body")
-        || lower_head.starts_with("<?xml")
-        || (lower_head.starts_with('<') && text.to_ascii_lowercase().contains("</"))
+    let lower_head = head.get(..64).unwrap_or(head).to_ascii_lowercase();
+    let html_start = ["<!doctype html", "<html", "<head", "<body", "<?xml"];
+    // Any markup page: starts with a tag and closes one somewhere.
+    if html_start.iter().any(|p| lower_head.starts_with(p))
+        || (head.starts_with('<') && head.contains("</"))
     {
         return ErrorBody {
             shape: Shape::Html,

@@ -77,7 +77,7 @@
 //! says whether to wait or to leave, and an SSE stream that answered 200
 //! reports its failure in a `data: {"error":...}` event (HTTP/1.1 SSE has no
 //! trailers). So the core is built on its own types, and the `tower-http`
-//! feature adds [`TowerHttpClassifier`], an adapter implementing
+//! feature adds `TowerHttpClassifier`, an adapter implementing
 //! `ClassifyResponse` from the status and headers (`Ready` at the head) for
 //! users who want the same classes in tower-http's `TraceLayer`. It is
 //! optional because trait impls do not carry across tower-http 0.x majors
@@ -122,4 +122,5 @@ pub use self::retry_after::{
 pub use self::sanitize::{MAX_MESSAGE_CHARS, REDACTED, sanitize_message};
 pub use self::service::Classify;
 #[cfg(feature = "tower-http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower-http")))]
 pub use self::tower_http::TowerHttpClassifier;

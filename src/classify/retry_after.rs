@@ -41,7 +41,8 @@ fn parse_decimal(value: &str) -> Option<f64> {
     {
         return None;
     }
-    let n: f64 = body.parse().ok()?;
+    // Digits only, so an infinity here is an overflow: huge, not garbage.
+    let n = body.parse::<f64>().ok()?.min(f64::MAX);
     Some(if negative { -n } else { n })
 }
 

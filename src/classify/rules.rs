@@ -15,8 +15,12 @@
 //! 9. an `InvalidRequest` whose message names the context window becomes
 //!    `ContextLengthExceeded` (row 13, Anthropic and vLLM wording).
 //!
-//! Generic types such as `invalid_request_error` decide nothing on their own:
-//! OpenAI sends that type with 401 and 404 too, so the status speaks first.
+//! Generic types and codes (`invalid_request_error`, `server_error`,
+//! `api_error`) decide nothing on their own: OpenAI sends
+//! `invalid_request_error` with 401 and 404 too, and DeepSeek's "Server
+//! Overloaded" 503 says `server_error`, so the status speaks first. Only
+//! in-band, with no status, do they pick between `InvalidRequest` and
+//! `ServerError`.
 
 use super::FailureClass::{self, *};
 use super::body::ErrorBody;
@@ -120,7 +124,6 @@ fn contract_class(
             "model_not_found" => Some(ModelNotFound),
             "server_is_overloaded" | "slow_down" | "capacity_exceeded" => Some(Overloaded),
             "unsupported_country_region_territory" => Some(PermissionDenied),
-            "server_error" | "internal_error" => Some(ServerError),
             "request_too_large" => Some(PayloadTooLarge),
             _ => None,
         };
@@ -143,7 +146,6 @@ fn contract_class(
         let class = match kind.to_ascii_lowercase().as_str() {
             "rate_limit_error" => Some(RateLimited),
             "overloaded_error" => Some(Overloaded),
-            "api_error" | "server_error" | "internalservererror" => Some(ServerError),
             "timeout_error" => Some(Timeout),
             "authentication_error" => Some(Auth),
             "permission_error" => Some(PermissionDenied),
