@@ -1,147 +1,126 @@
 //! Failure classification from the providers' own contracts.
 //!
-//! Every failure of an upstream call gets a [`FailureClass`], the [`Phase`] it
-//! happened in, and a default [`Recovery`] the failover policy reads.
+//! Every failure of an upstream call gets a [`FailureClass`], the [`Phase`]
+//! it happened in, the HTTP status, the provider's own code, retry hints, a
+//! bounded sanitized message, and a default [`Recovery`] the failover policy
+//! reads: retry the same provider, reroute, or stop.
+//!
+//! Two ways in:
+//!
+//! - [`ClassifyLayer`] wraps an upstream HTTP service. A 2xx passes through
+//!   untouched (no body read, no copy). Anything else becomes
+//!   `Err(`[`UpstreamError`]`)`: the error body is read with a cap (64 KiB)
+//!   and a timeout (10 s), classified, and kept so that a final stop can
+//!   answer the client in OpenAI's error shape
+//!   ([`UpstreamError::to_openai_error`]). Transport errors from the inner
+//!   client are classified too. It works alone (metrics, logs, a
+//!   `tower::retry::Policy` reading [`Classification::recovery`]) and inside
+//!   the failover stack.
+//! - [`Classifier`] is the engine, called directly for what the layer cannot
+//!   see: in-band stream errors ([`Classifier::classify_in_band`]), 200
+//!   bodies that are not completions ([`Classifier::validate_completion`]),
+//!   transport errors met while a body streams
+//!   ([`Classifier::classify_transport`]), and the gateway's own timeouts,
+//!   cancellations and truncations ([`Classification::timeout`],
+//!   [`Classification::cancelled`], [`Classification::truncated`]).
+//!
+//! The rules come from the providers' documented contracts (OpenAI, Azure,
+//! Anthropic, Gemini native and OpenAI-compatible, OpenRouter, vLLM, Ollama,
+//! Groq, DeepSeek): the same 429 splits into a rate limit and an exhausted
+//! quota, a Gemini `QuotaFailure` with a per-day quota id is not retried, an
+//! OpenAI "Request too large ... (TPM)" 429 is a payload that tier can never
+//! take. The order they are checked in is documented on the (private)
+//! `rules` module and on [`Classifier`]; users change the outcome for a
+//! status, a provider code or a provider with [`Override`]s.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_llm_failover::classify::{ClassifyLayer, FailureClass, Phase, Recovery};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // A fake upstream that has run out of credit.
+//! let upstream = tower::service_fn(|_req: Request<Full<Bytes>>| async {
+//!     let body = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+//!     Ok::<_, std::convert::Infallible>(
+//!         Response::builder().status(429).body(Full::new(Bytes::from(body))).unwrap(),
+//!     )
+//! });
+//! let service = ServiceBuilder::new()
+//!     .layer(ClassifyLayer::new().provider("openai"))
+//!     .service(upstream);
+//!
+//! let error = service.oneshot(Request::new(Full::default())).await.unwrap_err();
+//! let c = error.classification();
+//! assert_eq!(c.class, FailureClass::QuotaExhausted); // a 429, but not a rate limit
+//! assert_eq!(c.phase, Phase::Head);
+//! assert_eq!(c.recovery, Recovery::Reroute);
+//! assert_eq!(c.provider_code.as_deref(), Some("insufficient_quota"));
+//!
+//! // What a gateway answers when no other provider is left.
+//! let (status, body) = error.to_openai_error();
+//! assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+//! assert!(body.starts_with(br#"{"error":{"#));
+//! # }
+//! ```
+//!
+//! # Why not tower-http's classify traits
+//!
+//! tower-http's `ClassifyResponse` decides from the response head, and its
+//! `ClassifyEos` from trailers or a body error at the end of the stream.
+//! Neither ever sees body bytes, and the contracts live in them: a 429's body
+//! says whether to wait or to leave, and an SSE stream that answered 200
+//! reports its failure in a `data: {"error":...}` event (HTTP/1.1 SSE has no
+//! trailers). So the core is built on its own types, and the `tower-http`
+//! feature adds `TowerHttpClassifier`, an adapter implementing
+//! `ClassifyResponse` from the status and headers (`Ready` at the head) for
+//! users who want the same classes in tower-http's `TraceLayer`. It is
+//! optional because trait impls do not carry across tower-http 0.x majors
+//! (many gateways still pin 0.6).
+//!
+//! # Credentials
+//!
+//! Messages are sanitized when a [`Classification`] is built
+//! ([`sanitize_message`]): keys echoed by a provider (`sk-...`, `AIza...`,
+//! `Bearer ...`, long hex or base64 tokens) are replaced by `[REDACTED]`, and
+//! the message is cut to [`MAX_MESSAGE_CHARS`]. The raw error body kept in
+//! [`UpstreamError::body`] is not sanitized and is never printed by `Debug`.
 
-use std::time::Duration;
+mod body;
+mod class;
+mod classifier;
+mod error;
+mod future;
+mod layer;
+mod openai_error;
+mod overrides;
+mod retry_after;
+mod rules;
+mod sanitize;
+mod service;
+#[cfg(feature = "tower-http")]
+mod tower_http;
+mod transport;
 
-use http::StatusCode;
-
-/// What kind of failure an upstream call had, named by the provider contract
-/// that documents it rather than by a catch-all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FailureClass {
-    /// A short-term rate limit: wait and retry.
-    RateLimited,
-    /// Quota, credit or spend limit exhausted: retrying that provider will not help.
-    QuotaExhausted,
-    /// The provider is overloaded (529, 503, capacity exceeded).
-    Overloaded,
-    /// A server-side error (500, 502, 409 lock timeouts).
-    ServerError,
-    /// A timeout, the provider's (408, 504) or ours.
-    Timeout,
-    /// Connection could not be made or was reset before the response head.
-    Connect,
-    /// The provider rejected the gateway's credential.
-    Auth,
-    /// The provider refused access (region, tier, permissions).
-    PermissionDenied,
-    /// The upstream model does not exist for this provider.
-    ModelNotFound,
-    /// The client's request is invalid; no provider will accept it.
-    InvalidRequest,
-    /// The prompt does not fit the model's context window.
-    ContextLengthExceeded,
-    /// The provider's content policy blocked the request or the answer.
-    ContentFiltered,
-    /// The request is larger than this provider (or tier) accepts.
-    PayloadTooLarge,
-    /// The provider answered something that is not what it claims to be.
-    InvalidResponse,
-    /// The client went away or the turn was cancelled.
-    Cancelled,
-}
-
-impl FailureClass {
-    /// A stable snake_case name, used in logs, metrics and error codes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RateLimited => "rate_limited",
-            Self::QuotaExhausted => "quota_exhausted",
-            Self::Overloaded => "overloaded",
-            Self::ServerError => "server_error",
-            Self::Timeout => "timeout",
-            Self::Connect => "connect",
-            Self::Auth => "auth",
-            Self::PermissionDenied => "permission_denied",
-            Self::ModelNotFound => "model_not_found",
-            Self::InvalidRequest => "invalid_request",
-            Self::ContextLengthExceeded => "context_length_exceeded",
-            Self::ContentFiltered => "content_filtered",
-            Self::PayloadTooLarge => "payload_too_large",
-            Self::InvalidResponse => "invalid_response",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl std::fmt::Display for FailureClass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where in an upstream call a failure happened. Failover is legal in every
-/// phase but [`Phase::Committed`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Before the request could have reached the provider (DNS, connect, TLS).
-    BeforeSend,
-    /// After the request was sent, up to and including the response head.
-    Head,
-    /// The response is streaming but no model output has reached the client.
-    Preamble,
-    /// Model output has reached the client: the stream is committed.
-    Committed,
-}
-
-impl Phase {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::BeforeSend => "before_send",
-            Self::Head => "head",
-            Self::Preamble => "preamble",
-            Self::Committed => "committed",
-        }
-    }
-}
-
-impl std::fmt::Display for Phase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a failover policy should do about a failure, absent overrides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Recovery {
-    /// Try the same target again (after the retry hint or a backoff).
-    RetrySame,
-    /// Move to another eligible target.
-    Reroute,
-    /// Return the failure to the client; no other provider would do better.
-    Stop,
-}
-
-/// Retry hints a provider gave with a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RetryHint {
-    /// How long the provider asked us to wait (`retry-after-ms`,
-    /// `retry-after`, Gemini `RetryInfo.retryDelay`).
-    pub after: Option<Duration>,
-    /// `x-should-retry`, when present.
-    pub should_retry: Option<bool>,
-}
-
-/// One classified failure.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Classification {
-    /// The failure class.
-    pub class: FailureClass,
-    /// Where the failure happened.
-    pub phase: Phase,
-    /// The HTTP status, when there was a response head.
-    pub status: Option<StatusCode>,
-    /// The provider's own error code or type string.
-    pub provider_code: Option<String>,
-    /// Retry hints from headers or body.
-    pub retry: RetryHint,
-    /// A bounded, sanitized message (never carries a credential).
-    pub message: String,
-    /// The default recovery for this failure.
-    pub recovery: Recovery,
-}
+pub use self::class::{Classification, FailureClass, Phase, Recovery, RetryHint};
+pub use self::classifier::{
+    Classifier, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_RETRY_WAIT,
+};
+pub use self::error::UpstreamError;
+pub use self::future::ResponseFuture;
+pub use self::layer::ClassifyLayer;
+pub use self::overrides::Override;
+pub use self::retry_after::{
+    MAX_RETRY_HINT, parse_go_duration, parse_retry_after, parse_retry_after_ms, parse_should_retry,
+    retry_delay_in_message, retry_hint_from_headers,
+};
+pub use self::sanitize::{MAX_MESSAGE_CHARS, REDACTED, sanitize_message};
+pub use self::service::Classify;
+#[cfg(feature = "tower-http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower-http")))]
+pub use self::tower_http::TowerHttpClassifier;

@@ -1,0 +1,382 @@
+//! The shared failure vocabulary: class, phase, recovery, retry hint and the
+//! classification that carries them.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::sanitize::{sanitize_code, sanitize_message};
+
+/// What kind of failure an upstream call had, named by the provider contract
+/// that documents it rather than by a catch-all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureClass {
+    /// A short-term rate limit: wait and retry.
+    RateLimited,
+    /// Quota, credit or spend limit exhausted: retrying that provider will not help.
+    QuotaExhausted,
+    /// The provider is overloaded (529, 503, capacity exceeded).
+    Overloaded,
+    /// A server-side error (500, 502, 409 lock timeouts).
+    ServerError,
+    /// A timeout, the provider's (408, 504) or ours.
+    Timeout,
+    /// Connection could not be made or was reset before the response head.
+    Connect,
+    /// The provider rejected the gateway's credential.
+    Auth,
+    /// The provider refused access (region, tier, permissions).
+    PermissionDenied,
+    /// The upstream model does not exist for this provider.
+    ModelNotFound,
+    /// The client's request is invalid; no provider will accept it.
+    InvalidRequest,
+    /// The prompt does not fit the model's context window.
+    ContextLengthExceeded,
+    /// The provider's content policy blocked the request or the answer.
+    ContentFiltered,
+    /// The request is larger than this provider (or tier) accepts.
+    PayloadTooLarge,
+    /// The provider answered something that is not what it claims to be.
+    InvalidResponse,
+    /// The client went away or the turn was cancelled.
+    Cancelled,
+}
+
+impl FailureClass {
+    /// Every class, in declaration order (for tables, metrics registration
+    /// and exhaustive tests).
+    pub const ALL: [FailureClass; 15] = [
+        Self::RateLimited,
+        Self::QuotaExhausted,
+        Self::Overloaded,
+        Self::ServerError,
+        Self::Timeout,
+        Self::Connect,
+        Self::Auth,
+        Self::PermissionDenied,
+        Self::ModelNotFound,
+        Self::InvalidRequest,
+        Self::ContextLengthExceeded,
+        Self::ContentFiltered,
+        Self::PayloadTooLarge,
+        Self::InvalidResponse,
+        Self::Cancelled,
+    ];
+
+    /// A stable snake_case name, used in logs, metrics and error codes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RateLimited => "rate_limited",
+            Self::QuotaExhausted => "quota_exhausted",
+            Self::Overloaded => "overloaded",
+            Self::ServerError => "server_error",
+            Self::Timeout => "timeout",
+            Self::Connect => "connect",
+            Self::Auth => "auth",
+            Self::PermissionDenied => "permission_denied",
+            Self::ModelNotFound => "model_not_found",
+            Self::InvalidRequest => "invalid_request",
+            Self::ContextLengthExceeded => "context_length_exceeded",
+            Self::ContentFiltered => "content_filtered",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::InvalidResponse => "invalid_response",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// The default recovery for this class: the data a failover policy reads
+    /// when no override applies.
+    ///
+    /// | class | recovery | why |
+    /// |---|---|---|
+    /// | `InvalidRequest`, `ContentFiltered`, `Cancelled` | `Stop` | the client's request (or the client) is the problem; no provider does better |
+    /// | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect` | `RetrySame` | transient; the failover policy decides when waiting costs too much and reroutes |
+    /// | `QuotaExhausted`, `Auth`, `PermissionDenied`, `ModelNotFound` | `Reroute` | about the gateway's account with that provider, not the client's request |
+    /// | `PayloadTooLarge` | `Reroute` | the limit is the provider's (or tier's, e.g. OpenAI's TPM 429) |
+    /// | `InvalidResponse` | `Reroute` | the provider broke its own contract |
+    /// | `ContextLengthExceeded` | `Reroute` | **only toward a larger context window**: the failover layer filters candidates by window and stops when none is larger |
+    ///
+    /// A classification in [`Phase::Committed`] can never move: whatever the
+    /// recovery says, the failover layer ends the committed stream instead.
+    pub fn default_recovery(self) -> Recovery {
+        match self {
+            Self::InvalidRequest | Self::ContentFiltered | Self::Cancelled => Recovery::Stop,
+            Self::RateLimited
+            | Self::Overloaded
+            | Self::ServerError
+            | Self::Timeout
+            | Self::Connect => Recovery::RetrySame,
+            Self::QuotaExhausted
+            | Self::Auth
+            | Self::PermissionDenied
+            | Self::ModelNotFound
+            | Self::PayloadTooLarge
+            | Self::InvalidResponse
+            | Self::ContextLengthExceeded => Recovery::Reroute,
+        }
+    }
+
+    /// Whether the failure is about the client's request itself (the
+    /// classes whose final stop reports the provider's own 4xx status).
+    pub fn is_request_error(self) -> bool {
+        matches!(
+            self,
+            Self::InvalidRequest
+                | Self::ContextLengthExceeded
+                | Self::ContentFiltered
+                | Self::PayloadTooLarge
+        )
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where in an upstream call a failure happened. Failover is legal in every
+/// phase but [`Phase::Committed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Before the request could have reached the provider (DNS, connect, TLS).
+    BeforeSend,
+    /// After the request was sent, up to and including the response head.
+    Head,
+    /// The response is streaming but no model output has reached the client.
+    Preamble,
+    /// Model output has reached the client: the stream is committed.
+    Committed,
+}
+
+impl Phase {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BeforeSend => "before_send",
+            Self::Head => "head",
+            Self::Preamble => "preamble",
+            Self::Committed => "committed",
+        }
+    }
+
+    /// Whether the request may have reached the provider (and so may have
+    /// been processed, billed or rate-counted) in this phase.
+    pub fn may_have_reached_provider(self) -> bool {
+        !matches!(self, Self::BeforeSend)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a failover policy should do about a failure, absent overrides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Recovery {
+    /// Try the same target again (after the retry hint or a backoff).
+    RetrySame,
+    /// Move to another eligible target.
+    Reroute,
+    /// Return the failure to the client; no other provider would do better.
+    Stop,
+}
+
+impl Recovery {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RetrySame => "retry_same",
+            Self::Reroute => "reroute",
+            Self::Stop => "stop",
+        }
+    }
+}
+
+impl fmt::Display for Recovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Retry hints a provider gave with a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetryHint {
+    /// How long the provider asked us to wait (`retry-after-ms`,
+    /// `retry-after`, Gemini `RetryInfo.retryDelay`).
+    pub after: Option<Duration>,
+    /// `x-should-retry`, when present.
+    pub should_retry: Option<bool>,
+}
+
+/// One classified failure.
+///
+/// Build one with [`Classification::new`] and the `with_*` setters, or with
+/// the shortcuts for failures the gateway observes itself
+/// ([`timeout`](Classification::timeout), [`cancelled`](Classification::cancelled),
+/// [`truncated`](Classification::truncated), ...). The setters sanitize what
+/// they are given, so `message` never carries a credential.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Classification {
+    /// The failure class.
+    pub class: FailureClass,
+    /// Where the failure happened.
+    pub phase: Phase,
+    /// The HTTP status, when there was a response head.
+    pub status: Option<StatusCode>,
+    /// The provider's own error code or type string.
+    pub provider_code: Option<String>,
+    /// Retry hints from headers or body.
+    pub retry: RetryHint,
+    /// A bounded, sanitized message (never carries a credential).
+    pub message: String,
+    /// The default recovery for this failure.
+    pub recovery: Recovery,
+    /// The provider's `param` (which request field was wrong), when it named one.
+    pub param: Option<String>,
+    /// A fixed machine-readable note on how this classification was reached
+    /// when it was not from a complete provider answer, e.g.
+    /// `"error_body_too_large"`, `"error_body_timeout"`, `"truncated_stream"`.
+    pub note: Option<&'static str>,
+}
+
+impl Classification {
+    /// A classification with the class's default recovery and no details.
+    pub fn new(class: FailureClass, phase: Phase) -> Self {
+        Self {
+            class,
+            phase,
+            status: None,
+            provider_code: None,
+            retry: RetryHint::default(),
+            message: String::new(),
+            recovery: class.default_recovery(),
+            param: None,
+            note: None,
+        }
+    }
+
+    /// Our own timeout: `what` names what we waited for
+    /// (`"response head"`, `"first byte"`, `"next chunk"`, ...).
+    pub fn timeout(phase: Phase, what: &str) -> Self {
+        Self::new(FailureClass::Timeout, phase)
+            .with_message(format!("timed out waiting for {what}"))
+            .with_note("gateway_timeout")
+    }
+
+    /// The client went away or the turn was cancelled.
+    pub fn cancelled(phase: Phase) -> Self {
+        Self::new(FailureClass::Cancelled, phase)
+            .with_message("the request was cancelled")
+            .with_note("cancelled")
+    }
+
+    /// The stream ended without its terminator (`[DONE]`, `message_stop`):
+    /// never a success.
+    pub fn truncated(phase: Phase) -> Self {
+        Self::new(FailureClass::InvalidResponse, phase)
+            .with_message("the upstream stream ended without its terminator")
+            .with_note("truncated_stream")
+    }
+
+    /// A chunk or event that does not parse as what the dialect expects.
+    pub fn malformed_chunk(phase: Phase, what: &str) -> Self {
+        Self::new(FailureClass::InvalidResponse, phase)
+            .with_message(format!("malformed upstream chunk: {what}"))
+            .with_note("malformed_chunk")
+    }
+
+    /// An upstream event, line or held-back preamble larger than its cap.
+    pub fn oversize(phase: Phase, what: &str) -> Self {
+        Self::new(FailureClass::InvalidResponse, phase)
+            .with_message(format!("upstream {what} exceeded its size cap"))
+            .with_note("oversize")
+    }
+
+    /// The model's answer was blocked by a content filter (a normal
+    /// completion by `finish_reason`, a stop for failover).
+    pub fn content_filtered(phase: Phase, reason: &str) -> Self {
+        Self::new(FailureClass::ContentFiltered, phase)
+            .with_provider_code(reason)
+            .with_message(format!(
+                "the provider's content filter blocked the answer ({reason})"
+            ))
+    }
+
+    /// Sets the phase.
+    pub fn with_phase(mut self, phase: Phase) -> Self {
+        self.phase = phase;
+        self
+    }
+
+    /// Sets the class and resets the recovery to the new class's default.
+    pub fn with_class(mut self, class: FailureClass) -> Self {
+        self.class = class;
+        self.recovery = class.default_recovery();
+        self
+    }
+
+    /// Sets the HTTP status.
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Sets the provider's code (sanitized and bounded).
+    pub fn with_provider_code(mut self, code: &str) -> Self {
+        self.provider_code = sanitize_code(code);
+        self
+    }
+
+    /// Sets the retry hints.
+    pub fn with_retry(mut self, retry: RetryHint) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the message, sanitized and bounded (see [`sanitize_message`]).
+    pub fn with_message(mut self, message: impl AsRef<str>) -> Self {
+        self.message = sanitize_message(message.as_ref());
+        self
+    }
+
+    /// Sets the recovery.
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
+    }
+
+    /// Sets the note.
+    pub fn with_note(mut self, note: &'static str) -> Self {
+        self.note = Some(note);
+        self
+    }
+
+    /// Whether a failover may still act on this failure (anything but
+    /// [`Phase::Committed`]).
+    pub fn before_commit(&self) -> bool {
+        !matches!(self.phase, Phase::Committed)
+    }
+}
+
+impl fmt::Display for Classification {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}", self.class, self.phase)?;
+        if let Some(status) = self.status {
+            write!(f, " (HTTP {})", status.as_u16())?;
+        }
+        if let Some(code) = &self.provider_code {
+            write!(f, " [{code}]")?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
