@@ -92,8 +92,8 @@ async fn field_report_40_tokens_then_in_band_429_ends_with_one_terminal_chunk() 
     assert_eq!(terminal["id"], chunks::ID, "the stream's own identity");
     assert_eq!(terminal["model"], "primary-model");
     assert_eq!(terminal["choices"][0]["finish_reason"], "error");
-    assert_eq!(terminal["error"]["code"], "rate_limited");
-    assert_eq!(terminal["error"]["type"], "tokens");
+    assert_eq!(terminal["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(terminal["error"]["type"], "rate_limit_error");
     assert_eq!(terminal["error"]["phase"], "committed");
     assert_eq!(terminal["error"]["output_events"], 40);
     assert_eq!(terminal["error"]["bytes_sent"], sent_before.len() as u64);
@@ -277,9 +277,12 @@ async fn vllm_error_followed_by_done_is_not_success() {
     .await;
     let all = events(&concat(&frames));
     assert_eq!(all.len(), 4);
+    let terminal = terminal_json(&all[2]);
+    assert_eq!(terminal["error"]["type"], "server_error");
+    assert_eq!(terminal["error"]["code"], "server_error");
     assert_eq!(
-        terminal_json(&all[2])["error"]["type"],
-        "InternalServerError"
+        terminal["error"]["message"],
+        "EngineCore encountered an issue"
     );
     assert_eq!(state.phase(), StreamPhase::Failed);
 }
@@ -434,4 +437,22 @@ proptest! {
         prop_assert_eq!(state.phase(), StreamPhase::Finished);
         prop_assert_eq!(state.output_events(), 12);
     }
+}
+
+#[tokio::test]
+async fn a_key_echoed_in_an_in_band_error_never_reaches_the_client() {
+    let leak = Bytes::from_static(b"data: {\"error\":{\"message\":\"Incorrect API key provided: sk-proj-abcdefghijklmnopqrstuvwxyz0123456789\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_api_key\"}}\n\n");
+    let (frames, state) = run(
+        StreamStateLayer::new(),
+        data([role("m"), content("m", "a"), leak]),
+    )
+    .await;
+    let text = String::from_utf8(concat(&frames)).unwrap();
+    assert!(
+        !text.contains("abcdefghijklmnopqrstuvwxyz0123456789"),
+        "{text}"
+    );
+    let failure = state.snapshot().failure.unwrap();
+    assert_eq!(failure.class, FailureClass::Auth);
+    assert!(!format!("{failure:?}").contains("abcdefghijklmnopqrstuvwxyz0123456789"));
 }

@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use crate::classify::{Classification, FailureClass, Phase, Recovery, RetryHint};
+use crate::classify::{Classification, FailureClass, Phase, Recovery};
 
 use super::turn::{BudgetExhausted, RunId};
 
@@ -65,15 +65,11 @@ impl DeadlineExceeded {
     /// This failure as a [`Classification`]: class `timeout`, this phase,
     /// provider code `turn_deadline_exceeded`, recovery `Stop`.
     pub fn classification(&self) -> Classification {
-        Classification {
-            class: FailureClass::Timeout,
-            phase: self.phase,
-            status: None,
-            provider_code: Some("turn_deadline_exceeded".to_owned()),
-            retry: RetryHint::default(),
-            message: self.to_string(),
-            recovery: Recovery::Stop,
-        }
+        Classification::new(FailureClass::Timeout, self.phase)
+            .with_provider_code("turn_deadline_exceeded")
+            .with_message(self.to_string())
+            .with_recovery(Recovery::Stop)
+            .with_note("turn_deadline")
     }
 
     /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.

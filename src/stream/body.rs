@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::failure::{FailureKind, describe};
+use super::failure::{FailureKind, classify};
 use super::layer::StreamConfig;
 use super::state::{StreamFailure, StreamIdentity, StreamPhase, StreamState};
 use crate::classify::Phase;
@@ -322,13 +322,17 @@ impl<D: Dialect> Inspector<D> {
         } else {
             Phase::Preamble
         };
-        let described = describe(&kind);
-        let failure = StreamFailure {
-            class: described.class,
+        let classification = classify(
+            &kind,
+            &self.config.classifier,
+            self.config.provider.as_deref(),
             phase,
-            message: described.message,
-            provider_type: described.provider_type,
-            provider_code: described.provider_code,
+        );
+        let failure = StreamFailure {
+            class: classification.class,
+            phase,
+            message: classification.message.clone(),
+            provider_code: classification.provider_code.clone(),
             bytes_sent,
             output_events: self.output_events,
         };
@@ -341,12 +345,13 @@ impl<D: Dialect> Inspector<D> {
             return self.end("finished, then failed");
         }
         let error = TerminalError {
-            message: failure.message.clone(),
-            error_type: failure
-                .provider_type
-                .clone()
-                .unwrap_or_else(|| "upstream_error".to_owned()),
-            code: failure.class.as_str().to_owned(),
+            message: if classification.message.is_empty() {
+                format!("upstream failure: {}", classification.class)
+            } else {
+                classification.message.clone()
+            },
+            error_type: classification.openai_type().to_owned(),
+            code: classification.openai_code(),
             phase,
             bytes_sent,
             output_events: self.output_events,
@@ -404,7 +409,6 @@ impl<D> Drop for Inspector<D> {
                 class: crate::classify::FailureClass::Cancelled,
                 phase,
                 message: "the client went away before the stream ended".to_owned(),
-                provider_type: None,
                 provider_code: None,
                 bytes_sent,
                 output_events: self.output_events,

@@ -5,6 +5,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::StreamStateService;
+use crate::classify::Classifier;
 use crate::dialect::{OpenAiChat, TerminalMode};
 use crate::sse::{DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES};
 
@@ -20,6 +21,8 @@ pub(crate) struct StreamConfig<D> {
     pub(crate) max_malformed: u64,
     pub(crate) max_line_bytes: usize,
     pub(crate) max_event_bytes: usize,
+    pub(crate) classifier: Classifier,
+    pub(crate) provider: Option<Arc<str>>,
 }
 
 /// Wraps a service's `text/event-stream` responses in a
@@ -50,6 +53,8 @@ impl StreamStateLayer {
                 max_malformed: DEFAULT_MAX_MALFORMED,
                 max_line_bytes: DEFAULT_MAX_LINE_BYTES,
                 max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+                classifier: Classifier::default(),
+                provider: None,
             },
         }
     }
@@ -68,6 +73,8 @@ impl<D> StreamStateLayer<D> {
                 max_malformed: c.max_malformed,
                 max_line_bytes: c.max_line_bytes,
                 max_event_bytes: c.max_event_bytes,
+                classifier: c.classifier,
+                provider: c.provider,
             },
         }
     }
@@ -99,6 +106,20 @@ impl<D> StreamStateLayer<D> {
     /// Cap on one SSE line, in bytes.
     pub fn max_line_bytes(mut self, limit: usize) -> Self {
         self.config.max_line_bytes = limit;
+        self
+    }
+
+    /// The classifier that names in-band errors and stream failures, with
+    /// its overrides.
+    pub fn classifier(mut self, classifier: Classifier) -> Self {
+        self.config.classifier = classifier;
+        self
+    }
+
+    /// The provider name classifier overrides match on, when this layer
+    /// wraps one known upstream.
+    pub fn provider(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.provider = Some(name.into());
         self
     }
 

@@ -58,9 +58,7 @@ pub struct StreamFailure {
     pub phase: Phase,
     /// A sanitized, bounded description.
     pub message: String,
-    /// The provider's error type, for in-band errors that had one.
-    pub provider_type: Option<String>,
-    /// The provider's error code, for in-band errors that had one.
+    /// The provider's own error code or type, for in-band errors.
     pub provider_code: Option<String>,
     /// Bytes of the upstream stream sent to the client before the failure.
     pub bytes_sent: u64,
