@@ -14,6 +14,8 @@
 //! - [`classify`]: failure classes from the providers' own contracts.
 //! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination.
 //! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling per turn.
+//! - [`failover`]: `Failover`: zero-token failover across compatible targets.
+//! - [`record`]: run and attempt records.
 //! - [`action`]: idempotent tool actions keyed by the application.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -21,6 +23,8 @@ pub mod action;
 pub mod budget;
 pub mod classify;
 pub mod dialect;
+pub mod failover;
+pub mod record;
 pub mod sse;
 pub mod stream;
 #[cfg(feature = "testing")]

@@ -65,7 +65,9 @@ where
         response: Response<B>,
         config: &Arc<StreamConfig<D>>,
     ) -> Response<Self> {
-        if !is_event_stream(&response) {
+        // Not a stream, or one a layer inside already inspects (the
+        // failover layer wraps its committed streams itself): leave it be.
+        if !is_event_stream(&response) || response.extensions().get::<StreamState>().is_some() {
             return response.map(|inner| Self {
                 inner,
                 idle: None,
@@ -86,7 +88,33 @@ where
         };
         Response::from_parts(parts, body)
     }
+
+    /// Wraps a stream body the caller already knows is SSE, sharing `state`.
+    /// `strip_usage` drops usage-only chunks (the client did not ask for
+    /// them); `on_end` runs once when the body is dropped, with the final
+    /// snapshot.
+    pub(crate) fn inspect(
+        inner: B,
+        config: &Arc<StreamConfig<D>>,
+        state: StreamState,
+        strip_usage: bool,
+        on_end: Option<OnEnd>,
+    ) -> Self {
+        let mut inspector = Inspector::new(Arc::clone(config), state);
+        inspector.strip_usage = strip_usage;
+        inspector.on_end = on_end;
+        Self {
+            inner,
+            idle: config
+                .idle_timeout
+                .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+            inspector: Some(inspector),
+        }
+    }
 }
+
+/// Runs once when an inspected stream's body is dropped.
+pub(crate) type OnEnd = Box<dyn FnOnce(&super::StreamSnapshot) + Send + Sync>;
 
 /// What to do with the undecided bytes up to an absolute offset.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +141,8 @@ struct Inspector<D> {
     finished: bool,
     done: bool,
     ended: bool,
+    strip_usage: bool,
+    on_end: Option<OnEnd>,
 }
 
 impl<D: Dialect> Inspector<D> {
@@ -134,6 +164,8 @@ impl<D: Dialect> Inspector<D> {
             finished: false,
             done: false,
             ended: false,
+            strip_usage: false,
+            on_end: None,
         }
     }
 
@@ -149,6 +181,7 @@ impl<D: Dialect> Inspector<D> {
             output_events,
             finished,
             done,
+            strip_usage,
             ..
         } = self;
         decisions.clear();
@@ -175,6 +208,15 @@ impl<D: Dialect> Inspector<D> {
                             *output_events += 1;
                             state.add_output_event();
                             decisions.push(Decision::Forward(event.range().end));
+                        }
+                        ChunkKind::Preamble
+                            if *strip_usage
+                                && chunk.usage.is_some()
+                                && chunk.finish_reason.is_none() =>
+                        {
+                            // Usage was turned on upstream to count spend;
+                            // the client did not ask for it.
+                            decisions.push(Decision::Drop(event.range().end));
                         }
                         ChunkKind::Preamble => {
                             decisions.push(Decision::Forward(event.range().end));
@@ -393,6 +435,15 @@ impl<D: Dialect> Inspector<D> {
 
 impl<D> Drop for Inspector<D> {
     fn drop(&mut self) {
+        self.cancel_if_running();
+        if let Some(on_end) = self.on_end.take() {
+            on_end(&self.state.snapshot());
+        }
+    }
+}
+
+impl<D> Inspector<D> {
+    fn cancel_if_running(&mut self) {
         if self.state.phase().is_terminal() {
             return;
         }

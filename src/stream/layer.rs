@@ -79,6 +79,10 @@ impl<D> StreamStateLayer<D> {
         }
     }
 
+    pub(crate) fn config(&self) -> &StreamConfig<D> {
+        &self.config
+    }
+
     /// How a failed stream is ended for the client.
     pub fn terminal_mode(mut self, mode: TerminalMode) -> Self {
         self.config.terminal_mode = mode;

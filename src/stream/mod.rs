@@ -63,10 +63,11 @@
 mod body;
 mod failure;
 mod future;
-mod layer;
+pub(crate) mod layer;
 mod service;
 mod state;
 
+pub(crate) use body::OnEnd;
 pub use body::StreamStateBody;
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_MAX_MALFORMED, StreamStateLayer};

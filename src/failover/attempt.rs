@@ -1,0 +1,434 @@
+//! One upstream attempt: send, classify, and hold the answer back until it
+//! commits (or fails, which the turn may still reroute invisibly).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::body::{BoxError, FailoverBody, Prepend};
+use super::service::Shared;
+use crate::budget::{Cost, TurnBudget};
+use crate::classify::{Classification, Classify, Phase};
+use crate::dialect::{ChunkKind, Dialect, OpenAiChat, Usage};
+use crate::record::{AttemptRecord, Decision, RunRecord};
+use crate::sse::{SseItem, SseScanner};
+use crate::stream::{StreamState, StreamStateBody};
+
+/// What an attempt came to.
+pub(crate) enum Outcome<B> {
+    /// The answer was released to the client.
+    Committed {
+        // Boxed: a response is far larger than a failure.
+        response: Box<Response<FailoverBody<B>>>,
+        /// Time from the attempt's start to its first output.
+        ttft: Option<Duration>,
+    },
+    /// The attempt failed before anything reached the client.
+    Failed {
+        failure: Classification,
+        /// Output events seen (and held back) before the failure.
+        output_events: u64,
+    },
+}
+
+/// Everything an attempt needs besides the shared configuration.
+pub(crate) struct AttemptPlan {
+    pub(crate) index: usize,
+    pub(crate) number: u32,
+    pub(crate) upstream_model: String,
+    pub(crate) stream: bool,
+    pub(crate) strip_usage: bool,
+    pub(crate) prompt_tokens: u64,
+}
+
+pub(crate) async fn run<S, B>(
+    shared: &Arc<Shared<S>>,
+    plan: AttemptPlan,
+    request: Request<Full<Bytes>>,
+    budget: &TurnBudget,
+    run: &RunRecord,
+) -> Outcome<B>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let target = &shared.targets[plan.index];
+    let started = Instant::now();
+    let started_wall = SystemTime::now();
+    let provider = Some(&*target.provider);
+
+    // The response head, within the head timeout and the turn's deadline.
+    let head_deadline = shared
+        .timeouts
+        .head
+        .map_or(budget.deadline(), |t| (started + t).min(budget.deadline()));
+    let service: Classify<S> = target.service.clone();
+    let head = tokio::time::timeout_at(head_deadline, service.oneshot(request)).await;
+    let response = match head {
+        Err(_) => {
+            // A silent upstream: never waited on again within this turn.
+            return failed(
+                Classification::timeout(Phase::Head, "the response head")
+                    .with_recovery(crate::classify::Recovery::Reroute),
+                0,
+            );
+        }
+        Ok(Err(error)) => return failed(error.into_classification(), 0),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    let is_sse = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+
+    if plan.stream && is_sse {
+        return hold_until_commit(shared, plan, budget, run, response, started, started_wall).await;
+    }
+
+    // A whole body: received with a cap, validated, then released.
+    let (mut parts, body) = response.into_parts();
+    let collected = tokio::time::timeout_at(
+        budget.deadline(),
+        Limited::new(body, shared.max_response_bytes).collect(),
+    )
+    .await;
+    let bytes = match collected {
+        Err(_) => {
+            return failed(
+                Classification::timeout(Phase::Preamble, "the response body"),
+                0,
+            );
+        }
+        Ok(Err(error)) => {
+            let failure = if error.is::<http_body_util::LengthLimitError>() {
+                Classification::oversize(Phase::Preamble, "response body")
+            } else {
+                shared
+                    .classifier
+                    .classify_transport(provider, error.as_ref(), true)
+            };
+            return failed(failure, 0);
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    if let Err(failure) = shared.classifier.validate_completion(provider, &bytes) {
+        return failed(failure.with_status(status), 0);
+    }
+    let (usage, response_model) = completion_usage(&bytes);
+    let (usage, estimated) = match usage {
+        Some(usage) => (usage, false),
+        None => (
+            Usage {
+                prompt_tokens: plan.prompt_tokens,
+                completion_tokens: (bytes.len() as u64).div_ceil(4),
+            },
+            true,
+        ),
+    };
+    let cost = target
+        .pricing
+        .map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
+    if let Some(cost) = cost {
+        budget.record_spend(cost, estimated);
+    }
+    run.push(AttemptRecord {
+        attempt: plan.number,
+        target: Arc::clone(&target.name),
+        provider: Arc::clone(&target.provider),
+        upstream_model: plan.upstream_model,
+        response_model,
+        started: started_wall,
+        duration: started.elapsed(),
+        class: None,
+        phase: None,
+        status: Some(status.as_u16()),
+        bytes_flushed: bytes.len() as u64,
+        output_events: 0,
+        time_to_first_output: None,
+        usage: Some(usage),
+        cost,
+        estimated,
+        message: None,
+        decision: Decision::Committed,
+    });
+    run.mark_done();
+    parts.headers.remove(TRANSFER_ENCODING);
+    parts
+        .headers
+        .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    Outcome::Committed {
+        response: Box::new(Response::from_parts(parts, FailoverBody::full(bytes))),
+        ttft: Some(started.elapsed()),
+    }
+}
+
+fn failed<B>(failure: Classification, output_events: u64) -> Outcome<B> {
+    Outcome::Failed {
+        failure,
+        output_events,
+    }
+}
+
+/// Reads frames of a streamed answer, holding them back, until the commit
+/// window is reached (release the response) or the attempt fails.
+async fn hold_until_commit<S, B>(
+    shared: &Arc<Shared<S>>,
+    plan: AttemptPlan,
+    budget: &TurnBudget,
+    run: &RunRecord,
+    response: Response<B>,
+    started: Instant,
+    started_wall: SystemTime,
+) -> Outcome<B>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let target = &shared.targets[plan.index];
+    let provider = Some(&*target.provider);
+    let (mut parts, body) = response.into_parts();
+    // Boxed so any body type can be read frame by frame here and then
+    // handed on to the client.
+    let mut body = Box::pin(body);
+    let mut scanner = SseScanner::new()
+        .max_line_bytes(shared.stream.max_line_bytes)
+        .max_event_bytes(shared.stream.max_event_bytes);
+    let mut held: VecDeque<Bytes> = VecDeque::new();
+    let mut held_bytes = 0u64;
+    let mut output_events = 0u64;
+    let mut output_bytes = 0u64;
+    let mut first_output: Option<Instant> = None;
+    let first_output_deadline = (started + shared.timeouts.first_output).min(budget.deadline());
+
+    loop {
+        let now = Instant::now();
+        let wait_until = match first_output {
+            None => first_output_deadline.min(now + shared.timeouts.idle),
+            Some(first) => {
+                let mut until = (now + shared.timeouts.idle).min(budget.deadline());
+                if let Some(window) = shared.commit.after_first_output {
+                    until = until.min(first + window);
+                }
+                until
+            }
+        };
+        let frame = match tokio::time::timeout_at(wait_until, body.as_mut().frame()).await {
+            Err(_) => {
+                if let (Some(first), Some(window)) =
+                    (first_output, shared.commit.after_first_output)
+                    && Instant::now() >= first + window
+                {
+                    break; // the time window is over: release
+                }
+                let what = if first_output.is_none() {
+                    "the first output"
+                } else {
+                    "the next chunk"
+                };
+                let failure = Classification::timeout(Phase::Preamble, what)
+                    .with_recovery(crate::classify::Recovery::Reroute);
+                return failed(failure, output_events);
+            }
+            Ok(None) => {
+                // A finish reason or [DONE] commits at once, so an end here
+                // came before either: a truncated answer.
+                return failed(Classification::truncated(Phase::Preamble), output_events);
+            }
+            Ok(Some(Err(error))) => {
+                let error: BoxError = error.into();
+                let failure = shared
+                    .classifier
+                    .classify_transport(provider, error.as_ref(), true)
+                    .with_phase(Phase::Preamble);
+                return failed(failure, output_events);
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers on an SSE stream carry nothing for us
+        };
+        let mut failure: Option<Classification> = None;
+        let mut finished = false;
+        scanner.feed(&data, |item| {
+            if failure.is_some() {
+                return;
+            }
+            match item {
+                SseItem::Event(event) => {
+                    let chunk = OpenAiChat.inspect(&event);
+                    match chunk.kind {
+                        ChunkKind::Output => {
+                            output_events += 1;
+                            output_bytes += event.data().len() as u64;
+                            if first_output.is_none() {
+                                first_output = Some(Instant::now());
+                            }
+                        }
+                        ChunkKind::Error => {
+                            let name = event.event().and_then(|e| std::str::from_utf8(e).ok());
+                            failure = Some(shared.classifier.classify_in_band(
+                                provider,
+                                name,
+                                event.data(),
+                                Phase::Preamble,
+                            ));
+                        }
+                        ChunkKind::Malformed => {
+                            failure = Some(Classification::malformed_chunk(
+                                Phase::Preamble,
+                                "a chunk before commit does not parse",
+                            ));
+                        }
+                        ChunkKind::Done => finished = true,
+                        ChunkKind::Preamble => {}
+                    }
+                    if chunk.finish_reason.is_some() {
+                        finished = true;
+                    }
+                }
+                SseItem::Skipped { .. } => {}
+                SseItem::Error(error) => {
+                    failure = Some(Classification::malformed_chunk(
+                        Phase::Preamble,
+                        &error.to_string(),
+                    ));
+                }
+            }
+        });
+        if let Some(failure) = failure {
+            return failed(failure, output_events);
+        }
+        held_bytes += data.len() as u64;
+        held.push_back(data);
+        if finished || shared.commit.reached(output_events, output_bytes) {
+            break;
+        }
+        if held_bytes > shared.max_held_bytes {
+            if output_events > 0 {
+                break; // memory cap reached: commit what is held
+            }
+            return failed(
+                Classification::oversize(Phase::Preamble, "held-back preamble"),
+                output_events,
+            );
+        }
+    }
+
+    // Commit: the held bytes and the rest of the upstream go to the client,
+    // through the stream inspector that ends a later failure cleanly.
+    let ttft = first_output.map(|f| f.saturating_duration_since(started));
+    run.push(AttemptRecord {
+        attempt: plan.number,
+        target: Arc::clone(&target.name),
+        provider: Arc::clone(&target.provider),
+        upstream_model: plan.upstream_model.clone(),
+        response_model: None,
+        started: started_wall,
+        duration: started.elapsed(),
+        class: None,
+        phase: None,
+        status: Some(StatusCode::OK.as_u16()),
+        bytes_flushed: 0,
+        output_events,
+        time_to_first_output: ttft,
+        usage: None,
+        cost: None,
+        estimated: false,
+        message: None,
+        decision: Decision::Committed,
+    });
+    let state = StreamState::new();
+    let on_end = {
+        let run = run.clone();
+        let budget = budget.clone();
+        let pricing = target.pricing;
+        let prompt_tokens = plan.prompt_tokens;
+        Box::new(move |snapshot: &crate::stream::StreamSnapshot| {
+            let (usage, estimated) = match snapshot.usage {
+                Some(usage) => (usage, false),
+                // No usage reported: one output event is about one token.
+                None => (
+                    Usage {
+                        prompt_tokens,
+                        completion_tokens: snapshot.output_events,
+                    },
+                    true,
+                ),
+            };
+            let cost: Option<Cost> =
+                pricing.map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
+            if let Some(cost) = cost {
+                budget.record_spend(cost, estimated);
+            }
+            run.finish_last(|record| {
+                record.duration = started.elapsed();
+                record.bytes_flushed = snapshot.bytes_flushed;
+                record.output_events = snapshot.output_events;
+                record.usage = Some(usage);
+                record.cost = cost;
+                record.estimated = estimated;
+                record.response_model.clone_from(&snapshot.identity.model);
+                if let Some(failure) = &snapshot.failure {
+                    record.class = Some(failure.class);
+                    record.phase = Some(failure.phase);
+                    record.message = Some(failure.message.clone());
+                }
+            });
+        }) as crate::stream::OnEnd
+    };
+    parts.headers.remove(CONTENT_LENGTH);
+    parts.extensions.insert(state.clone());
+    let body = StreamStateBody::inspect(
+        Prepend::new(held, body),
+        &shared.stream,
+        state,
+        plan.strip_usage,
+        Some(on_end),
+    );
+    Outcome::Committed {
+        response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
+        ttft,
+    }
+}
+
+/// Usage and model of a non-streaming completion body.
+fn completion_usage(body: &[u8]) -> (Option<Usage>, Option<String>) {
+    #[derive(serde::Deserialize)]
+    struct Completion {
+        #[serde(default)]
+        model: Option<String>,
+        #[serde(default)]
+        usage: Option<RawUsage>,
+    }
+    #[derive(serde::Deserialize)]
+    struct RawUsage {
+        #[serde(default)]
+        prompt_tokens: u64,
+        #[serde(default)]
+        completion_tokens: u64,
+    }
+    match serde_json::from_slice::<Completion>(body) {
+        Ok(c) => (
+            c.usage.map(|u| Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
+            c.model,
+        ),
+        Err(_) => (None, None),
+    }
+}

@@ -1,0 +1,145 @@
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::dialect::OpenAiChat;
+use crate::stream::StreamStateBody;
+
+/// Boxed error of a failover response body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An upstream body with the bytes held back before commit in front.
+pub struct Prepend<B> {
+    held: VecDeque<Bytes>,
+    inner: Pin<Box<B>>,
+}
+
+impl<B> Prepend<B> {
+    pub(crate) fn new(held: VecDeque<Bytes>, inner: Pin<Box<B>>) -> Self {
+        Self { held, inner }
+    }
+}
+
+impl<B> std::fmt::Debug for Prepend<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepend")
+            .field("held_frames", &self.held.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for Prepend<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(bytes) = this.held.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
+        }
+        this.inner
+            .as_mut()
+            .poll_frame(cx)
+            .map(|frame| frame.map(|result| result.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_empty() && self.inner.is_end_stream()
+    }
+}
+
+pin_project! {
+    /// The response body of [`Failover`](super::Failover): a whole JSON body
+    /// (a non-streaming answer or an error), or a committed stream (the held
+    /// preamble and output, then the rest of the upstream, inspected so a
+    /// later failure ends it cleanly).
+    pub struct FailoverBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Full { bytes: Option<Bytes> },
+        Stream { #[pin] body: StreamStateBody<Prepend<B>, OpenAiChat> },
+    }
+}
+
+impl<B> FailoverBody<B> {
+    pub(crate) fn full(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Full { bytes: Some(bytes) },
+        }
+    }
+
+    pub(crate) fn stream(body: StreamStateBody<Prepend<B>, OpenAiChat>) -> Self {
+        Self {
+            kind: Kind::Stream { body },
+        }
+    }
+
+    /// Whether this is a committed stream (rather than a whole body).
+    pub fn is_stream(&self) -> bool {
+        matches!(self.kind, Kind::Stream { .. })
+    }
+}
+
+impl<B> std::fmt::Debug for FailoverBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Full { bytes } => f
+                .debug_struct("FailoverBody::Full")
+                .field("len", &bytes.as_ref().map(Bytes::len))
+                .finish(),
+            Kind::Stream { .. } => f.write_str("FailoverBody::Stream"),
+        }
+    }
+}
+
+impl<B> Body for FailoverBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            KindProj::Stream { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full { bytes } => bytes.is_none(),
+            Kind::Stream { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full { bytes } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Kind::Stream { body } => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::classify::{Classification, FailureClass};
+
+/// How long a failing target rests before it gets traffic again.
+///
+/// A failure that says the target is unwell puts it in cooldown: a rate
+/// limit that came with a retry hint (for the hinted time), an exhausted
+/// quota, auth, permission and model-not-found failures (long), overload
+/// (short, or the hint), and server errors, timeouts, connect failures and
+/// invalid responses once they repeat (doubling from `repeated_base`).
+/// After the cooldown one request probes the target; it takes full traffic
+/// again only when the probe succeeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CooldownPolicy {
+    /// Quota, auth, permission and model-not-found failures.
+    pub account: Duration,
+    /// Overload without a retry hint.
+    pub overloaded: Duration,
+    /// Consecutive transient failures before a cooldown.
+    pub repeated_threshold: u32,
+    /// The first cooldown after repeated transient failures.
+    pub repeated_base: Duration,
+    /// The longest cooldown of any kind (hints included).
+    pub max: Duration,
+    /// A probe that has not reported after this long is abandoned, so a
+    /// cancelled turn cannot keep a target out forever.
+    pub probe_timeout: Duration,
+}
+
+impl Default for CooldownPolicy {
+    fn default() -> Self {
+        Self {
+            account: Duration::from_secs(300),
+            overloaded: Duration::from_secs(5),
+            repeated_threshold: 2,
+            repeated_base: Duration::from_secs(5),
+            max: Duration::from_secs(600),
+            probe_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl CooldownPolicy {
+    /// The cooldown a failure earns, given the consecutive failures so far
+    /// (this one included). `None`: the target stays in rotation.
+    pub fn cooldown(&self, failure: &Classification, consecutive: u32) -> Option<Duration> {
+        use FailureClass::*;
+        let hint = failure.retry.after;
+        let cooldown = match failure.class {
+            RateLimited => hint,
+            QuotaExhausted | Auth | PermissionDenied | ModelNotFound => Some(self.account),
+            Overloaded => Some(hint.unwrap_or(self.overloaded)),
+            ServerError | Timeout | Connect | InvalidResponse
+                if consecutive >= self.repeated_threshold =>
+            {
+                let doublings = (consecutive - self.repeated_threshold).min(16);
+                Some(self.repeated_base.saturating_mul(1 << doublings))
+            }
+            _ => None,
+        };
+        cooldown.map(|c| c.min(self.max))
+    }
+}
+
+/// Whether a target may take a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    /// In rotation.
+    Healthy,
+    /// Resting until this instant.
+    Cooling(Instant),
+    /// The cooldown is over and no probe is out: the next request probes.
+    Probe,
+    /// The cooldown is over and a probe is out: wait for its answer.
+    Probing,
+}
+
+#[derive(Debug, Default)]
+struct TargetHealth {
+    cooling_until: Option<Instant>,
+    probe_started: Option<Instant>,
+    consecutive_failures: u32,
+    ttft_ewma: Option<Duration>,
+}
+
+/// Passive health of every target of one failover layer, shared by all
+/// requests through it.
+#[derive(Debug)]
+pub struct Health {
+    targets: Vec<Mutex<TargetHealth>>,
+    policy: CooldownPolicy,
+}
+
+/// How a request was admitted to a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    Normal,
+    Probe,
+}
+
+impl Health {
+    pub(crate) fn new(targets: usize, policy: CooldownPolicy) -> Self {
+        Self {
+            targets: (0..targets).map(|_| Mutex::default()).collect(),
+            policy,
+        }
+    }
+
+    fn lock(&self, index: usize) -> Option<std::sync::MutexGuard<'_, TargetHealth>> {
+        self.targets
+            .get(index)
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The target's availability now.
+    pub fn availability(&self, index: usize) -> Availability {
+        let now = Instant::now();
+        let Some(health) = self.lock(index) else {
+            return Availability::Healthy;
+        };
+        match health.cooling_until {
+            None => Availability::Healthy,
+            Some(until) if until > now => Availability::Cooling(until),
+            Some(_) => match health.probe_started {
+                Some(started) if now.duration_since(started) < self.policy.probe_timeout => {
+                    Availability::Probing
+                }
+                _ => Availability::Probe,
+            },
+        }
+    }
+
+    /// Smoothed time to first output of recent successes.
+    pub fn time_to_first_output(&self, index: usize) -> Option<Duration> {
+        self.lock(index).and_then(|h| h.ttft_ewma)
+    }
+
+    /// Admits a request if the target is healthy, or as its probe.
+    pub(crate) fn admit(&self, index: usize) -> Option<Admission> {
+        match self.availability(index) {
+            Availability::Healthy => Some(Admission::Normal),
+            Availability::Probe => {
+                let mut health = self.lock(index)?;
+                health.probe_started = Some(Instant::now());
+                Some(Admission::Probe)
+            }
+            Availability::Cooling(_) | Availability::Probing => None,
+        }
+    }
+
+    pub(crate) fn on_success(&self, index: usize, ttft: Option<Duration>) {
+        let Some(mut health) = self.lock(index) else {
+            return;
+        };
+        if health.cooling_until.is_some() {
+            tracing::info!(target_index = index, "target recovered; back in rotation");
+        }
+        health.cooling_until = None;
+        health.probe_started = None;
+        health.consecutive_failures = 0;
+        if let Some(ttft) = ttft {
+            health.ttft_ewma = Some(match health.ttft_ewma {
+                None => ttft,
+                Some(old) => (old * 4 + ttft) / 5,
+            });
+        }
+    }
+
+    /// Records a failure; returns the cooldown it started, if any.
+    pub(crate) fn on_failure(&self, index: usize, failure: &Classification) -> Option<Duration> {
+        if failure.class.is_request_error() || failure.class == FailureClass::Cancelled {
+            // Says nothing about the target; a probe that met one is over.
+            if let Some(mut health) = self.lock(index) {
+                health.probe_started = None;
+            }
+            return None;
+        }
+        let mut health = self.lock(index)?;
+        health.consecutive_failures = health.consecutive_failures.saturating_add(1);
+        health.probe_started = None;
+        let was_cooling = health.cooling_until.is_some();
+        let cooldown = self
+            .policy
+            .cooldown(failure, health.consecutive_failures)
+            // A failed probe rests again for at least the base time.
+            .or(was_cooling.then_some(self.policy.repeated_base));
+        if let Some(cooldown) = cooldown {
+            health.cooling_until = Some(Instant::now() + cooldown);
+            tracing::warn!(
+                target_index = index,
+                class = %failure.class,
+                cooldown_ms = cooldown.as_millis() as u64,
+                "target cooling down"
+            );
+        }
+        cooldown
+    }
+}

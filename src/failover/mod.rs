@@ -1,0 +1,91 @@
+//! Zero-token failover across providers.
+//!
+//! [`Failover`] serves OpenAI-style chat completion requests from a list of
+//! [`Target`]s. It reads the request once, keeps only targets whose
+//! [`Capabilities`] satisfy it (tools, response format, streaming, images,
+//! context window), orders them by a [`Strategy`], and runs attempts:
+//!
+//! - A streamed answer is held back until it commits — by default at the
+//!   first model output, or later per the [`CommitWindow`] — so every failure
+//!   before that point (error status, transport error, in-band error,
+//!   malformed or truncated stream, no first output in time) is classified
+//!   and retried or rerouted, and the client sees only the winning attempt's
+//!   bytes, from its first byte. After commit the layer never switches: a
+//!   later failure ends the stream with a terminal chunk.
+//! - A non-streaming answer is received whole (capped) and validated before
+//!   it is released; a truncated body, invalid JSON or an error-shaped 200 is
+//!   a failure that may be rerouted. Non-streaming requests are sent
+//!   non-streaming upstream, so the provider's own JSON reaches the client.
+//! - Decisions come from the classification's recovery, the turn's budget
+//!   (deadline, attempts, spend, the retry budget shared across turns) and
+//!   eligibility. Request errors return to the client at once with the
+//!   provider's message; when every option is spent the client gets one
+//!   OpenAI-shaped error naming the first failure and the attempt count.
+//! - Passive [`Health`] per target: failures that say a target is unwell
+//!   cool it down; after the cooldown one request probes it.
+//! - Every attempt is recorded ([`RunRecord`](crate::record::RunRecord) in
+//!   the response extensions, summary headers, one tracing event each).
+//!
+//! Each target's service is wrapped in a
+//! [`ClassifyLayer`](crate::classify::ClassifyLayer) named after its
+//! provider, and each upstream request carries the target's model, has
+//! `stream_options.include_usage` turned on for streams (the usage chunk is
+//! removed again when the client did not ask for it), and none of the
+//! client's credentials.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::ServiceExt;
+//! use tower_llm_failover::failover::{Failover, Target};
+//! use tower_llm_failover::testing::{json_response, ScriptedBody};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // A primary that is rate limited and a backup that answers.
+//! let upstream = |ok: bool| {
+//!     tower::service_fn(move |_req: Request<Full<Bytes>>| async move {
+//!         Ok::<_, std::convert::Infallible>(if ok {
+//!             json_response(200, r#"{"id":"c","object":"chat.completion","model":"backup-model","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#)
+//!         } else {
+//!             json_response(429, r#"{"error":{"message":"quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#)
+//!         })
+//!     })
+//! };
+//! let failover = Failover::builder()
+//!     .target(Target::new("primary", upstream(false)))
+//!     .target(Target::new("backup", upstream(true)).model("backup-model"))
+//!     .build();
+//!
+//! let request = Request::post("/v1/chat/completions")
+//!     .body(Full::new(Bytes::from(r#"{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}"#)))
+//!     .unwrap();
+//! let response = failover.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(response.headers()["x-failover-attempts"], "2");
+//! assert_eq!(response.headers()["x-failover-target"], "backup");
+//! let body = response.into_body().collect().await.unwrap().to_bytes();
+//! assert!(std::str::from_utf8(&body).unwrap().contains("backup-model"));
+//! # }
+//! ```
+
+mod attempt;
+mod body;
+mod commit;
+mod health;
+mod layer;
+mod requirements;
+mod select;
+mod service;
+mod target;
+mod turn;
+
+pub use body::{BoxError, FailoverBody, Prepend};
+pub use commit::CommitWindow;
+pub use health::{Availability, CooldownPolicy, Health};
+pub use layer::FailoverLayer;
+pub use requirements::{RequestError, Requirements, ResponseFormat};
+pub use select::{Candidate, Selector, Strategy};
+pub use service::{Failover, FailoverBuilder, ResponseFuture};
+pub use target::{Capabilities, Target};

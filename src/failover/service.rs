@@ -1,0 +1,338 @@
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::Full;
+use tower_service::Service;
+
+use super::body::{BoxError, FailoverBody};
+use super::commit::CommitWindow;
+use super::health::{CooldownPolicy, Health};
+use super::select::Strategy;
+use super::target::Target;
+use crate::budget::TurnLimits;
+use crate::classify::{Classifier, Classify};
+use crate::dialect::OpenAiChat;
+use crate::stream::StreamStateLayer;
+
+/// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    pub(crate) head: Option<Duration>,
+    pub(crate) first_output: Duration,
+    pub(crate) idle: Duration,
+}
+
+pub(crate) struct Shared<S> {
+    pub(crate) targets: Vec<Target<Classify<S>>>,
+    pub(crate) health: Health,
+    pub(crate) strategy: Strategy,
+    pub(crate) classifier: Classifier,
+    pub(crate) limits: TurnLimits,
+    pub(crate) commit: CommitWindow,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) max_held_bytes: u64,
+    pub(crate) max_retries_per_target: u32,
+    pub(crate) default_output_tokens: u64,
+    pub(crate) stream: Arc<crate::stream::layer::StreamConfig<OpenAiChat>>,
+}
+
+/// Zero-token failover across targets: a Tower service for OpenAI-style
+/// `/v1/chat/completions` requests. See the [module docs](super).
+///
+/// Readiness of the targets is driven inside each call (`oneshot`), as axum
+/// expects of services it routes to, so `poll_ready` is always ready. Every
+/// outcome is a response (an OpenAI-shaped error when the turn stops), so
+/// the error type is [`Infallible`].
+pub struct Failover<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for Failover<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Failover<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failover")
+            .field(
+                "targets",
+                &self
+                    .shared
+                    .targets
+                    .iter()
+                    .map(|t| &*t.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("strategy", &self.shared.strategy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Failover<S> {
+    /// Starts building a failover service.
+    pub fn builder() -> FailoverBuilder<S> {
+        FailoverBuilder::new()
+    }
+
+    /// The targets' passive health, shared by every request.
+    pub fn health(&self) -> &Health {
+        &self.shared.health
+    }
+
+    /// The index of the target named `name`.
+    pub fn target_index(&self, name: &str) -> Option<usize> {
+        self.shared.targets.iter().position(|t| &*t.name == name)
+    }
+}
+
+/// Builds a [`Failover`]. Defaults: configured order, commit on the first
+/// output, 10 s head timeout for streams, 15 s to the first output, 30 s
+/// idle gap, 2 retries on one target, turn limits of [`TurnLimits::new`]
+/// (used when no [`BudgetLayer`](crate::budget::BudgetLayer) set a turn
+/// budget), 8 MiB request and 16 MiB response caps, 1 MiB held back.
+#[derive(Clone)]
+pub struct FailoverBuilder<S> {
+    targets: Vec<Target<S>>,
+    strategy: Strategy,
+    classifier: Classifier,
+    limits: TurnLimits,
+    commit: CommitWindow,
+    timeouts: Timeouts,
+    cooldown: CooldownPolicy,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    max_held_bytes: u64,
+    max_retries_per_target: u32,
+    default_output_tokens: u64,
+    stream: StreamStateLayer,
+}
+
+impl<S> std::fmt::Debug for FailoverBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailoverBuilder")
+            .field("targets", &self.targets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Default for FailoverBuilder<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> FailoverBuilder<S> {
+    /// A builder with the defaults and no targets.
+    pub fn new() -> Self {
+        Self {
+            targets: Vec::new(),
+            strategy: Strategy::Ordered,
+            classifier: Classifier::default(),
+            limits: TurnLimits::new(),
+            commit: CommitWindow::default(),
+            timeouts: Timeouts {
+                head: Some(Duration::from_secs(10)),
+                first_output: Duration::from_secs(15),
+                idle: Duration::from_secs(30),
+            },
+            cooldown: CooldownPolicy::default(),
+            max_request_bytes: 8 << 20,
+            max_response_bytes: 16 << 20,
+            max_held_bytes: 1 << 20,
+            max_retries_per_target: 2,
+            default_output_tokens: 512,
+            stream: StreamStateLayer::new(),
+        }
+    }
+
+    /// Adds a target; targets are tried in the order added unless the
+    /// strategy says otherwise.
+    pub fn target(mut self, target: Target<S>) -> Self {
+        self.targets.push(target);
+        self
+    }
+
+    pub(crate) fn with_primary(mut self, target: Target<S>) -> Self {
+        self.targets.insert(0, target);
+        self
+    }
+
+    /// The selection strategy.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The classifier (with its overrides) every target's failures go
+    /// through.
+    pub fn classifier(mut self, classifier: Classifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// Turn limits used when the request carries no turn budget.
+    pub fn limits(mut self, limits: TurnLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// When a streamed answer is released to the client.
+    pub fn commit_window(mut self, window: CommitWindow) -> Self {
+        self.commit = window;
+        self
+    }
+
+    /// Time allowed for a response head. `None`: bounded only by the turn's
+    /// deadline (useful for long non-streaming completions).
+    pub fn head_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeouts.head = timeout;
+        self
+    }
+
+    /// Time allowed from an attempt's start to its first model output.
+    pub fn first_output_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.first_output = timeout;
+        self
+    }
+
+    /// Longest gap between frames of a stream, before and after commit.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.idle = timeout;
+        self.stream = self.stream.idle_timeout(timeout);
+        self
+    }
+
+    /// Cooldowns of failing targets.
+    pub fn cooldown(mut self, policy: CooldownPolicy) -> Self {
+        self.cooldown = policy;
+        self
+    }
+
+    /// Cap on the client's request body.
+    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
+        self
+    }
+
+    /// Cap on a non-streaming upstream body.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// Cap on the bytes held back before commit.
+    pub fn max_held_bytes(mut self, bytes: u64) -> Self {
+        self.max_held_bytes = bytes;
+        self
+    }
+
+    /// Retries on one target (for failures whose recovery is to retry the
+    /// same target) before rerouting.
+    pub fn max_retries_per_target(mut self, retries: u32) -> Self {
+        self.max_retries_per_target = retries;
+        self
+    }
+
+    /// Output tokens assumed for spend checks when the request sets no
+    /// `max_tokens`.
+    pub fn default_output_tokens(mut self, tokens: u64) -> Self {
+        self.default_output_tokens = tokens;
+        self
+    }
+
+    /// How committed streams end after a failure (terminal mode, finish
+    /// reason, caps). Its idle timeout is replaced by this builder's.
+    pub fn stream(mut self, layer: StreamStateLayer) -> Self {
+        self.stream = layer.idle_timeout(self.timeouts.idle);
+        self
+    }
+
+    /// Builds the service.
+    pub fn build(self) -> Failover<S> {
+        let classifier = self.classifier;
+        let targets: Vec<_> = self
+            .targets
+            .into_iter()
+            .map(|t| t.classified(&classifier))
+            .collect();
+        let stream = self.stream.classifier(classifier.clone());
+        Failover {
+            shared: Arc::new(Shared {
+                health: Health::new(targets.len(), self.cooldown),
+                targets,
+                strategy: self.strategy,
+                classifier,
+                limits: self.limits,
+                commit: self.commit,
+                timeouts: self.timeouts,
+                max_request_bytes: self.max_request_bytes,
+                max_response_bytes: self.max_response_bytes,
+                max_held_bytes: self.max_held_bytes,
+                max_retries_per_target: self.max_retries_per_target,
+                default_output_tokens: self.default_output_tokens,
+                stream: Arc::new(stream.config().clone()),
+            }),
+        }
+    }
+}
+
+/// Response future of [`Failover`]. Boxed: a turn awaits the request body,
+/// several attempts, backoff sleeps and the held-back preamble, which a
+/// hand-written state machine would only make harder to read; one
+/// allocation per turn is noise next to the upstream call.
+pub struct ResponseFuture<B> {
+    inner: Pin<Box<dyn Future<Output = Response<FailoverBody<B>>> + Send>>,
+}
+
+impl<B> std::fmt::Debug for ResponseFuture<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failover::ResponseFuture")
+    }
+}
+
+impl<B> Future for ResponseFuture<B> {
+    type Output = Result<Response<FailoverBody<B>>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx).map(Ok)
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Failover<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+{
+    type Response = Response<FailoverBody<ResBody>>;
+    type Error = Infallible;
+    type Future = ResponseFuture<ResBody>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        ResponseFuture {
+            inner: Box::pin(super::turn::run(Arc::clone(&self.shared), request)),
+        }
+    }
+}

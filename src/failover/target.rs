@@ -1,0 +1,226 @@
+use std::sync::Arc;
+
+use crate::budget::{Cost, Pricing};
+use crate::classify::{Classifier, Classify, ClassifyLayer};
+
+use super::requirements::Requirements;
+
+/// What a target can do. A request is sent only to targets whose
+/// capabilities satisfy it.
+///
+/// The defaults assume a capable target (everything `true`, no declared
+/// limits): a gateway that declares nothing routes everything everywhere.
+/// Declare what a target lacks to keep requests that need it away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Function/tool calling (`tools`).
+    pub tools: bool,
+    /// Several tool calls in one turn (`parallel_tool_calls`).
+    pub parallel_tool_calls: bool,
+    /// `response_format: {"type": "json_schema"}`.
+    pub json_schema: bool,
+    /// `response_format: {"type": "json_object"}`.
+    pub json_object: bool,
+    /// `stream: true`.
+    pub streaming: bool,
+    /// Image parts in messages.
+    pub image_input: bool,
+    /// Context window in tokens, when declared.
+    pub context_window: Option<u64>,
+    /// Largest `max_tokens` the target accepts, when declared.
+    pub max_output_tokens: Option<u64>,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            tools: true,
+            parallel_tool_calls: true,
+            json_schema: true,
+            json_object: true,
+            streaming: true,
+            image_input: true,
+            context_window: None,
+            max_output_tokens: None,
+        }
+    }
+}
+
+impl Capabilities {
+    /// Sets tool support.
+    pub fn tools(mut self, yes: bool) -> Self {
+        self.tools = yes;
+        self
+    }
+
+    /// Sets parallel tool call support.
+    pub fn parallel_tool_calls(mut self, yes: bool) -> Self {
+        self.parallel_tool_calls = yes;
+        self
+    }
+
+    /// Sets `json_schema` response format support.
+    pub fn json_schema(mut self, yes: bool) -> Self {
+        self.json_schema = yes;
+        self
+    }
+
+    /// Sets `json_object` response format support.
+    pub fn json_object(mut self, yes: bool) -> Self {
+        self.json_object = yes;
+        self
+    }
+
+    /// Sets streaming support.
+    pub fn streaming(mut self, yes: bool) -> Self {
+        self.streaming = yes;
+        self
+    }
+
+    /// Sets image input support.
+    pub fn image_input(mut self, yes: bool) -> Self {
+        self.image_input = yes;
+        self
+    }
+
+    /// Declares the context window, in tokens.
+    pub fn context_window(mut self, tokens: u64) -> Self {
+        self.context_window = Some(tokens);
+        self
+    }
+
+    /// Declares the largest output the target accepts, in tokens.
+    pub fn max_output_tokens(mut self, tokens: u64) -> Self {
+        self.max_output_tokens = Some(tokens);
+        self
+    }
+
+    /// What of `requirements` this target lacks; empty when eligible.
+    pub fn missing(&self, requirements: &Requirements) -> Vec<String> {
+        let mut missing = Vec::new();
+        if requirements.tools && !self.tools {
+            missing.push("tools".to_owned());
+        }
+        if requirements.parallel_tool_calls && !self.parallel_tool_calls {
+            missing.push("parallel tool calls".to_owned());
+        }
+        match requirements.response_format {
+            Some(super::ResponseFormat::JsonSchema) if !self.json_schema => {
+                missing.push("response_format json_schema".to_owned());
+            }
+            Some(super::ResponseFormat::JsonObject) if !self.json_object => {
+                missing.push("response_format json_object".to_owned());
+            }
+            _ => {}
+        }
+        if requirements.stream && !self.streaming {
+            missing.push("streaming".to_owned());
+        }
+        if requirements.image_input && !self.image_input {
+            missing.push("image input".to_owned());
+        }
+        if let Some(window) = self.context_window {
+            let needed = requirements.prompt_tokens + requirements.max_output_tokens.unwrap_or(0);
+            if needed > window {
+                missing.push(format!("context window of {needed} tokens (has {window})"));
+            }
+        }
+        if let (Some(limit), Some(asked)) = (self.max_output_tokens, requirements.max_output_tokens)
+            && asked > limit
+        {
+            missing.push(format!("{asked} output tokens (allows {limit})"));
+        }
+        missing
+    }
+}
+
+/// One upstream the failover layer may send a turn to: a provider plus an
+/// upstream model, with what the gateway knows about it.
+///
+/// The service is any Tower HTTP service (the hyper client, or a fake in
+/// tests); the target wraps it in a [`ClassifyLayer`] named after the
+/// provider, so every failure reaches the failover loop classified.
+#[derive(Debug, Clone)]
+pub struct Target<S> {
+    pub(crate) name: Arc<str>,
+    pub(crate) provider: Arc<str>,
+    pub(crate) model: Option<String>,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) pricing: Option<Pricing>,
+    pub(crate) service: S,
+}
+
+impl<S> Target<S> {
+    /// A target named `name` (also its provider name until
+    /// [`provider`](Self::provider) says otherwise) in front of `service`,
+    /// passing the client's model through.
+    pub fn new(name: impl Into<Arc<str>>, service: S) -> Self {
+        let name = name.into();
+        Self {
+            provider: Arc::clone(&name),
+            name,
+            model: None,
+            capabilities: Capabilities::default(),
+            pricing: None,
+            service,
+        }
+    }
+
+    /// The provider name (classifier overrides and logs use it).
+    pub fn provider(mut self, provider: impl Into<Arc<str>>) -> Self {
+        self.provider = provider.into();
+        self
+    }
+
+    /// The model name sent upstream instead of the client's.
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// What the target can do.
+    pub fn capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Price per million input and output tokens.
+    pub fn pricing(mut self, pricing: Pricing) -> Self {
+        self.pricing = Some(pricing);
+        self
+    }
+
+    /// The target's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The target's capabilities.
+    pub fn get_capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// The model this target sends for a client's `model`.
+    pub fn upstream_model<'a>(&'a self, client_model: &'a str) -> &'a str {
+        self.model.as_deref().unwrap_or(client_model)
+    }
+
+    /// The estimated cost of a request, when the target has a price.
+    pub fn estimate(&self, input_tokens: u64, output_tokens: u64) -> Option<Cost> {
+        self.pricing.map(|p| p.cost(input_tokens, output_tokens))
+    }
+
+    pub(crate) fn classified(self, classifier: &Classifier) -> Target<Classify<S>> {
+        let layer = ClassifyLayer::new()
+            .provider(Arc::clone(&self.provider))
+            .classifier(classifier.clone());
+        Target {
+            service: tower_layer::Layer::layer(&layer, self.service),
+            name: self.name,
+            provider: self.provider,
+            model: self.model,
+            capabilities: self.capabilities,
+            pricing: self.pricing,
+        }
+    }
+}
