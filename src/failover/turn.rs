@@ -21,7 +21,8 @@ use super::requirements::{RequestError, Requirements};
 use super::select::{Candidate, Selector};
 use super::service::Shared;
 use crate::budget::{BudgetExhausted, RetryDelay, TurnBudget};
-use crate::classify::{Classification, FailureClass, Recovery};
+use crate::classify::{Classification, FailureClass, Phase, Recovery};
+use crate::dialect::Usage;
 use crate::record::{AttemptRecord, Decision, RunRecord};
 
 /// Request headers that carry the client's credentials: never sent upstream.
@@ -178,6 +179,21 @@ where
                 output_events,
             } => {
                 shared.health.on_failure(index, &failure);
+                // An attempt that got as far as a stream was processed by
+                // the provider: count its estimated cost.
+                let (usage, cost) = if failure.phase == Phase::Preamble {
+                    let usage = Usage {
+                        prompt_tokens: requirements.prompt_tokens,
+                        completion_tokens: output_events,
+                    };
+                    let cost = target.estimate(usage.prompt_tokens, usage.completion_tokens);
+                    if let Some(cost) = cost {
+                        budget.record_spend(cost, true);
+                    }
+                    (Some(usage), cost)
+                } else {
+                    (None, None)
+                };
                 let mut decision = decide(&failure, retries_here, &shared, &budget);
                 if decision == Decision::Reroute {
                     queue.pop_front();
@@ -205,9 +221,9 @@ where
                     bytes_flushed: 0,
                     output_events,
                     time_to_first_output: None,
-                    usage: None,
-                    cost: None,
-                    estimated: false,
+                    estimated: usage.is_some(),
+                    usage,
+                    cost,
                     message: Some(failure.message.clone()),
                     decision,
                 });
@@ -436,10 +452,14 @@ fn exhausted<B>(
         failure.message,
     );
     let body = error_body(&message, failure.openai_type(), &failure.openai_code());
-    with_retry_after(
-        json_error(exhausted_status(failure.class), body),
-        failure.retry.after,
-    )
+    // A request error nobody else could take (a context window too small
+    // everywhere) keeps its own status; provider trouble maps by class.
+    let status = if failure.class.is_request_error() {
+        failure.openai_status()
+    } else {
+        exhausted_status(failure.class)
+    };
+    with_retry_after(json_error(status, body), failure.retry.after)
 }
 
 /// The turn's budget refused another attempt.

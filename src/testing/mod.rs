@@ -5,6 +5,9 @@
 //! helpers write OpenAI chat-chunk SSE events.
 
 pub mod chunks;
+pub mod provider;
+
+pub use provider::{FakeProvider, Reply, SeenRequest};
 
 use std::collections::VecDeque;
 use std::future::Future as _;

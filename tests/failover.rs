@@ -1,0 +1,759 @@
+//! The failover loop with scripted fake providers (no network): what the
+//! client receives, how many attempts each upstream saw, and the records.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_llm_failover::budget::{Cost, Pricing, RetryBudget, RetryBudgetConfig, TurnLimits};
+use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::failover::{
+    Availability, Capabilities, CommitWindow, CooldownPolicy, Failover, FailoverBuilder, Strategy,
+    Target,
+};
+use tower_llm_failover::record::{Decision, RunRecord};
+use tower_llm_failover::testing::chunks;
+use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+
+const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on requests per min.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+const ANTHROPIC_429: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
+const QUOTA_429: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+const BAD_KEY_401: &str = r#"{"error":{"message":"Incorrect API key provided: sk-abc...xyz","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#;
+const NO_MODEL_404: &str = r#"{"error":{"message":"The model `gpt-x` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
+const INVALID_400: &str = r#"{"error":{"message":"Invalid value for 'temperature': must be between 0 and 2.","type":"invalid_request_error","param":"temperature","code":"invalid_value"}}"#;
+const FILTER_400: &str = r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy.","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation"}}}"#;
+const CONTEXT_400: &str = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
+
+struct Reply_ {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+    run: RunRecord,
+}
+
+fn request(stream: bool, extra: serde_json::Value) -> Request<Full<Bytes>> {
+    let mut body = serde_json::json!({
+        "model": "gpt-x",
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Tell me about caching."}],
+    });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            body.insert(k.clone(), v.clone());
+        }
+    }
+    Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer client-secret-key")
+        .header("x-api-key", "client-other-key")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+async fn send(failover: &Failover<FakeProvider>, request: Request<Full<Bytes>>) -> Reply_ {
+    let response = failover.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    Reply_ {
+        status,
+        headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+        run,
+    }
+}
+
+fn two(primary: &FakeProvider, backup: &FakeProvider) -> FailoverBuilder<FakeProvider> {
+    Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .target(Target::new("backup", backup.clone()))
+}
+
+fn sse_events(body: &str) -> Vec<&str> {
+    body.split_terminator("\n\n").collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_status_before_output_is_rerouted_invisibly() {
+    // A Retry-After beyond any wait we honour: reroute at once.
+    let primary = FakeProvider::new("primary")
+        .always(Reply::status(429, OPENAI_429).header("retry-after", "600"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.body.contains("backup-0 "));
+    assert!(
+        !reply.body.contains("primary"),
+        "nothing of the failed attempt"
+    );
+    assert!(
+        reply.body.starts_with("data: {"),
+        "the backup's bytes from its first byte"
+    );
+    assert_eq!(primary.calls(), 1);
+    assert_eq!(backup.calls(), 1);
+    assert_eq!(reply.headers["x-failover-attempts"], "2");
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+    let attempts = reply.run.attempts();
+    assert_eq!(attempts[0].class, Some(FailureClass::RateLimited));
+    assert_eq!(attempts[0].phase, Some(Phase::Head));
+    assert_eq!(attempts[0].bytes_flushed, 0);
+    assert_eq!(attempts[0].decision, Decision::Reroute);
+    assert_eq!(attempts[1].decision, Decision::Committed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_band_rate_limit_after_the_role_chunk_is_rerouted_invisibly() {
+    let primary = FakeProvider::new("primary").always(Reply::Stream(vec![
+        Step::Data(chunks::role("primary")),
+        Step::Data(chunks::keep_alive()),
+        Step::Data(chunks::rate_limit_error()),
+    ]));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        !reply.body.contains("primary"),
+        "not even its role chunk: {}",
+        reply.body
+    );
+    assert!(!reply.body.contains("keep-alive"));
+    assert_eq!(reply.body.matches("backup-").count(), 8);
+    let attempts = reply.run.attempts();
+    assert_eq!(attempts[0].phase, Some(Phase::Preamble));
+    assert_eq!(attempts[0].bytes_flushed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forty_tokens_then_in_band_429_ends_with_a_terminal_chunk_and_never_calls_the_backup() {
+    let primary = FakeProvider::new("primary").always(Reply::tokens_then(
+        "primary",
+        40,
+        vec![Step::Data(chunks::rate_limit_error())],
+    ));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(backup.calls(), 0, "never splice a second voice");
+    let events = sse_events(&reply.body);
+    assert_eq!(
+        events.len(),
+        1 + 40 + 2,
+        "role, 40 tokens, terminal, [DONE]"
+    );
+    assert_eq!(reply.body.matches("primary-").count(), 40);
+    let terminal: serde_json::Value =
+        serde_json::from_str(events[41].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(terminal["choices"][0]["finish_reason"], "error");
+    assert_eq!(terminal["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(events[42], "data: [DONE]");
+
+    let sent: usize = events[..41].iter().map(|e| e.len() + 2).sum();
+    assert!(reply.run.is_done());
+    let attempts = reply.run.attempts();
+    assert_eq!(attempts.len(), 1);
+    let record = &attempts[0];
+    assert_eq!(record.decision, Decision::Committed);
+    assert_eq!(record.output_events, 40);
+    assert_eq!(record.class, Some(FailureClass::RateLimited));
+    assert_eq!(record.phase, Some(Phase::Committed));
+    assert_eq!(record.bytes_flushed, reply.body.len() as u64);
+    assert!(
+        record.bytes_flushed > sent as u64,
+        "the 40 chunks and the terminal chunk"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_two_seconds_is_honoured_on_the_same_target() {
+    let primary = FakeProvider::new("primary")
+        .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "2"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(primary.calls(), 2);
+    assert_eq!(backup.calls(), 0);
+    let seen = primary.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_secs(2));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(
+        reply.run.attempts()[0].decision,
+        Decision::RetrySame {
+            after: Duration::from_secs(2)
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_longer_than_the_time_left_reroutes_or_stops_at_once() {
+    let limits = TurnLimits::new().deadline(Duration::from_secs(5));
+    let primary = FakeProvider::new("primary")
+        .always(Reply::status(429, ANTHROPIC_429).header("retry-after", "10"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).limits(limits.clone()).build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() < Duration::from_millis(10), "no sleep");
+    assert_eq!(backup.calls(), 1);
+
+    // Alone: stop at once with the original reason.
+    let primary = FakeProvider::new("primary")
+        .always(Reply::status(429, ANTHROPIC_429).header("retry-after", "10"));
+    let alone = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .limits(limits)
+        .build();
+    let started = Instant::now();
+    let reply = send(&alone, request(true, serde_json::json!({}))).await;
+    assert!(started.elapsed() < Duration::from_millis(10), "no sleep");
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.headers["retry-after"], "10");
+    assert!(
+        reply.body.contains("rate_limited from primary"),
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.contains("after 1 attempt"), "{}", reply.body);
+    assert_eq!(primary.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn persistent_429_without_retry_after_backs_off_with_growing_gaps_then_reroutes() {
+    let primary = FakeProvider::new("primary").always(Reply::status(429, ANTHROPIC_429));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(primary.calls(), 3, "one attempt and two retries");
+    assert_eq!(backup.calls(), 1);
+    let seen = primary.seen();
+    let first_gap = seen[1].at - seen[0].at;
+    let second_gap = seen[2].at - seen[1].at;
+    assert!(first_gap >= Duration::from_millis(375) && first_gap <= Duration::from_millis(500));
+    assert!(second_gap >= Duration::from_millis(750) && second_gap <= Duration::from_secs(1));
+    assert!(second_gap > first_gap, "growing gaps");
+}
+
+#[tokio::test(start_paused = true)]
+async fn auth_and_model_not_found_reroute_and_cool_the_primary_down() {
+    for (status, body) in [(401, BAD_KEY_401), (404, NO_MODEL_404)] {
+        let primary = FakeProvider::new("primary").always(Reply::status(status, body));
+        let backup = FakeProvider::new("backup");
+        let failover = two(&primary, &backup).build();
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        assert_eq!(reply.status, 200, "{status}");
+        assert_eq!(primary.calls(), 1, "never retried on the same target");
+        assert!(matches!(
+            failover.health().availability(0),
+            Availability::Cooling(_)
+        ));
+        // The next turn does not touch the cooled-down primary.
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        assert_eq!(reply.headers["x-failover-attempts"], "1");
+        assert_eq!(primary.calls(), 1);
+        assert_eq!(backup.calls(), 2);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_request_and_content_filter_return_to_the_client_without_a_second_attempt() {
+    for (body, code) in [
+        (INVALID_400, "invalid_value"),
+        (FILTER_400, "content_filter"),
+    ] {
+        let primary = FakeProvider::new("primary").always(Reply::status(400, body));
+        let backup = FakeProvider::new("backup");
+        let failover = two(&primary, &backup).build();
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        assert_eq!(reply.status, 400);
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(json["error"]["code"], code);
+        let provider_message: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            json["error"]["message"],
+            provider_message["error"]["message"]
+        );
+        assert_eq!((primary.calls(), backup.calls()), (1, 0));
+        assert_eq!(reply.run.attempts()[0].decision, Decision::Stop);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn context_length_reroutes_only_to_a_larger_window() {
+    let primary = FakeProvider::new("primary").always(Reply::status(400, CONTEXT_400));
+    let small = FakeProvider::new("small");
+    let large = FakeProvider::new("large");
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .capabilities(Capabilities::default().context_window(8_192)),
+        )
+        .target(
+            Target::new("small", small.clone())
+                .capabilities(Capabilities::default().context_window(4_096)),
+        )
+        .target(
+            Target::new("large", large.clone())
+                .capabilities(Capabilities::default().context_window(128_000)),
+        )
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!((primary.calls(), small.calls(), large.calls()), (1, 0, 1));
+
+    // No larger window anywhere: an explicit stop with the provider's error.
+    let primary = FakeProvider::new("primary").always(Reply::status(400, CONTEXT_400));
+    let small = FakeProvider::new("small");
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .capabilities(Capabilities::default().context_window(8_192)),
+        )
+        .target(
+            Target::new("small", small.clone())
+                .capabilities(Capabilities::default().context_window(4_096)),
+        )
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(small.calls(), 0);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(json["error"]["code"], "context_length_exceeded");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no target with a larger context window")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn targets_without_the_tools_a_request_needs_are_never_tried() {
+    let tools = serde_json::json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
+    let primary = FakeProvider::new("primary");
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .capabilities(Capabilities::default().tools(false)),
+        )
+        .target(Target::new("backup", backup.clone()))
+        .build();
+    let reply = send(&failover, request(true, tools.clone())).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!((primary.calls(), backup.calls()), (0, 1));
+
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .capabilities(Capabilities::default().tools(false)),
+        )
+        .target(
+            Target::new("backup", backup.clone())
+                .capabilities(Capabilities::default().tools(false)),
+        )
+        .build();
+    let reply = send(&failover, request(true, tools)).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.body.contains("no_compatible_target"));
+    assert!(reply.body.contains("primary lacks tools"), "{}", reply.body);
+    assert!(reply.body.contains("backup lacks tools"), "{}", reply.body);
+    assert_eq!((primary.calls(), backup.calls()), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn primary_failure_with_an_incompatible_backup_stops_explicitly() {
+    let tools = serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]});
+    let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .target(
+            Target::new("backup", backup.clone())
+                .capabilities(Capabilities::default().tools(false)),
+        )
+        .build();
+    let reply = send(&failover, request(true, tools)).await;
+    assert_eq!(reply.status, 502);
+    assert!(
+        reply
+            .body
+            .contains("no compatible backup: backup lacks tools"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(backup.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_primary_is_rerouted_at_its_head_timeout_and_not_retried() {
+    let primary = FakeProvider::new("primary").always(Reply::Silent);
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup)
+        .head_timeout(Some(Duration::from_secs(2)))
+        .build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+    let attempts = reply.run.attempts();
+    assert_eq!(attempts[0].class, Some(FailureClass::Timeout));
+    assert_eq!(attempts[0].phase, Some(Phase::Head));
+    assert_eq!(attempts[0].decision, Decision::Reroute);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_first_token_is_rerouted_within_the_first_output_timeout() {
+    let primary = FakeProvider::new("primary").always(Reply::Stream(vec![
+        Step::Data(chunks::role("primary")),
+        Step::Wait(Duration::from_secs(60)),
+        Step::Data(chunks::content("primary", "late")),
+    ]));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup)
+        .first_output_timeout(Duration::from_secs(3))
+        .build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert!(!reply.body.contains("primary"));
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_turn_never_exceeds_its_deadline() {
+    let primary = FakeProvider::new("primary").always(Reply::Silent);
+    let backup = FakeProvider::new("backup").always(Reply::Silent);
+    let failover = two(&primary, &backup)
+        .head_timeout(Some(Duration::from_secs(30)))
+        .limits(TurnLimits::new().deadline(Duration::from_secs(5)))
+        .build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert!(started.elapsed() <= Duration::from_secs(5));
+    assert_eq!(reply.status, 504);
+    assert!(
+        reply.body.contains("timeout from primary"),
+        "{}",
+        reply.body
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spent_ceiling_stops_the_turn_before_another_attempt() {
+    // Each attempt that reaches the stream is charged (estimated) at a
+    // price that makes the first one use the ceiling up.
+    let price = Pricing::per_million_usd(100_000.0, 100_000.0);
+    let primary = FakeProvider::new("primary").always(Reply::tokens_then(
+        "primary",
+        0,
+        vec![Step::Data(chunks::rate_limit_error())],
+    ));
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()).pricing(price))
+        .target(Target::new("backup", backup.clone()).pricing(price))
+        .max_retries_per_target(0)
+        .default_output_tokens(0)
+        .limits(TurnLimits::new().spend_ceiling(Cost::from_usd(1.0)))
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 402);
+    assert!(
+        reply.body.contains("spend_ceiling_reached"),
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.contains("spend ceiling"), "{}", reply.body);
+    assert_eq!((primary.calls(), backup.calls()), (1, 0));
+    assert!(reply.run.attempts()[0].estimated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
+    let primary = FakeProvider::new("primary").always(Reply::Refused);
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup)
+        .cooldown(CooldownPolicy {
+            repeated_base: Duration::from_secs(5),
+            ..CooldownPolicy::default()
+        })
+        .build();
+    let mut winners = Vec::new();
+    for turn in 0..20 {
+        if turn == 10 {
+            primary.set_always(Reply::stream("primary", 8));
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        assert_eq!(reply.status, 200);
+        winners.push(
+            reply.headers["x-failover-target"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        if turn == 9 {
+            assert_eq!(
+                primary.calls(),
+                2,
+                "cooled down after two refusals, then skipped"
+            );
+        }
+    }
+    assert!(winners[..10].iter().all(|w| w == "backup"), "{winners:?}");
+    assert!(winners[10..].iter().all(|w| w == "primary"), "{winners:?}");
+    assert_eq!(failover.health().availability(0), Availability::Healthy);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget() {
+    let retry_budget = RetryBudget::new(
+        RetryBudgetConfig::new()
+            .ttl(Duration::from_secs(10))
+            .min_per_sec(0)
+            .retry_percent(0.2),
+    )
+    .unwrap();
+    let primary = FakeProvider::new("primary").always(Reply::status(500, SERVER_500));
+    let backup = FakeProvider::new("backup").always(Reply::status(500, SERVER_500));
+    // Cooldowns would also stop the storm; switch them off to see the
+    // retry budget alone hold it.
+    let failover = two(&primary, &backup)
+        .limits(TurnLimits::new().retry_budget(retry_budget))
+        .cooldown(CooldownPolicy {
+            repeated_threshold: u32::MAX,
+            ..CooldownPolicy::default()
+        })
+        .build();
+    let turns: Vec<_> = (0..100)
+        .map(|_| {
+            let failover = failover.clone();
+            tokio::spawn(
+                async move { send(&failover, request(false, serde_json::json!({}))).await },
+            )
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for turn in turns {
+        statuses.push(turn.await.unwrap().status);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY),
+        "{statuses:?}"
+    );
+    let upstream_attempts = primary.calls() + backup.calls();
+    // 100 first attempts, and extra attempts capped at 20 % of them.
+    assert!(upstream_attempts >= 100);
+    assert!(upstream_attempts <= 120, "{upstream_attempts} attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cheapest_healthy_picks_by_price_and_skips_cooled_down_targets() {
+    let dear = FakeProvider::new("dear");
+    let cheap = FakeProvider::new("cheap").then(Reply::status(401, BAD_KEY_401));
+    let middle = FakeProvider::new("middle");
+    let failover = Failover::builder()
+        .target(Target::new("dear", dear.clone()).pricing(Pricing::per_million_usd(10.0, 30.0)))
+        .target(Target::new("cheap", cheap.clone()).pricing(Pricing::per_million_usd(0.1, 0.4)))
+        .target(Target::new("middle", middle.clone()).pricing(Pricing::per_million_usd(1.0, 2.0)))
+        .strategy(Strategy::CheapestHealthy)
+        .build();
+    // The cheapest fails with a bad key: rerouted to the next cheapest.
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.headers["x-failover-target"], "middle");
+    assert_eq!((cheap.calls(), middle.calls(), dear.calls()), (1, 1, 0));
+    // While it cools down it is skipped entirely.
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.headers["x-failover-target"], "middle");
+    assert_eq!(reply.headers["x-failover-attempts"], "1");
+    assert_eq!(cheap.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_inside_the_commit_window_is_rerouted_invisibly() {
+    let primary = FakeProvider::new("primary").always(Reply::tokens_then(
+        "primary",
+        40,
+        vec![Step::Error("connection reset".into())],
+    ));
+    let backup = FakeProvider::new("backup").always(Reply::stream("backup", 100));
+    let failover = two(&primary, &backup)
+        .commit_window(CommitWindow::output_events(64))
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(!reply.body.contains("primary"), "only the backup's answer");
+    assert_eq!(reply.body.matches("backup-").count(), 100);
+    assert!(reply.body.ends_with("data: [DONE]\n\n"));
+    assert!(!reply.body.contains("\"error\""));
+    assert_eq!(reply.run.attempts()[0].output_events, 40);
+    assert_eq!(reply.run.attempts()[0].bytes_flushed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_after_the_commit_window_ends_with_a_terminal_chunk() {
+    let primary = FakeProvider::new("primary").always(Reply::tokens_then(
+        "primary",
+        80,
+        vec![Step::Error("connection reset".into())],
+    ));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup)
+        .commit_window(CommitWindow::output_events(64))
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.body.matches("primary-").count(), 80);
+    assert_eq!(backup.calls(), 0);
+    let events = sse_events(&reply.body);
+    assert!(events[events.len() - 2].contains("\"finish_reason\":\"error\""));
+    assert_eq!(events[events.len() - 1], "data: [DONE]");
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_requests_carry_the_targets_model_usage_on_and_no_client_credentials() {
+    let primary = FakeProvider::new("primary").always(Reply::Stream(
+        [
+            chunks::role("up-model"),
+            chunks::content("up-model", "hi"),
+            chunks::finish("up-model", "stop"),
+            chunks::usage("up-model", 12, 1),
+            chunks::done(),
+        ]
+        .into_iter()
+        .map(Step::Data)
+        .collect(),
+    ));
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .model("up-model")
+                .pricing(Pricing::per_million_usd(1.0, 2.0)),
+        )
+        .target(Target::new("backup", backup))
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    let seen = &primary.seen()[0];
+    assert_eq!(seen.body["model"], "up-model");
+    assert_eq!(seen.body["stream_options"]["include_usage"], true);
+    assert!(seen.headers.get("authorization").is_none());
+    assert!(seen.headers.get("x-api-key").is_none());
+    // The client did not ask for usage: the usage chunk is removed again.
+    assert!(!reply.body.contains("\"usage\""), "{}", reply.body);
+    assert!(
+        reply.body.contains("\"model\":\"up-model\""),
+        "the answering model's own name"
+    );
+    assert!(reply.body.ends_with("data: [DONE]\n\n"));
+    // And counted: the record has the reported usage and its cost.
+    let record = &reply.run.attempts()[0];
+    assert_eq!(record.usage.unwrap().prompt_tokens, 12);
+    assert!(!record.estimated);
+    assert_eq!(
+        record.cost,
+        Some(Pricing::per_million_usd(1.0, 2.0).cost(12, 1))
+    );
+
+    // A client that asked for usage keeps it.
+    let reply = send(
+        &failover,
+        request(
+            true,
+            serde_json::json!({"stream_options": {"include_usage": true}}),
+        ),
+    )
+    .await;
+    assert!(reply.body.contains("\"usage\""));
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_streaming_invalid_answers_are_rerouted() {
+    for bad in [
+        Reply::status(200, r#"{"id":"x","choices":[{"message":{"content":"cut"#),
+        Reply::status(
+            200,
+            r#"[{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}]"#,
+        ),
+        Reply::status(200, r#"{"id":"x","object":"chat.completion"}"#),
+    ] {
+        let primary = FakeProvider::new("primary").always(bad);
+        let backup = FakeProvider::new("backup");
+        let failover = two(&primary, &backup).max_retries_per_target(0).build();
+        let reply = send(&failover, request(false, serde_json::json!({}))).await;
+        assert_eq!(reply.status, 200);
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(json["model"], "backup");
+        assert_eq!(backup.calls(), 1);
+        assert_eq!(
+            reply.headers["content-length"],
+            reply.body.len().to_string()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_option_is_spent_the_error_names_the_first_cause_and_the_attempts() {
+    let primary = FakeProvider::new("primary").always(Reply::status(429, QUOTA_429));
+    let backup = FakeProvider::new("backup").always(Reply::status(500, SERVER_500));
+    let failover = two(&primary, &backup).build();
+    let reply = send(&failover, request(false, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 429, "the first failure's status");
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let message = json["error"]["message"].as_str().unwrap();
+    // The primary is rerouted at once; the backup's second 500 in a row
+    // cools it down, which ends the turn without a third try there.
+    assert!(message.contains("after 3 attempts"), "{message}");
+    assert!(
+        message.contains("quota_exhausted from primary"),
+        "{message}"
+    );
+    assert!(message.contains("cooling down: backup"), "{message}");
+    assert_eq!(json["error"]["code"], "insufficient_quota");
+    assert_eq!(reply.headers["x-failover-attempts"], "3");
+    assert_eq!((primary.calls(), backup.calls()), (1, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_request_bodies_never_reach_an_upstream() {
+    let primary = FakeProvider::new("primary");
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .max_request_bytes(1024)
+        .build();
+    for (body, status, code) in [
+        ("not json".to_owned(), 400, "invalid_json"),
+        (r#"{"model":"m"}"#.to_owned(), 400, "invalid_request"),
+        (
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+                "a".repeat(2000)
+            ),
+            413,
+            "request_too_large",
+        ),
+    ] {
+        let request = Request::post("/v1/chat/completions")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = send(&failover, request).await;
+        assert_eq!(reply.status, status);
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(json["error"]["code"], code);
+    }
+    assert_eq!(primary.calls(), 0);
+}
