@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
@@ -11,11 +11,12 @@ use tokio::time::{Sleep, sleep_until};
 
 use crate::classify::Phase;
 
-use super::error::{BudgetBodyError, DeadlineExceeded};
+use super::error::DeadlineExceeded;
 use super::turn::TurnBudget;
+use crate::stream::BoxError;
 
 pin_project! {
-    /// A response body that ends with [`BudgetBodyError::Deadline`] when the
+    /// A response body that ends with a boxed [`DeadlineExceeded`] when the
     /// turn's deadline passes mid-stream, so a stream layer outside can
     /// close the stream cleanly (a terminal chunk) instead of leaving the
     /// client on a silent connection.
@@ -31,6 +32,7 @@ pin_project! {
         sleep: Option<Sleep>,
         budget: TurnBudget,
         body_bytes: u64,
+        enforce: bool,
     }
 }
 
@@ -42,6 +44,18 @@ impl<B> BudgetBody<B> {
             sleep: None,
             budget,
             body_bytes: 0,
+            enforce: true,
+        }
+    }
+
+    /// Wrap `inner` without ending it at the deadline: a stream inspector
+    /// inside (the failover layer's) enforces the turn's deadline itself and
+    /// ends the stream with a terminal chunk, which a body error here would
+    /// pre-empt.
+    pub fn deadline_enforced_inside(inner: B, budget: TurnBudget) -> Self {
+        Self {
+            enforce: false,
+            ..Self::new(inner, budget)
         }
     }
 
@@ -66,9 +80,16 @@ impl<B> std::fmt::Debug for BudgetBody<B> {
     }
 }
 
-impl<B: Body> Body for BudgetBody<B> {
+/// The error is boxed (as tower-http's timeout body does) so any inner
+/// body's error, boxed or not, passes through; a deadline is a boxed
+/// [`DeadlineExceeded`], found with [`DeadlineExceeded::find_in`].
+impl<B> Body for BudgetBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
     type Data = B::Data;
-    type Error = BudgetBodyError<B::Error>;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -78,43 +99,51 @@ impl<B: Body> Body for BudgetBody<B> {
         if this.inner.is_none() {
             return Poll::Ready(None);
         }
-        if this.sleep.is_none() {
-            this.sleep.set(Some(sleep_until(this.budget.deadline())));
-        }
-        let expired = this
-            .sleep
-            .as_mut()
-            .as_pin_mut()
-            .is_some_and(|sleep| sleep.poll(cx).is_ready());
-        if expired {
-            this.inner.set(None);
-            this.sleep.set(None);
-            // Bytes that went out cannot be taken back: from then on only
-            // ending the stream is legal.
-            let phase = if *this.body_bytes == 0 {
-                Phase::Preamble
-            } else {
-                Phase::Committed
-            };
-            tracing::debug!(run_id = %this.budget.run_id(), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
-            return Poll::Ready(Some(Err(BudgetBodyError::Deadline(DeadlineExceeded {
-                run_id: this.budget.run_id().clone(),
-                phase,
-                limit: this.budget.time_limit(),
-                elapsed: this.budget.elapsed(),
-                body_bytes: *this.body_bytes,
-            }))));
-        }
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return Poll::Ready(None);
         };
-        let frame = ready!(inner.poll_frame(cx));
+        // The body first: what is ready (an error body written at the
+        // deadline, a frame already here) goes out; the deadline cuts a body
+        // that makes the client wait past it.
+        let frame = match inner.poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                if *this.enforce && this.sleep.is_none() {
+                    this.sleep.set(Some(sleep_until(this.budget.deadline())));
+                }
+                let expired = this
+                    .sleep
+                    .as_mut()
+                    .as_pin_mut()
+                    .is_some_and(|sleep| sleep.poll(cx).is_ready());
+                if !expired {
+                    return Poll::Pending;
+                }
+                this.inner.set(None);
+                this.sleep.set(None);
+                // Bytes that went out cannot be taken back: from then on
+                // only ending the stream is legal.
+                let phase = if *this.body_bytes == 0 {
+                    Phase::Preamble
+                } else {
+                    Phase::Committed
+                };
+                tracing::debug!(run_id = %this.budget.run_id(), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
+                return Poll::Ready(Some(Err(Box::new(DeadlineExceeded {
+                    run_id: this.budget.run_id().clone(),
+                    phase,
+                    limit: this.budget.time_limit(),
+                    elapsed: this.budget.elapsed(),
+                    body_bytes: *this.body_bytes,
+                }))));
+            }
+        };
         if let Some(Ok(frame)) = &frame
             && let Some(data) = frame.data_ref()
         {
             *this.body_bytes = this.body_bytes.saturating_add(data.remaining() as u64);
         }
-        Poll::Ready(frame.map(|frame| frame.map_err(BudgetBodyError::Inner)))
+        Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -73,7 +73,7 @@ impl DeadlineExceeded {
     }
 
     /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.
-    /// behind a boxed [`BudgetBodyError`] or [`BudgetError`]).
+    /// behind a boxed body error or a [`BudgetError`]).
     pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {
         find_in_chain(error)
     }
@@ -141,29 +141,6 @@ impl<E> BudgetError<E> {
         match self {
             BudgetError::Inner(e) => Some(e),
             _ => None,
-        }
-    }
-}
-
-/// The error of [`BudgetBody`](super::BudgetBody): the inner body's own, or
-/// the turn's deadline passing mid-stream (after which the body ends).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BudgetBodyError<E> {
-    /// The deadline passed while the body was streaming.
-    #[error("turn deadline exceeded")]
-    Deadline(#[source] DeadlineExceeded),
-    /// The inner body failed.
-    #[error(transparent)]
-    Inner(E),
-}
-
-impl<E> BudgetBodyError<E> {
-    /// The deadline failure, if this is one.
-    pub fn deadline(&self) -> Option<&DeadlineExceeded> {
-        match self {
-            BudgetBodyError::Deadline(d) => Some(d),
-            BudgetBodyError::Inner(_) => None,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http::Response;
 use http_body::Body;
@@ -97,13 +97,20 @@ where
                 if sleep.is_none() {
                     sleep.set(Some(sleep_until(this.budget.deadline())));
                 }
-                // The deadline first: a turn never runs past it, even when a
-                // head is ready at the same instant.
-                let expired = sleep
+                // The inner call first: an inner layer that answers at the
+                // deadline (a failover layer stopping the turn with its own
+                // error) is better than our bare error. The deadline is the
+                // backstop for an inner that does not watch it.
+                if let Poll::Ready(result) = future.poll(cx) {
+                    match result {
+                        Ok(response) => Ok(finish(response, this.budget, *this.pricing)),
+                        Err(error) => Err(BudgetError::Inner(error)),
+                    }
+                } else if sleep
                     .as_mut()
                     .as_pin_mut()
-                    .is_some_and(|sleep| sleep.poll(cx).is_ready());
-                if expired {
+                    .is_some_and(|sleep| sleep.poll(cx).is_ready())
+                {
                     tracing::debug!(run_id = %this.budget.run_id(), "turn deadline passed before the response head");
                     Err(BudgetError::Deadline(DeadlineExceeded {
                         run_id: this.budget.run_id().clone(),
@@ -113,10 +120,7 @@ where
                         body_bytes: 0,
                     }))
                 } else {
-                    match ready!(future.poll(cx)) {
-                        Ok(response) => Ok(finish(response, this.budget, *this.pricing)),
-                        Err(error) => Err(BudgetError::Inner(error)),
-                    }
+                    return Poll::Pending;
                 }
             }
             StateProj::Done => return Poll::Pending,
@@ -137,5 +141,14 @@ fn finish<B: Body>(
         budget.record_spend(pricing.cost_of(usage), usage.estimated);
     }
     parts.extensions.insert(budget.clone());
-    Response::from_parts(parts, BudgetBody::new(body, budget.clone()))
+    let body = if parts
+        .extensions
+        .get::<crate::stream::StreamState>()
+        .is_some()
+    {
+        BudgetBody::deadline_enforced_inside(body, budget.clone())
+    } else {
+        BudgetBody::new(body, budget.clone())
+    };
+    Response::from_parts(parts, body)
 }

@@ -9,7 +9,7 @@
 //!   [`Budget`] service races the response head against it
 //!   ([`BudgetError::Deadline`], phase [`Head`](crate::classify::Phase::Head))
 //!   and wraps the body in a [`BudgetBody`] that ends with
-//!   [`BudgetBodyError::Deadline`] when it passes mid-stream. Both carry a
+//!   a boxed [`DeadlineExceeded`] error when it passes mid-stream. Both carry a
 //!   [`DeadlineExceeded`] (class [`Timeout`](crate::classify::FailureClass::Timeout)).
 //! - **Attempts**: [`TurnBudget::try_begin_attempt`] claims the next
 //!   1-based attempt number or refuses with [`BudgetExhausted`].
@@ -84,7 +84,7 @@ mod turn;
 pub use backoff::{Backoff, Delay};
 pub use body::BudgetBody;
 pub use cost::{Cost, Pricing, ReportedUsage};
-pub use error::{BudgetBodyError, BudgetError, DeadlineExceeded};
+pub use error::{BudgetError, DeadlineExceeded};
 pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};

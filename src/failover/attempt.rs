@@ -397,6 +397,7 @@ where
         &shared.stream,
         state,
         plan.strip_usage,
+        Some(budget.deadline()),
         Some(on_end),
     );
     Outcome::Committed {

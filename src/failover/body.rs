@@ -9,8 +9,7 @@ use pin_project_lite::pin_project;
 use crate::dialect::OpenAiChat;
 use crate::stream::StreamStateBody;
 
-/// Boxed error of a failover response body.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::stream::BoxError;
 
 /// An upstream body with the bytes held back before commit in front.
 pub struct Prepend<B> {

@@ -18,6 +18,9 @@ use crate::classify::Phase;
 use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 
+/// Boxed body error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pin_project! {
     /// Response body of [`StreamStateService`](super::StreamStateService).
     ///
@@ -32,6 +35,8 @@ pin_project! {
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
         idle: Option<Pin<Box<Sleep>>>,
+        // The turn's deadline, when the request carried a turn budget.
+        deadline: Option<Pin<Box<Sleep>>>,
         inspector: Option<Inspector<D>>,
     }
 }
@@ -59,11 +64,13 @@ fn is_event_stream<B>(response: &Response<B>) -> bool {
 impl<B, D> StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
     D: Dialect,
 {
     pub(crate) fn wrap_response(
         response: Response<B>,
         config: &Arc<StreamConfig<D>>,
+        deadline: Option<Instant>,
     ) -> Response<Self> {
         // Not a stream, or one a layer inside already inspects (the
         // failover layer wraps its committed streams itself): leave it be.
@@ -71,6 +78,7 @@ where
             return response.map(|inner| Self {
                 inner,
                 idle: None,
+                deadline: None,
                 inspector: None,
             });
         }
@@ -84,6 +92,7 @@ where
             idle: config
                 .idle_timeout
                 .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             inspector: Some(Inspector::new(Arc::clone(config), state)),
         };
         Response::from_parts(parts, body)
@@ -98,6 +107,7 @@ where
         config: &Arc<StreamConfig<D>>,
         state: StreamState,
         strip_usage: bool,
+        deadline: Option<Instant>,
         on_end: Option<OnEnd>,
     ) -> Self {
         let mut inspector = Inspector::new(Arc::clone(config), state);
@@ -108,6 +118,7 @@ where
             idle: config
                 .idle_timeout
                 .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             inspector: Some(inspector),
         }
     }
@@ -496,19 +507,22 @@ fn update_identity(local: &mut StreamIdentity, state: &StreamState, seen: &Chunk
 impl<B, D> Body for StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<BoxError>,
     D: Dialect,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         let Some(inspector) = this.inspector.as_mut() else {
-            return this.inner.poll_frame(cx);
+            return this
+                .inner
+                .poll_frame(cx)
+                .map(|frame| frame.map(|result| result.map_err(Into::into)));
         };
         loop {
             if let Some(frame) = inspector.out.pop_front() {
@@ -521,6 +535,11 @@ where
                 return Poll::Ready(None);
             }
             match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(_)))
+                    if this.deadline.as_ref().is_some_and(|d| d.is_elapsed()) =>
+                {
+                    inspector.fail(FailureKind::Deadline);
+                }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let (Some(timeout), Some(idle)) =
                         (inspector.config.idle_timeout, this.idle.as_mut())
@@ -534,10 +553,16 @@ where
                     }
                 }
                 Poll::Ready(Some(Err(error))) => {
-                    inspector.fail(FailureKind::Body(error.to_string()));
+                    inspector.fail(FailureKind::Body(error.into()));
                 }
                 Poll::Ready(None) => inspector.on_eof(),
                 Poll::Pending => {
+                    if let Some(deadline) = this.deadline.as_mut()
+                        && deadline.as_mut().poll(cx).is_ready()
+                    {
+                        inspector.fail(FailureKind::Deadline);
+                        continue;
+                    }
                     if let Some(idle) = this.idle.as_mut()
                         && idle.as_mut().poll(cx).is_ready()
                     {

@@ -5,12 +5,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::classify::{Classification, Classifier, FailureClass, Phase};
+use crate::budget::DeadlineExceeded;
+use crate::classify::{Classification, Classifier, Phase};
 
 #[derive(Debug)]
 pub(crate) enum FailureKind {
-    /// The upstream body returned an error (reset, cut connection).
-    Body(String),
+    /// The upstream body returned an error (reset, cut connection, or a
+    /// deadline error of a budget layer inside).
+    Body(super::body::BoxError),
+    /// The turn's deadline passed mid-stream.
+    Deadline,
     /// An in-band error event.
     InBand { event: Option<Bytes>, data: Bytes },
     /// The stream ended without a finish reason or end marker.
@@ -34,10 +38,18 @@ pub(crate) fn classify(
             let event = event.as_deref().and_then(|e| std::str::from_utf8(e).ok());
             return classifier.classify_in_band(provider, event, data, phase);
         }
-        // A body error after the head: the connection was cut mid-stream.
-        FailureKind::Body(error) => Classification::new(FailureClass::Connect, phase)
-            .with_message(format!("the upstream stream was cut: {error}"))
-            .with_note("body_error"),
+        FailureKind::Body(error) => {
+            if let Some(deadline) = DeadlineExceeded::find_in(error.as_ref()) {
+                return deadline.classification().with_phase(phase);
+            }
+            // After the head: the connection was cut mid-stream.
+            classifier
+                .classify_transport(provider, error.as_ref(), true)
+                .with_phase(phase)
+        }
+        FailureKind::Deadline => Classification::timeout(phase, "the rest of the stream")
+            .with_message("the turn's deadline passed mid-stream")
+            .with_recovery(crate::classify::Recovery::Stop),
         FailureKind::Truncated { cut_event: true } => Classification::truncated(phase)
             .with_message("the upstream stream ended in the middle of an event"),
         FailureKind::Truncated { cut_event: false } => Classification::truncated(phase)

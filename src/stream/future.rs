@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 
 use super::StreamStateBody;
 use super::layer::StreamConfig;
@@ -18,12 +19,17 @@ pin_project! {
         #[pin]
         inner: F,
         config: Arc<StreamConfig<D>>,
+        deadline: Option<Instant>,
     }
 }
 
 impl<F, D> ResponseFuture<F, D> {
-    pub(crate) fn new(inner: F, config: Arc<StreamConfig<D>>) -> Self {
-        Self { inner, config }
+    pub(crate) fn new(inner: F, config: Arc<StreamConfig<D>>, deadline: Option<Instant>) -> Self {
+        Self {
+            inner,
+            config,
+            deadline,
+        }
     }
 }
 
@@ -39,7 +45,7 @@ impl<F, D, B, E> Future for ResponseFuture<F, D>
 where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<super::body::BoxError>,
     D: Dialect,
 {
     type Output = Result<Response<StreamStateBody<B, D>>, E>;
@@ -47,6 +53,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.inner.poll(cx))?;
-        Poll::Ready(Ok(StreamStateBody::wrap_response(response, this.config)))
+        Poll::Ready(Ok(StreamStateBody::wrap_response(
+            response,
+            this.config,
+            *this.deadline,
+        )))
     }
 }

@@ -68,7 +68,7 @@ mod service;
 mod state;
 
 pub(crate) use body::OnEnd;
-pub use body::StreamStateBody;
+pub use body::{BoxError, StreamStateBody};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_MAX_MALFORMED, StreamStateLayer};
 pub use service::StreamStateService;

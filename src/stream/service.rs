@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::StreamConfig;
+use crate::budget::TurnBudget;
 use crate::dialect::Dialect;
 
 /// The service [`StreamStateLayer`](super::StreamStateLayer) produces.
@@ -42,7 +43,7 @@ impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for StreamStateService<S,
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
-    ResBody::Error: std::fmt::Display,
+    ResBody::Error: Into<super::body::BoxError>,
     D: Dialect,
 {
     type Response = Response<super::StreamStateBody<ResBody, D>>;
@@ -54,6 +55,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        ResponseFuture::new(self.inner.call(request), Arc::clone(&self.config))
+        // A turn budget set outside: this inspector ends the stream at its
+        // deadline with a terminal chunk (the budget layer leaves it to us).
+        let deadline = TurnBudget::from_extensions(request.extensions()).map(|b| b.deadline());
+        ResponseFuture::new(self.inner.call(request), Arc::clone(&self.config), deadline)
     }
 }

@@ -1,0 +1,121 @@
+//! The layers stacked as a gateway stacks them: StreamStateLayer outside,
+//! BudgetLayer, then the failover service.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_llm_failover::budget::{BudgetLayer, TurnBudget};
+use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::stream::{StreamPhase, StreamState, StreamStateLayer};
+use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks, sse_response};
+
+fn request() -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
+    let primary =
+        FakeProvider::new("primary").always(Reply::tokens_then("primary", 3, vec![Step::Stall]));
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .target(Target::new("backup", backup.clone()))
+        .idle_timeout(Duration::from_secs(600))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(StreamStateLayer::new())
+        .layer(
+            BudgetLayer::new()
+                .deadline(Duration::from_secs(5))
+                .attempt_per_call(false),
+        )
+        .service(failover);
+    let started = Instant::now();
+    let response = service.oneshot(request()).await.unwrap();
+    let state = response.extensions().get::<StreamState>().unwrap().clone();
+    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let budget = response.extensions().get::<TurnBudget>().unwrap().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+    assert_eq!(text.matches("primary-").count(), 3);
+    assert!(text.contains("\"finish_reason\":\"error\""), "{text}");
+    assert!(text.contains("\"code\":\"timeout\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(state.phase(), StreamPhase::Failed);
+    assert_eq!(backup.calls(), 0);
+    // One budget for the turn: the failover drew its attempt from it.
+    assert_eq!(budget.attempts_used(), 1);
+    assert_eq!(run.run_id(), budget.run_id());
+    let record = &run.attempts()[0];
+    assert_eq!(record.class, Some(FailureClass::Timeout));
+    assert_eq!(record.bytes_flushed, body.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn silent_targets_end_the_turn_at_its_deadline_with_an_openai_error() {
+    let primary = FakeProvider::new("primary").always(Reply::Silent);
+    let backup = FakeProvider::new("backup").always(Reply::Silent);
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary))
+        .target(Target::new("backup", backup))
+        .head_timeout(Some(Duration::from_secs(3)))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(StreamStateLayer::new())
+        .layer(
+            BudgetLayer::new()
+                .deadline(Duration::from_secs(4))
+                .attempt_per_call(false),
+        )
+        .service(failover);
+    let started = Instant::now();
+    let response = service.oneshot(request()).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(4));
+    assert_eq!(response.status(), 504);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("first failure: timeout from primary")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_layer_alone_ends_a_stream_at_a_budget_deadline_inside_it() {
+    let upstream = tower::service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, std::convert::Infallible>(sse_response([
+            Step::Data(chunks::role("m")),
+            Step::Data(chunks::content("m", "a")),
+            Step::Stall,
+        ]))
+    });
+    let service = ServiceBuilder::new()
+        .layer(StreamStateLayer::new())
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(2)))
+        .service(upstream);
+    let response: Response<_> = service.oneshot(request()).await.unwrap();
+    let state = response.extensions().get::<StreamState>().unwrap().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert!(text.contains("\"code\":\"timeout\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(
+        state.snapshot().failure.unwrap().class,
+        FailureClass::Timeout
+    );
+}
