@@ -7,16 +7,90 @@
 //! one voice; a later failure ends it cleanly instead of splicing a second
 //! model's answer onto the first.
 //!
-//! Modules:
-//! - [`sse`]: incremental, zero-copy Server-Sent Events scanner.
-//! - [`dialect`]: wire dialects (OpenAI chat chunks): commit detection,
-//!   finish_reason, usage, in-band errors, terminal chunks.
-//! - [`classify`]: failure classes from the providers' own contracts.
+//! The rules the crate enforces:
+//!
+//! 1. Failover is legal only at zero tokens: before commit a failed attempt
+//!    is retried or rerouted invisibly; after it, never.
+//! 2. After commit, never append: a failure ends the stream with one terminal
+//!    chunk (`finish_reason` set, an `error` object) and `[DONE]`.
+//! 3. Classify by the provider's contract, not by catch-all: only some
+//!    classes retry or reroute; request errors stop.
+//! 4. One budget per turn: deadline, attempts and spend are shared by every
+//!    hop; a wait longer than the time left is not taken.
+//! 5. Switch only to a compatible backup (tools, response format, streaming,
+//!    context window, images), or stop explicitly.
+//! 6. An effect is keyed by the application's action id, not the attempt:
+//!    a timeout means "unknown", never "repeat".
+//! 7. Every hop is visible: one run id per turn, one record per attempt,
+//!    with the bytes flushed before the failure.
+//!
+//! Modules, outermost layer first:
 //! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination.
 //! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling per turn.
 //! - [`failover`]: `Failover`: zero-token failover across compatible targets.
+//! - [`classify`]: failure classes from the providers' own contracts.
+//! - [`sse`] and [`dialect`]: the zero-copy SSE scanner and the OpenAI
+//!   chat-chunk dialect underneath.
 //! - [`record`]: run and attempt records.
 //! - [`action`]: idempotent tool actions keyed by the application.
+//! - `client` (feature `client`, default): the hyper + rustls upstream client.
+//! - `testing` (feature `testing`): scripted fake providers.
+//!
+//! # The stack
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::Request;
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_llm_failover::budget::BudgetLayer;
+//! use tower_llm_failover::failover::{Capabilities, Failover, Target};
+//! use tower_llm_failover::stream::StreamStateLayer;
+//! use tower_llm_failover::testing::{chunks, FakeProvider, Reply, Step};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Two upstreams (any Tower HTTP service; here scripted fakes): the
+//! // primary is rate limited after its role chunk, the backup answers.
+//! let primary = FakeProvider::new("primary").always(Reply::Stream(vec![
+//!     Step::Data(chunks::role("primary")),
+//!     Step::Data(chunks::rate_limit_error()),
+//! ]));
+//! let backup = FakeProvider::new("backup");
+//!
+//! let failover = Failover::builder()
+//!     .target(Target::new("primary", primary.clone()))
+//!     .target(
+//!         Target::new("backup", backup.clone())
+//!             .model("backup-model")
+//!             .capabilities(Capabilities::default().context_window(200_000)),
+//!     )
+//!     .max_retries_per_target(0)
+//!     .build();
+//! let gateway = ServiceBuilder::new()
+//!     .layer(StreamStateLayer::new().idle_timeout(Duration::from_secs(30)))
+//!     .layer(BudgetLayer::new().deadline(Duration::from_secs(60)).attempt_per_call(false))
+//!     .service(failover);
+//!
+//! let request = Request::post("/v1/chat/completions")
+//!     .body(Full::new(Bytes::from(
+//!         r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+//!     )))
+//!     .unwrap();
+//! let response = gateway.oneshot(request).await.unwrap();
+//! assert_eq!(response.headers()["x-failover-target"], "backup");
+//! let body = response.into_body().collect().await.unwrap().to_bytes();
+//! let text = String::from_utf8(body.to_vec()).unwrap();
+//!
+//! // The client saw only the backup's answer, from its first byte.
+//! assert!(text.starts_with("data: "));
+//! assert!(!text.contains("primary"));
+//! assert!(text.ends_with("data: [DONE]\n\n"));
+//! assert_eq!((primary.calls(), backup.calls()), (1, 1));
+//! # }
+//! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod action;
