@@ -15,11 +15,16 @@
 //! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination.
 //! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling per turn.
 //! - [`action`]: idempotent tool actions keyed by the application.
+//! - [`client`]: `UpstreamClient`, the real upstream HTTP client (hyper,
+//!   rustls; feature `client`, on by default).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod action;
 pub mod budget;
 pub mod classify;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 pub mod dialect;
 pub mod sse;
 pub mod stream;
