@@ -1,5 +1,8 @@
 //! The client's errors: building it, and sending a request.
 
+use std::error::Error;
+use std::fmt;
+
 use crate::classify::UpstreamError;
 
 /// Why [`UpstreamClientBuilder::build`](super::UpstreamClientBuilder::build)
@@ -36,18 +39,16 @@ pub enum ClientError {
 /// [`Classifier::classify_transport`](crate::classify::Classifier::classify_transport)
 /// (and `ClassifyLayer`) walk straight into hyper-util's error, its
 /// `is_connect()` and the io error below it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum SendError {
     /// The hyper-util client failed: connect, TLS, write, or the connection
     /// closed before the head arrived.
-    #[error("upstream transport error")]
-    Transport(#[source] hyper_util::client::legacy::Error),
+    Transport(hyper_util::client::legacy::Error),
     /// The request could not be turned into an upstream request (its URI
     /// could not be joined onto the base URL). Classified as
     /// `InvalidRequest` before send: it never left the gateway.
-    #[error("request cannot be sent upstream")]
-    InvalidRequest(#[source] UpstreamError),
+    InvalidRequest(Box<UpstreamError>),
 }
 
 impl SendError {
@@ -59,12 +60,51 @@ impl SendError {
         }
     }
 
-    /// Whether the failure happened while connecting (the request was never
-    /// sent).
+    /// Whether the transport failed while connecting (so the request was
+    /// never sent).
     pub fn is_connect(&self) -> bool {
         match self {
             Self::Transport(e) => e.is_connect(),
-            Self::InvalidRequest(_) => true,
+            Self::InvalidRequest(_) => false,
         }
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Transport(_) => f.write_str("upstream transport error"),
+            Self::InvalidRequest(_) => f.write_str("request cannot be sent upstream"),
+        }
+    }
+}
+
+impl Error for SendError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        // The inner errors themselves (not a Box around one), so that
+        // downcasting in the classifier finds them.
+        match self {
+            Self::Transport(e) => Some(e),
+            Self::InvalidRequest(e) => Some(&**e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::{Classification, Classifier, FailureClass, Phase};
+
+    #[test]
+    fn an_unsendable_request_keeps_its_own_classification() {
+        let error = SendError::InvalidRequest(Box::new(UpstreamError::new(Classification::new(
+            FailureClass::InvalidRequest,
+            Phase::BeforeSend,
+        ))));
+        assert!(!error.is_connect());
+        assert!(error.transport().is_none());
+        let c = Classifier::default().classify_transport(Some("p"), &error, false);
+        assert_eq!(c.class, FailureClass::InvalidRequest);
+        assert_eq!(c.phase, Phase::BeforeSend);
     }
 }

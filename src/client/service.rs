@@ -86,11 +86,11 @@ impl UpstreamClient {
             .target
             .join(parts.uri.path_and_query())
             .map_err(|e| {
-                SendError::InvalidRequest(UpstreamError::new(
+                SendError::InvalidRequest(Box::new(UpstreamError::new(
                     Classification::new(FailureClass::InvalidRequest, Phase::BeforeSend)
                         .with_message(format!("cannot build the upstream URI: {e}"))
                         .with_note("invalid_upstream_uri"),
-                ))
+                )))
             })?;
         // hyper-util refuses an HTTP/2 request on an HTTP/1 connection; the
         // version the client spoke to the gateway says nothing about ours.

@@ -5,6 +5,7 @@
 //! helpers write OpenAI chat-chunk SSE events.
 
 pub mod chunks;
+pub mod upstream;
 
 use std::collections::VecDeque;
 use std::future::Future as _;
