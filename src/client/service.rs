@@ -46,6 +46,10 @@ pub(crate) struct Shared {
 ///
 /// Cloning is cheap and clones share the connection pool. See the [module
 /// docs](super) for the URL join rule and the header rules.
+///
+/// Because any body type is accepted, a bare `client.ready()` cannot infer
+/// the request type: name it (`ServiceExt::<Request<Full<Bytes>>>::ready`),
+/// or use `oneshot(request)`, which infers it from the request.
 #[derive(Clone)]
 pub struct UpstreamClient {
     client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
