@@ -33,7 +33,8 @@
 //!   chat-chunk dialect underneath.
 //! - [`record`]: run and attempt records.
 //! - [`action`]: idempotent tool actions keyed by the application.
-//! - `client` (feature `client`, default): the hyper + rustls upstream client.
+//! - [`client`]: `UpstreamClient`, the real upstream HTTP client (hyper,
+//!   rustls; feature `client`, on by default).
 //! - `testing` (feature `testing`): scripted fake providers.
 //!
 //! # The stack
@@ -96,6 +97,9 @@
 pub mod action;
 pub mod budget;
 pub mod classify;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 pub mod dialect;
 pub mod failover;
 pub mod record;

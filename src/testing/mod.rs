@@ -6,6 +6,7 @@
 
 pub mod chunks;
 pub mod provider;
+pub mod upstream;
 
 pub use provider::{FakeProvider, Reply, SeenRequest};
 

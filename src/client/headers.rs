@@ -1,0 +1,136 @@
+//! Which of the client's headers travel upstream.
+
+use http::HeaderMap;
+use http::header::{self, HeaderName, HeaderValue};
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1, plus the legacy `keep-alive` and
+/// `proxy-connection`): they describe the client's connection, not ours.
+pub(crate) const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Credentials a client may send to the gateway; none of them is ever
+/// forwarded (the target gets its own from [`Auth`](super::Auth)).
+pub(crate) const CREDENTIALS: [HeaderName; 6] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
+
+/// Rewrites the client's headers for the upstream:
+/// - drops hop-by-hop headers and any header the `Connection` header names;
+/// - drops every client credential and the configured extras;
+/// - drops `host` (hyper sets it from the upstream URI for HTTP/1.1;
+///   HTTP/2 carries `:authority`);
+/// - drops `accept-encoding`, so the upstream answers uncompressed bytes the
+///   gateway can read (SSE scanning, error bodies);
+/// - drops `content-length` when the body knows its exact length (hyper sets
+///   the right one; a rewritten body may differ from the client's);
+/// - sets the target's credential.
+pub(crate) fn prepare(
+    headers: &mut HeaderMap,
+    extra: &[HeaderName],
+    credential: Option<&(HeaderName, HeaderValue)>,
+    body_length_known: bool,
+) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in HOP_BY_HOP.iter().chain(&CREDENTIALS).chain(extra) {
+        headers.remove(name);
+    }
+    headers.remove(header::HOST);
+    headers.remove(header::ACCEPT_ENCODING);
+    if body_length_known {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    if let Some((name, value)) = credential {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("authorization", "Bearer sk-client"),
+            ("x-api-key", "client-key"),
+            ("api-key", "client-key"),
+            ("x-goog-api-key", "client-key"),
+            ("proxy-authorization", "Basic abc"),
+            ("cookie", "session=1"),
+            ("connection", "keep-alive, x-custom-hop"),
+            ("x-custom-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-connection", "keep-alive"),
+            ("host", "gateway.local"),
+            ("accept-encoding", "gzip"),
+            ("content-length", "12"),
+            ("content-type", "application/json"),
+            ("user-agent", "OpenAI/Python 1.0"),
+            ("x-team-secret", "t"),
+            ("openai-beta", "assistants=v2"),
+        ] {
+            h.append(name, HeaderValue::from_static(value));
+        }
+        h
+    }
+
+    #[test]
+    fn drops_hop_by_hop_and_credentials_keeps_the_rest() {
+        let mut h = client_headers();
+        let own = (
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-target"),
+        );
+        prepare(
+            &mut h,
+            &[HeaderName::from_static("x-team-secret")],
+            Some(&own),
+            true,
+        );
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["authorization", "content-type", "openai-beta", "user-agent"]
+        );
+        assert_eq!(h[header::AUTHORIZATION], "Bearer sk-target");
+        assert_eq!(h.get_all(header::AUTHORIZATION).iter().count(), 1);
+    }
+
+    #[test]
+    fn content_length_stays_when_the_body_length_is_unknown() {
+        let mut h = client_headers();
+        prepare(&mut h, &[], None, false);
+        assert_eq!(h[header::CONTENT_LENGTH], "12");
+        assert!(!h.contains_key(header::AUTHORIZATION));
+    }
+}
