@@ -1,0 +1,554 @@
+//! The gateway's configuration and router: shared by the example's `main`
+//! and by the end-to-end tests, which include this file as a module.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use http_body_util::Full;
+use serde::Deserialize;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_llm_failover::budget::{
+    Budget, BudgetError, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
+};
+use tower_llm_failover::client::{Auth, UpstreamClient};
+use tower_llm_failover::dialect::{OpenAiChat, TerminalMode};
+use tower_llm_failover::failover::{
+    Capabilities, CommitWindow, CooldownPolicy, Failover, Strategy, Target,
+};
+use tower_llm_failover::stream::{StreamStateLayer, StreamStateService};
+
+/// The TOML file `--config` reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Config {
+    /// Address to listen on.
+    #[serde(default = "default_listen")]
+    pub(crate) listen: String,
+    /// The per-turn budget.
+    #[serde(default)]
+    pub(crate) budget: BudgetConfig,
+    /// Failover settings beyond the budget.
+    #[serde(default)]
+    pub(crate) failover: FailoverConfig,
+    /// The upstream providers.
+    pub(crate) providers: Vec<ProviderConfig>,
+    /// Client-facing models and their targets, matched in file order.
+    #[serde(default)]
+    pub(crate) routes: Vec<RouteConfig>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".to_owned()
+}
+
+/// `[budget]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct BudgetConfig {
+    pub(crate) deadline_ms: u64,
+    pub(crate) max_attempts: u32,
+    pub(crate) first_token_timeout_ms: u64,
+    pub(crate) idle_timeout_ms: u64,
+    pub(crate) head_timeout_ms: Option<u64>,
+    pub(crate) spend_ceiling_usd: Option<f64>,
+    /// Extra attempts allowed across turns, as a fraction of first attempts.
+    pub(crate) retry_percent: f32,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        Self {
+            deadline_ms: 60_000,
+            max_attempts: 4,
+            first_token_timeout_ms: 10_000,
+            idle_timeout_ms: 10_000,
+            head_timeout_ms: None,
+            spend_ceiling_usd: None,
+            retry_percent: 0.2,
+        }
+    }
+}
+
+/// `[failover]`: the library's own names.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct FailoverConfig {
+    /// `ordered`, `cheapest_healthy` or `lowest_latency`.
+    pub(crate) strategy: String,
+    /// Output events held back before commit (1 = commit on first output).
+    pub(crate) commit_output_events: u64,
+    pub(crate) commit_output_bytes: Option<u64>,
+    pub(crate) commit_after_first_output_ms: Option<u64>,
+    pub(crate) max_retries_per_target: u32,
+    /// `error_chunk`, `finish_reason_only` or `error_event`.
+    pub(crate) terminal_mode: String,
+    pub(crate) max_request_bytes: usize,
+    /// How long running streams may go on after SIGINT/SIGTERM.
+    pub(crate) shutdown_grace_ms: u64,
+    pub(crate) cooldown_account_ms: Option<u64>,
+    pub(crate) cooldown_overloaded_ms: Option<u64>,
+    pub(crate) cooldown_repeated_threshold: Option<u32>,
+    pub(crate) cooldown_repeated_base_ms: Option<u64>,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        Self {
+            strategy: "ordered".to_owned(),
+            commit_output_events: 1,
+            commit_output_bytes: None,
+            commit_after_first_output_ms: None,
+            max_retries_per_target: 2,
+            terminal_mode: "error_chunk".to_owned(),
+            max_request_bytes: 4 << 20,
+            shutdown_grace_ms: 30_000,
+            cooldown_account_ms: None,
+            cooldown_overloaded_ms: None,
+            cooldown_repeated_threshold: None,
+            cooldown_repeated_base_ms: None,
+        }
+    }
+}
+
+/// `[[providers]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProviderConfig {
+    pub(crate) name: String,
+    pub(crate) base_url: String,
+    /// The key is read from this environment variable.
+    pub(crate) api_key_env: Option<String>,
+    /// `bearer` (default), `x-api-key` or `api-key`.
+    #[serde(default)]
+    pub(crate) auth: Option<String>,
+    pub(crate) connect_timeout_ms: Option<u64>,
+}
+
+/// `[[routes]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteConfig {
+    /// Client-facing model name, `*` as wildcard.
+    pub(crate) model: String,
+    pub(crate) targets: Vec<TargetConfig>,
+}
+
+/// One target of a route: a provider plus an upstream model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TargetConfig {
+    pub(crate) provider: String,
+    /// Upstream model; the client's when absent.
+    pub(crate) model: Option<String>,
+    pub(crate) context_window: Option<u64>,
+    pub(crate) max_output_tokens: Option<u64>,
+    pub(crate) tools: Option<bool>,
+    pub(crate) parallel_tool_calls: Option<bool>,
+    pub(crate) json_schema: Option<bool>,
+    pub(crate) json_object: Option<bool>,
+    pub(crate) streaming: Option<bool>,
+    pub(crate) image_input: Option<bool>,
+    pub(crate) input_per_million: Option<f64>,
+    pub(crate) output_per_million: Option<f64>,
+}
+
+impl TargetConfig {
+    fn capabilities(&self) -> Capabilities {
+        let d = Capabilities::default();
+        let mut c = d
+            .clone()
+            .tools(self.tools.unwrap_or(d.tools))
+            .parallel_tool_calls(self.parallel_tool_calls.unwrap_or(d.parallel_tool_calls))
+            .json_schema(self.json_schema.unwrap_or(d.json_schema))
+            .json_object(self.json_object.unwrap_or(d.json_object))
+            .streaming(self.streaming.unwrap_or(d.streaming))
+            .image_input(self.image_input.unwrap_or(d.image_input));
+        if let Some(window) = self.context_window {
+            c = c.context_window(window);
+        }
+        if let Some(max) = self.max_output_tokens {
+            c = c.max_output_tokens(max);
+        }
+        c
+    }
+}
+
+impl Config {
+    /// Reads a TOML config.
+    pub(crate) fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+}
+
+/// The stack behind one route.
+type RouteService = StreamStateService<Budget<Failover<UpstreamClient>>, OpenAiChat>;
+
+struct Route {
+    pattern: String,
+    service: RouteService,
+}
+
+/// What the handlers share.
+pub(crate) struct Gateway {
+    routes: Vec<Route>,
+    max_request_bytes: usize,
+}
+
+/// `*` matches any run of characters; everything else literally.
+pub(crate) fn pattern_matches(pattern: &str, model: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == model;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !model.starts_with(first) || model.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &model[first.len()..model.len() - last.len()];
+    if !model.ends_with(last) {
+        return false;
+    }
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(at) => rest = &rest[at + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+impl Gateway {
+    /// Builds every route's stack from a config.
+    pub(crate) fn from_config(config: &Config) -> Result<Self, String> {
+        let mut clients: HashMap<&str, UpstreamClient> = HashMap::new();
+        for provider in &config.providers {
+            let auth = match &provider.api_key_env {
+                None => Auth::None,
+                Some(var) => {
+                    let key = std::env::var(var)
+                        .map_err(|_| format!("provider {}: ${var} is not set", provider.name))?;
+                    match provider.auth.as_deref().unwrap_or("bearer") {
+                        "bearer" => Auth::bearer(key),
+                        "x-api-key" => Auth::x_api_key(key),
+                        "api-key" => Auth::api_key(key),
+                        other => {
+                            return Err(format!(
+                                "provider {}: unknown auth {other}",
+                                provider.name
+                            ));
+                        }
+                    }
+                }
+            };
+            let mut builder = UpstreamClient::builder(provider.base_url.clone()).auth(auth);
+            if let Some(ms) = provider.connect_timeout_ms {
+                builder = builder.connect_timeout(Duration::from_millis(ms));
+            }
+            let client = builder
+                .build()
+                .map_err(|e| format!("provider {}: {e}", provider.name))?;
+            clients.insert(&provider.name, client);
+        }
+        let routes_config = if config.routes.is_empty() {
+            // Without routes: every request tries the providers in order
+            // with the client's model.
+            vec![RouteConfig {
+                model: "*".to_owned(),
+                targets: config
+                    .providers
+                    .iter()
+                    .map(|p| TargetConfig {
+                        provider: p.name.clone(),
+                        model: None,
+                        context_window: None,
+                        max_output_tokens: None,
+                        tools: None,
+                        parallel_tool_calls: None,
+                        json_schema: None,
+                        json_object: None,
+                        streaming: None,
+                        image_input: None,
+                        input_per_million: None,
+                        output_per_million: None,
+                    })
+                    .collect(),
+            }]
+        } else {
+            config.routes.clone()
+        };
+        let b = &config.budget;
+        let f = &config.failover;
+        let retry_budget = RetryBudget::new(
+            RetryBudgetConfig::new()
+                .ttl(Duration::from_secs(10))
+                .retry_percent(b.retry_percent),
+        )
+        .map_err(|e| format!("budget: {e}"))?;
+        let strategy = match f.strategy.as_str() {
+            "ordered" => Strategy::Ordered,
+            "cheapest_healthy" => Strategy::CheapestHealthy,
+            "lowest_latency" => Strategy::LowestLatency,
+            other => return Err(format!("failover.strategy: unknown {other}")),
+        };
+        let terminal_mode = match f.terminal_mode.as_str() {
+            "error_chunk" => TerminalMode::ErrorChunk,
+            "finish_reason_only" => TerminalMode::FinishReasonOnly,
+            "error_event" => TerminalMode::ErrorEvent,
+            other => return Err(format!("failover.terminal_mode: unknown {other}")),
+        };
+        let mut commit = CommitWindow::output_events(f.commit_output_events);
+        if let Some(bytes) = f.commit_output_bytes {
+            commit = commit.or_bytes(bytes);
+        }
+        if let Some(ms) = f.commit_after_first_output_ms {
+            commit = commit.or_after(Duration::from_millis(ms));
+        }
+        let defaults = CooldownPolicy::default();
+        let cooldown = CooldownPolicy {
+            account: f
+                .cooldown_account_ms
+                .map_or(defaults.account, Duration::from_millis),
+            overloaded: f
+                .cooldown_overloaded_ms
+                .map_or(defaults.overloaded, Duration::from_millis),
+            repeated_threshold: f
+                .cooldown_repeated_threshold
+                .unwrap_or(defaults.repeated_threshold),
+            repeated_base: f
+                .cooldown_repeated_base_ms
+                .map_or(defaults.repeated_base, Duration::from_millis),
+            ..defaults
+        };
+        let stream_layer = StreamStateLayer::new()
+            .terminal_mode(terminal_mode)
+            .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
+
+        let mut routes = Vec::new();
+        for route in &routes_config {
+            let mut builder = Failover::builder()
+                .strategy(strategy.clone())
+                .commit_window(commit)
+                .head_timeout(b.head_timeout_ms.map(Duration::from_millis))
+                .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
+                .idle_timeout(Duration::from_millis(b.idle_timeout_ms))
+                .max_retries_per_target(f.max_retries_per_target)
+                .max_request_bytes(f.max_request_bytes)
+                .cooldown(cooldown.clone())
+                .stream(stream_layer.clone());
+            for target in &route.targets {
+                let client = clients.get(target.provider.as_str()).ok_or_else(|| {
+                    format!(
+                        "route {}: unknown provider {}",
+                        route.model, target.provider
+                    )
+                })?;
+                let name = match &target.model {
+                    Some(model) => format!("{}/{model}", target.provider),
+                    None => target.provider.clone(),
+                };
+                let mut t = Target::new(name, client.clone())
+                    .provider(target.provider.clone())
+                    .capabilities(target.capabilities());
+                if let Some(model) = &target.model {
+                    t = t.model(model.clone());
+                }
+                if let (Some(input), Some(output)) =
+                    (target.input_per_million, target.output_per_million)
+                {
+                    t = t.pricing(Pricing::per_million_usd(input, output));
+                }
+                builder = builder.target(t);
+            }
+            let mut budget = BudgetLayer::new()
+                .deadline(Duration::from_millis(b.deadline_ms))
+                .max_attempts(b.max_attempts)
+                .retry_budget(retry_budget.clone())
+                .attempt_per_call(false);
+            if let Some(usd) = b.spend_ceiling_usd {
+                budget = budget.spend_ceiling(Cost::from_usd(usd));
+            }
+            let service = ServiceBuilder::new()
+                .layer(stream_layer.clone())
+                .layer(budget)
+                .service(builder.build());
+            routes.push(Route {
+                pattern: route.model.clone(),
+                service,
+            });
+        }
+        Ok(Self {
+            routes,
+            max_request_bytes: f.max_request_bytes,
+        })
+    }
+
+    fn route(&self, model: &str) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| pattern_matches(&r.pattern, model))
+    }
+
+    /// The axum router: chat completions, models, health.
+    pub(crate) fn router(self) -> Router {
+        Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/models", get(models))
+            .route(
+                "/healthz",
+                get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+            )
+            .with_state(Arc::new(self))
+    }
+}
+
+fn openai_error(status: StatusCode, message: &str, error_type: &str, code: &str) -> Response {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": error_type, "param": null, "code": code}
+    });
+    let mut response = (status, axum::Json(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, gateway.max_request_bytes).await else {
+        return openai_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "the request body exceeds the {}-byte limit",
+                gateway.max_request_bytes
+            ),
+            "invalid_request_error",
+            "request_too_large",
+        );
+    };
+    // The model picks the route; the failover layer validates the rest.
+    #[derive(Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow, default)]
+        model: Option<std::borrow::Cow<'a, str>>,
+    }
+    let model = match serde_json::from_slice::<Peek<'_>>(&bytes) {
+        Err(e) => {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body is not valid JSON: {e}"),
+                "invalid_request_error",
+                "invalid_json",
+            );
+        }
+        Ok(Peek { model: None }) => {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                "'model' is required and must be a string",
+                "invalid_request_error",
+                "invalid_request",
+            );
+        }
+        Ok(Peek { model: Some(model) }) => model.into_owned(),
+    };
+    let Some(route) = gateway.route(&model) else {
+        return openai_error(
+            StatusCode::NOT_FOUND,
+            &format!("the model `{model}` does not exist"),
+            "invalid_request_error",
+            "model_not_found",
+        );
+    };
+    let request = http::Request::from_parts(parts, Full::new(bytes));
+    match route.service.clone().oneshot(request).await {
+        Ok(response) => response.map(Body::new),
+        Err(BudgetError::Exhausted(e)) => openai_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &e.to_string(),
+            "rate_limit_error",
+            "turn_budget_exhausted",
+        ),
+        Err(BudgetError::Deadline(e)) => openai_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            &e.to_string(),
+            "server_error",
+            "timeout",
+        ),
+        Err(BudgetError::Inner(never)) => match never {},
+        Err(_) => openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the turn failed",
+            "server_error",
+            "internal_error",
+        ),
+    }
+}
+
+async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
+    let data: Vec<_> = gateway
+        .routes
+        .iter()
+        .map(|r| serde_json::json!({"id": r.pattern, "object": "model", "created": 0, "owned_by": "gateway"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// A gateway serving on a bound listener, stopped by `shutdown`.
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Stops accepting and waits up to `grace` for running streams.
+    /// Returns whether every stream finished in time.
+    pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(grace, &mut self.task).await {
+            Ok(_) => true,
+            Err(_) => {
+                self.task.abort();
+                false
+            }
+        }
+    }
+}
+
+/// Serves `gateway` on `listener` (TCP_NODELAY on every connection).
+pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
+    use axum::serve::ListenerExt;
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = listener.tap_io(|tcp| {
+        // A stream is many small writes: without this, delayed ACKs hold
+        // each one's tail for ~40 ms.
+        let _ = tcp.set_nodelay(true);
+    });
+    let app = gateway.router();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+    Running {
+        addr,
+        shutdown: Some(tx),
+        task,
+    }
+}

@@ -1,0 +1,200 @@
+//! An OpenAI-compatible LLM gateway on axum with safe failover.
+//!
+//! ```text
+//! cargo run --release --example gateway                      # embedded fake providers
+//! cargo run --release --example gateway -- --config gw.toml  # your providers
+//! ```
+//!
+//! Without a config it starts two fake providers on loopback and routes
+//! three demo models through them:
+//!
+//! - `demo-failover`: the primary answers `429 insufficient_quota`; the turn
+//!   moves to the backup before any token, and the client never notices.
+//! - `demo-cut`: the primary is cut after 5 tokens; the stream ends with a
+//!   terminal chunk (`finish_reason: "error"`) and `[DONE]`, nothing spliced.
+//! - anything else: primary, then backup, with the client's model.
+//!
+//! Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /healthz`.
+//! SIGINT/SIGTERM stop accepting and let running streams finish within
+//! `failover.shutdown_grace_ms`.
+
+mod app;
+
+use std::time::Duration;
+
+use app::{Config, Gateway};
+use tower_llm_failover::testing::upstream::FakeUpstream;
+
+fn usage() -> ! {
+    eprintln!("usage: gateway [--config PATH] [--listen ADDR]");
+    std::process::exit(2);
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tower_llm_failover=info".into()),
+        )
+        .init();
+
+    let mut args = std::env::args().skip(1);
+    let (mut config_path, mut listen) = (None, None);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--config" => config_path = Some(args.next().unwrap_or_else(|| usage())),
+            "--listen" => listen = Some(args.next().unwrap_or_else(|| usage())),
+            _ => usage(),
+        }
+    }
+
+    // Embedded fakes live as long as the gateway.
+    let mut fakes = Vec::new();
+    let mut config = match config_path {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                eprintln!("cannot read {path}: {e}");
+                std::process::exit(1)
+            });
+            Config::from_toml(&text).unwrap_or_else(|e| {
+                eprintln!("{path}: {e}");
+                std::process::exit(1)
+            })
+        }
+        None => {
+            let primary = FakeUpstream::builder("primary")
+                .tokens(12)
+                .pace(Duration::from_millis(20))
+                .start()
+                .await
+                .unwrap_or_else(|e| {
+                    eprintln!("cannot start the fake primary: {e}");
+                    std::process::exit(1)
+                });
+            let backup = FakeUpstream::builder("backup")
+                .tokens(12)
+                .pace(Duration::from_millis(20))
+                .start()
+                .await
+                .unwrap_or_else(|e| {
+                    eprintln!("cannot start the fake backup: {e}");
+                    std::process::exit(1)
+                });
+            let config = demo_config(&primary.base_url(), &backup.base_url());
+            fakes.push(primary);
+            fakes.push(backup);
+            config
+        }
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    let gateway = Gateway::from_config(&config).unwrap_or_else(|e| {
+        eprintln!("bad config: {e}");
+        std::process::exit(1)
+    });
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("cannot listen on {}: {e}", config.listen);
+            std::process::exit(1)
+        });
+    let running = app::serve(gateway, listener);
+    let addr = running.addr;
+    println!("gateway ready on http://{addr}");
+    if !fakes.is_empty() {
+        println!(
+            "fake providers: primary {} and backup {}",
+            fakes[0].base_url(),
+            fakes[1].base_url()
+        );
+        println!("a failover the client never sees (primary: 429 insufficient_quota):");
+        println!(
+            "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{\"model\":\"demo-failover\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+        );
+    }
+
+    shutdown_signal().await;
+    let grace = Duration::from_millis(config.failover.shutdown_grace_ms);
+    println!(
+        "shutting down: no new connections; running streams have {} ms",
+        grace.as_millis()
+    );
+    if running.shutdown(grace).await {
+        println!("all streams finished");
+    } else {
+        println!("grace period over; remaining streams closed");
+    }
+}
+
+/// The embedded demo: two fake providers and three routes.
+fn demo_config(primary: &str, backup: &str) -> Config {
+    let text = format!(
+        r#"
+listen = "127.0.0.1:8080"
+
+[budget]
+deadline_ms = 30000
+max_attempts = 4
+first_token_timeout_ms = 5000
+idle_timeout_ms = 5000
+
+[[providers]]
+name = "primary"
+base_url = "{primary}"
+
+[[providers]]
+name = "backup"
+base_url = "{backup}"
+
+[[routes]]
+model = "demo-failover"
+targets = [
+  {{ provider = "primary", model = "primary-model#fault:status=429;error=quota" }},
+  {{ provider = "backup", model = "backup-model" }},
+]
+
+[[routes]]
+model = "demo-cut"
+targets = [
+  {{ provider = "primary", model = "primary-model#fault:reset_after=5" }},
+  {{ provider = "backup", model = "backup-model" }},
+]
+
+[[routes]]
+model = "*"
+targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
+"#
+    );
+    match Config::from_toml(&text) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("demo config: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
