@@ -1,0 +1,371 @@
+//! End to end over 127.0.0.1: fake upstreams and the gateway example run
+//! in-process on free ports, and a real HTTP client checks what it receives
+//! and how many attempts each upstream saw.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+#[path = "../examples/gateway/app.rs"]
+mod app;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+
+/// A gateway in front of `primary` and `backup`, with `extra` TOML appended
+/// to `[budget]` and `[failover]` sections given as text.
+struct Setup {
+    primary: FakeUpstream,
+    backup: FakeUpstream,
+    gateway: app::Running,
+}
+
+async fn setup(budget: &str, failover: &str, routes: &str) -> Setup {
+    // The primary has a long answer to cut; the backup a short whole one.
+    let primary = FakeUpstream::builder("primary")
+        .tokens(100)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(8)
+        .start()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[budget]
+deadline_ms = 10000
+first_token_timeout_ms = 2000
+idle_timeout_ms = 2000
+{budget}
+
+[failover]
+max_retries_per_target = 0
+shutdown_grace_ms = 5000
+{failover}
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+{routes}
+"#,
+        primary.base_url(),
+        backup.base_url()
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway = app::serve(gateway, listener);
+    Setup {
+        primary,
+        backup,
+        gateway,
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn post(setup: &Setup, body: &str) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::post(format!("http://{}/v1/chat/completions", setup.gateway.addr))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer client-secret-never-forwarded")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
+        .await
+        .expect("the gateway answers in time")
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+        .await
+        .expect("the body ends in time")
+        .unwrap()
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+fn chat(model: &str, stream: bool) -> String {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Tell me about caching."}]
+    })
+    .to_string()
+}
+
+fn events(body: &str) -> Vec<&str> {
+    body.split_terminator("\n\n").collect()
+}
+
+/// Every `data:` payload parses as JSON (or is `[DONE]`).
+fn assert_clean_sse(body: &str) {
+    for event in events(body) {
+        let data = event
+            .strip_prefix("data: ")
+            .expect("one data line per event");
+        if data != "[DONE]" {
+            serde_json::from_str::<serde_json::Value>(data).expect("every data line is JSON");
+        }
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_before_any_output_is_rerouted_and_the_client_sees_one_voice() {
+    let s = setup("", "", "").await;
+    s.primary
+        .set_fault("status=429;error=quota".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.matches("backup-tok").count(), 8);
+    assert!(!reply.body.contains("primary"), "{}", reply.body);
+    assert!(reply.body.ends_with("data: [DONE]\n\n"));
+    assert_clean_sse(&reply.body);
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (1, 1));
+    assert_eq!(reply.headers["x-failover-attempts"], "2");
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+}
+
+#[tokio::test]
+async fn in_band_error_after_the_role_chunk_is_rerouted_invisibly() {
+    let s = setup("", "", "").await;
+    s.primary
+        .set_fault("error_after=0;error=rate_limit".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    assert!(!reply.body.contains("primary"), "{}", reply.body);
+    assert_eq!(reply.body.matches("backup-tok").count(), 8);
+    assert_eq!(s.backup.attempts(), 1);
+}
+
+#[tokio::test]
+async fn forty_tokens_then_an_in_band_429_ends_with_a_terminal_chunk() {
+    let s = setup("", "", "").await;
+    s.primary
+        .set_fault("error_after=40;error=rate_limit".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.matches("primary-tok").count(), 40);
+    assert!(!reply.body.contains("backup"));
+    assert_eq!(s.backup.attempts(), 0, "never a second voice after commit");
+    let all = events(&reply.body);
+    assert_eq!(all.len(), 1 + 40 + 2);
+    let terminal: serde_json::Value =
+        serde_json::from_str(all[41].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(terminal["choices"][0]["finish_reason"], "error");
+    assert_eq!(terminal["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(terminal["error"]["output_events"], 40);
+    assert_eq!(all[42], "data: [DONE]");
+    assert_clean_sse(&reply.body);
+}
+
+#[tokio::test]
+async fn a_reset_after_tokens_ends_with_a_terminal_chunk() {
+    let s = setup("", "", "").await;
+    s.primary
+        .set_fault("reset_after=5".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.body.matches("primary-tok").count(), 5);
+    let all = events(&reply.body);
+    assert!(all[all.len() - 2].contains("\"finish_reason\":\"error\""));
+    assert_eq!(all[all.len() - 1], "data: [DONE]");
+    assert_eq!(s.backup.attempts(), 0);
+    assert_clean_sse(&reply.body);
+}
+
+#[tokio::test]
+async fn a_silent_primary_is_rerouted_at_the_head_timeout() {
+    let s = setup("head_timeout_ms = 300", "", "").await;
+    s.primary.set_fault(Fault::NoResponse);
+    let started = std::time::Instant::now();
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (1, 1));
+    assert!(!reply.body.contains("primary"));
+}
+
+#[tokio::test]
+async fn a_slow_first_token_is_rerouted_within_the_first_token_timeout() {
+    let s = setup("", "", "").await;
+    s.primary
+        .set_fault("slow_first_token=5000".parse::<Fault>().unwrap());
+    let started = std::time::Instant::now();
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(reply.status, 200);
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(4),
+        "{elapsed:?}"
+    );
+    assert!(!reply.body.contains("primary"));
+    assert_eq!(reply.body.matches("backup-tok").count(), 8);
+}
+
+#[tokio::test]
+async fn non_streaming_requests_fail_over_too() {
+    let s = setup("", "", "").await;
+    s.primary.set_fault("status=401".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", false)).await;
+    assert_eq!(reply.status, 200);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(
+        json["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("backup-tok0")
+    );
+    assert_eq!(json["usage"]["completion_tokens"], 8);
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (1, 1));
+}
+
+#[tokio::test]
+async fn a_cut_inside_the_commit_window_is_rerouted_and_a_cut_after_it_is_not() {
+    let s = setup("", "commit_output_events = 64", "").await;
+    s.primary
+        .set_fault("reset_after=40".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert!(
+        !reply.body.contains("primary"),
+        "the cut primary never reached the client"
+    );
+    assert_eq!(reply.body.matches("backup-tok").count(), 8);
+    assert!(reply.body.ends_with("data: [DONE]\n\n"));
+
+    let s = setup("", "commit_output_events = 64", "").await;
+    s.primary
+        .set_fault("reset_after=80".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.body.matches("primary-tok").count(), 80);
+    assert_eq!(s.backup.attempts(), 0);
+    assert!(reply.body.contains("\"finish_reason\":\"error\""));
+}
+
+#[tokio::test]
+async fn every_option_spent_gives_one_openai_error() {
+    let s = setup("", "", "").await;
+    s.primary.set_fault("status=503".parse::<Fault>().unwrap());
+    s.backup.set_fault("status=500".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 503);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("overloaded from primary"), "{message}");
+    assert!(message.contains("2 attempts"), "{message}");
+}
+
+#[tokio::test]
+async fn bad_requests_never_reach_an_upstream() {
+    let s = setup("", "max_request_bytes = 2048", "").await;
+    for (body, status) in [
+        ("not json".to_owned(), 400),
+        (r#"{"model":"gpt-4o"}"#.to_owned(), 400),
+        (r#"{"messages":[]}"#.to_owned(), 400),
+        (chat(&"x".repeat(4096), true), 413),
+    ] {
+        let reply = post(&s, &body).await;
+        assert_eq!(reply.status, status, "{body:.40}");
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert!(json["error"]["message"].is_string());
+    }
+    assert_eq!(s.primary.attempts() + s.backup.attempts(), 0);
+}
+
+#[tokio::test]
+async fn the_client_credential_and_model_are_replaced_per_target() {
+    let routes = r#"
+[[routes]]
+model = "gpt-*"
+targets = [
+  { provider = "primary" },
+  { provider = "backup", model = "backup-model", context_window = 200000, tools = true },
+]
+"#;
+    let s = setup("", "", routes).await;
+    s.primary
+        .set_fault("status=429;error=quota".parse::<Fault>().unwrap());
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    let primary_seen = &s.primary.requests()[0];
+    let backup_seen = &s.backup.requests()[0];
+    assert_eq!(primary_seen.model(), Some("gpt-4o"));
+    assert_eq!(backup_seen.model(), Some("backup-model"));
+    assert!(backup_seen.header("authorization").is_none());
+    assert!(primary_seen.header("authorization").is_none());
+    assert!(
+        reply.body.contains("\"model\":\"backup-model\""),
+        "the answering model's own name"
+    );
+    // An unrouted model is a 404, before any upstream.
+    let reply = post(&s, &chat("claude-x", true)).await;
+    assert_eq!(reply.status, 404);
+}
+
+#[tokio::test]
+async fn models_and_health_endpoints() {
+    let routes = r#"
+[[routes]]
+model = "gpt-*"
+targets = [{ provider = "primary" }]
+"#;
+    let s = setup("", "", routes).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    for (path, want) in [("/v1/models", "gpt-*"), ("/healthz", "ok")] {
+        let response = client
+            .get(format!("http://{}{path}", s.gateway.addr).parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(std::str::from_utf8(&body).unwrap().contains(want));
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_running_stream_finish() {
+    let s = setup("", "", "").await;
+    let addr = s.gateway.addr;
+    let Setup {
+        primary,
+        backup,
+        gateway,
+    } = s;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat(
+            "gpt-4o#fault:tokens=20;pace_ms=25",
+            true,
+        ))))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    // The stream is running; stop the gateway now.
+    let shutdown = tokio::spawn(gateway.shutdown(Duration::from_secs(5)));
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert_eq!(text.matches("primary-tok").count(), 20, "the whole answer");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(shutdown.await.unwrap(), "finished within the grace period");
+    // And it no longer accepts.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    drop((primary, backup));
+}
