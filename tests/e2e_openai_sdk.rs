@@ -1,0 +1,241 @@
+//! The official OpenAI SDKs (Python `openai`, npm `openai`) as clients of
+//! the gateway over 127.0.0.1. `.ci/run` installs both under
+//! `target/sdk/`; without them these tests say so loudly and skip.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+#[path = "../examples/gateway/app.rs"]
+mod app;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tower_llm_failover::testing::upstream::FakeUpstream;
+
+const ROUTES: &str = r#"
+[[routes]]
+model = "sdk-failover"
+targets = [
+  { provider = "primary", model = "primary-model#fault:status=429;error=quota" },
+  { provider = "backup", model = "backup-failover" },
+]
+
+[[routes]]
+model = "sdk-precommit"
+targets = [
+  { provider = "primary", model = "primary-model#fault:error_after=0;error=rate_limit" },
+  { provider = "backup", model = "backup-precommit" },
+]
+
+[[routes]]
+model = "sdk-postcommit"
+targets = [
+  { provider = "primary", model = "primary-model#fault:error_after=40;error=rate_limit;tokens=60" },
+  { provider = "backup", model = "backup-postcommit" },
+]
+
+[[routes]]
+model = "sdk-total"
+targets = [
+  { provider = "primary", model = "m#fault:status=503" },
+  { provider = "backup", model = "m#fault:status=500" },
+]
+"#;
+
+struct Gateway {
+    primary: FakeUpstream,
+    backup: FakeUpstream,
+    running: app::Running,
+}
+
+impl Gateway {
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.running.addr)
+    }
+
+    fn backup_saw(&self, model: &str) -> usize {
+        self.backup
+            .requests()
+            .iter()
+            .filter(|r| r.model() == Some(model))
+            .count()
+    }
+}
+
+async fn gateway() -> Gateway {
+    let primary = FakeUpstream::builder("primary").start().await.unwrap();
+    let backup = FakeUpstream::builder("backup").start().await.unwrap();
+    let config = format!(
+        r#"
+[failover]
+max_retries_per_target = 0
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+{ROUTES}"#,
+        primary.base_url(),
+        backup.base_url()
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    Gateway {
+        primary,
+        backup,
+        running: app::serve(gateway, listener),
+    }
+}
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An SDK client: the program and the script it runs.
+struct Sdk {
+    name: &'static str,
+    program: PathBuf,
+    script: PathBuf,
+    node_path: Option<PathBuf>,
+}
+
+fn skip(what: &str, why: &str) {
+    eprintln!();
+    eprintln!("!!!!!!!! SKIPPED: {what}: {why}");
+    eprintln!("!!!!!!!! run .ci/run (or install it under target/sdk/) to run this test");
+    eprintln!();
+}
+
+async fn works(program: &PathBuf, args: &[&str], node_path: Option<&PathBuf>) -> bool {
+    let mut command = tokio::process::Command::new(program);
+    command.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    if let Some(path) = node_path {
+        command.env("NODE_PATH", path);
+    }
+    matches!(command.status().await, Ok(status) if status.success())
+}
+
+async fn python_sdk() -> Option<Sdk> {
+    let program = std::env::var_os("OPENAI_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest_dir().join("target/sdk/venv/bin/python"));
+    if !works(&program, &["-c", "import openai"], None).await {
+        skip(
+            "the official Python openai SDK tests",
+            &format!("{} cannot import openai", program.display()),
+        );
+        return None;
+    }
+    Some(Sdk {
+        name: "python",
+        program,
+        script: manifest_dir().join("tests/sdk/openai_client.py"),
+        node_path: None,
+    })
+}
+
+async fn node_sdk() -> Option<Sdk> {
+    let node_path = std::env::var_os("OPENAI_SDK_NODE_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest_dir().join("target/sdk/node/node_modules"));
+    let program = PathBuf::from("node");
+    if !works(&program, &["-e", "require('openai')"], Some(&node_path)).await {
+        skip(
+            "the official npm openai SDK tests",
+            &format!("node cannot require openai from {}", node_path.display()),
+        );
+        return None;
+    }
+    Some(Sdk {
+        name: "node",
+        program,
+        script: manifest_dir().join("tests/sdk/openai_client.cjs"),
+        node_path: Some(node_path),
+    })
+}
+
+async fn run(sdk: &Sdk, gateway: &Gateway, model: &str, mode: &str) -> Value {
+    let mut command = tokio::process::Command::new(&sdk.program);
+    command
+        .arg(&sdk.script)
+        .args([gateway.base_url().as_str(), model, mode])
+        .kill_on_drop(true);
+    if let Some(path) = &sdk.node_path {
+        command.env("NODE_PATH", path);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("the SDK client finishes in time")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{} client failed: {stdout}\n{}",
+        sdk.name,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    eprintln!("{} {model} {mode}: {result}", sdk.name);
+    result
+}
+
+async fn check_sdk(sdk: Sdk) {
+    let gateway = gateway().await;
+
+    // A full answer through failover, streamed and not.
+    for mode in ["stream", "once"] {
+        let r = run(&sdk, &gateway, "sdk-failover", mode).await;
+        assert_eq!(r["ok"], true, "{r}");
+        let text = r["text"].as_str().unwrap();
+        assert_eq!(text.matches("backup-tok").count(), 8, "{text}");
+        assert!(!text.contains("primary"));
+        assert_eq!(r["finish_reason"], "stop");
+        assert_eq!(r["model"], "backup-failover", "the answering model's own name");
+    }
+
+    // A failure before commit that the SDK never notices.
+    let r = run(&sdk, &gateway, "sdk-precommit", "stream").await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(!r["text"].as_str().unwrap().contains("primary"));
+    assert_eq!(r["text"].as_str().unwrap().matches("backup-tok").count(), 8);
+
+    // A failure after 40 tokens: the SDK raises an API error with the 40
+    // tokens already received and nothing from the backup.
+    let r = run(&sdk, &gateway, "sdk-postcommit", "stream").await;
+    assert_eq!(r["ok"], false, "{r}");
+    let text = r["text"].as_str().unwrap();
+    assert_eq!(text.matches("primary-tok").count(), 40, "{text}");
+    assert!(!text.contains("backup"));
+    assert_eq!(r["error"]["class"], "APIError");
+    assert_eq!(r["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(gateway.backup_saw("backup-postcommit"), 0);
+
+    // Every option spent: one OpenAI-shaped error the SDK raises on.
+    let r = run(&sdk, &gateway, "sdk-total", "stream").await;
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["error"]["status"], 503);
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("overloaded from primary"), "{message}");
+    assert!(message.contains("2 attempts"), "{message}");
+
+    drop(gateway.primary);
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_reads_every_outcome_cleanly() {
+    if let Some(sdk) = python_sdk().await {
+        check_sdk(sdk).await;
+    }
+}
+
+#[tokio::test]
+async fn the_official_node_sdk_reads_every_outcome_cleanly() {
+    if let Some(sdk) = node_sdk().await {
+        check_sdk(sdk).await;
+    }
+}
