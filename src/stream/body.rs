@@ -35,6 +35,10 @@ pin_project! {
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
         idle: Option<Pin<Box<Sleep>>>,
+        // When the last upstream frame arrived. The idle timer is re-armed
+        // from it only when it fires: resetting a timer on every frame
+        // would take the timer wheel's lock per frame.
+        last_frame: Instant,
         // The turn's deadline, when the request carried a turn budget.
         deadline: Option<Pin<Box<Sleep>>>,
         inspector: Option<Inspector<D>>,
@@ -78,6 +82,7 @@ where
             return response.map(|inner| Self {
                 inner,
                 idle: None,
+                last_frame: Instant::now(),
                 deadline: None,
                 inspector: None,
             });
@@ -92,6 +97,7 @@ where
             idle: config
                 .idle_timeout
                 .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+            last_frame: Instant::now(),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             inspector: Some(Inspector::new(Arc::clone(config), state)),
         };
@@ -118,6 +124,7 @@ where
             idle: config
                 .idle_timeout
                 .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+            last_frame: Instant::now(),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             inspector: Some(inspector),
         }
@@ -541,10 +548,8 @@ where
                     inspector.fail(FailureKind::Deadline);
                 }
                 Poll::Ready(Some(Ok(frame))) => {
-                    if let (Some(timeout), Some(idle)) =
-                        (inspector.config.idle_timeout, this.idle.as_mut())
-                    {
-                        idle.as_mut().reset(Instant::now() + timeout);
+                    if this.idle.is_some() {
+                        *this.last_frame = Instant::now();
                     }
                     match frame.into_data() {
                         Ok(data) => inspector.on_data(data),
@@ -567,8 +572,16 @@ where
                         && idle.as_mut().poll(cx).is_ready()
                     {
                         let timeout = inspector.config.idle_timeout.unwrap_or_default();
-                        inspector.fail(FailureKind::Idle(timeout));
-                        continue;
+                        let due = *this.last_frame + timeout;
+                        if Instant::now() >= due {
+                            inspector.fail(FailureKind::Idle(timeout));
+                            continue;
+                        }
+                        // Frames came since it was armed: wait out the rest.
+                        idle.as_mut().reset(due);
+                        if idle.as_mut().poll(cx).is_ready() {
+                            continue;
+                        }
                     }
                     return Poll::Pending;
                 }
