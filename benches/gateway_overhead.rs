@@ -37,7 +37,11 @@ async fn bare_proxy(upstream: UpstreamClient) -> SocketAddr {
         let upstream = upstream.clone();
         async move {
             let (parts, body) = request.into_parts();
-            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            let body = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
             match upstream
                 .oneshot(http::Request::from_parts(parts, Full::new(body)))
                 .await
@@ -144,8 +148,14 @@ async fn main() {
     let seconds = arg("--seconds", 4.0);
     let concurrency = arg("--concurrency", 16.0) as usize;
 
-    let upstream = FakeUpstream::builder("upstream").tokens(100).start().await.unwrap();
-    let client_for_proxy = UpstreamClient::builder(upstream.base_url()).build().unwrap();
+    let upstream = FakeUpstream::builder("upstream")
+        .tokens(100)
+        .start()
+        .await
+        .unwrap();
+    let client_for_proxy = UpstreamClient::builder(upstream.base_url())
+        .build()
+        .unwrap();
     let bare = bare_proxy(client_for_proxy).await;
 
     let config = app::Config::from_toml(&format!(
@@ -191,7 +201,8 @@ base_url = "{}"
         let mut gateway_runs = Vec::new();
         for _ in 0..2 {
             bare_runs.push(drive(&client, bare, &body, concurrency, seconds / 2.0).await);
-            gateway_runs.push(drive(&client, gateway.addr, &body, concurrency, seconds / 2.0).await);
+            gateway_runs
+                .push(drive(&client, gateway.addr, &body, concurrency, seconds / 2.0).await);
         }
         let best = |runs: Vec<Load>| {
             runs.into_iter()
@@ -200,7 +211,10 @@ base_url = "{}"
         };
         let (b, g) = (best(bare_runs), best(gateway_runs));
         println!("\n{name}");
-        println!("  {:<22} {:>9} {:>10} {:>10} {:>7}", "", "req/s", "p50 µs", "p99 µs", "errors");
+        println!(
+            "  {:<22} {:>9} {:>10} {:>10} {:>7}",
+            "", "req/s", "p50 µs", "p99 µs", "errors"
+        );
         for (label, l) in [("bare pass-through", &b), ("gateway stack", &g)] {
             println!(
                 "  {label:<22} {:>9.0} {:>10.0} {:>10.0} {:>7}",

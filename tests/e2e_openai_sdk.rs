@@ -113,7 +113,10 @@ fn skip(what: &str, why: &str) {
 
 async fn works(program: &PathBuf, args: &[&str], node_path: Option<&PathBuf>) -> bool {
     let mut command = tokio::process::Command::new(program);
-    command.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    command
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     if let Some(path) = node_path {
         command.env("NODE_PATH", path);
     }
@@ -195,7 +198,10 @@ async fn check_sdk(sdk: Sdk) {
         assert_eq!(text.matches("backup-tok").count(), 8, "{text}");
         assert!(!text.contains("primary"));
         assert_eq!(r["finish_reason"], "stop");
-        assert_eq!(r["model"], "backup-failover", "the answering model's own name");
+        assert_eq!(
+            r["model"], "backup-failover",
+            "the answering model's own name"
+        );
     }
 
     // A failure before commit that the SDK never notices.

@@ -757,3 +757,68 @@ async fn bad_request_bodies_never_reach_an_upstream() {
     }
     assert_eq!(primary.calls(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn lowest_latency_measures_unknown_targets_then_prefers_the_fastest() {
+    let slow = FakeProvider::new("slow").always(Reply::Stream(vec![
+        Step::Data(chunks::role("slow")),
+        Step::Wait(Duration::from_millis(800)),
+        Step::Data(chunks::content("slow", "a")),
+        Step::Data(chunks::finish("slow", "stop")),
+        Step::Data(chunks::done()),
+    ]));
+    let fast = FakeProvider::new("fast");
+    let failover = Failover::builder()
+        .target(Target::new("slow", slow.clone()))
+        .target(Target::new("fast", fast.clone()))
+        .strategy(Strategy::LowestLatency)
+        .build();
+    let mut winners = Vec::new();
+    for _ in 0..4 {
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        winners.push(
+            reply.headers["x-failover-target"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    // Unmeasured targets go first (in configured order), then the fastest.
+    assert_eq!(winners, ["slow", "fast", "fast", "fast"]);
+    assert_eq!((slow.calls(), fast.calls()), (1, 3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_custom_selector_orders_the_candidates() {
+    let a = FakeProvider::new("a");
+    let b = FakeProvider::new("b");
+    let failover = Failover::builder()
+        .target(Target::new("a", a.clone()))
+        .target(Target::new("b", b.clone()))
+        .strategy(Strategy::Custom(std::sync::Arc::new(
+            |candidates: &mut [tower_llm_failover::failover::Candidate]| candidates.reverse(),
+        )))
+        .build();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.headers["x-failover-target"], "b");
+    assert_eq!((a.calls(), b.calls()), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_eligible_target_cools_down_the_turn_is_refused_at_once() {
+    let a = FakeProvider::new("a").always(Reply::status(401, BAD_KEY_401));
+    let failover = Failover::builder()
+        .target(Target::new("a", a.clone()))
+        .build();
+    let first = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(first.status, 502);
+    let second = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(second.status, 503);
+    assert!(
+        second.body.contains("no_available_target"),
+        "{}",
+        second.body
+    );
+    assert!(second.body.contains("cooling down: a"), "{}", second.body);
+    assert_eq!(a.calls(), 1, "a cooled-down target is not hammered");
+}
