@@ -22,6 +22,7 @@
 //! of a violation, only an answer that may differ from serde's.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use super::Usage;
 
@@ -62,68 +63,156 @@ pub(crate) fn skim(text: &[u8]) -> Result<Skim<'_>> {
     }
 }
 
-/// The fields each read struct knows, in declaration order (which is also
-/// the order of the array form).
-mod field {
-    pub(super) const CHUNK: usize = 6;
-    pub(super) const ID: usize = 0;
-    pub(super) const MODEL: usize = 1;
-    pub(super) const CREATED: usize = 2;
-    pub(super) const ERROR: usize = 3;
-    pub(super) const USAGE: usize = 4;
-    pub(super) const CHOICES: usize = 5;
+/// The fields a read struct knows, numbered in declaration order (which is
+/// also the order of its array form).
+trait Fields {
+    /// How many fields the struct has.
+    const COUNT: usize;
 
-    pub(super) fn chunk(key: &[u8]) -> Option<usize> {
+    /// The field a key names, if any.
+    fn named(key: &[u8]) -> Option<usize>;
+
+    /// The field a key shorter than eight bytes names, given as [`word`].
+    fn short(key: u64) -> Option<usize>;
+}
+
+/// Up to eight bytes of a key as a little-endian word, zero-padded. Keys hold
+/// no NUL bytes (control bytes are invalid in strings), so a word names one
+/// key of fewer than eight bytes.
+const fn word(key: &[u8]) -> u64 {
+    let mut out = 0;
+    let mut i = 0;
+    while i < key.len() && i < 8 {
+        out |= (key[i] as u64) << (8 * i);
+        i += 1;
+    }
+    out
+}
+
+/// Names a key through [`Fields::short`] when it is short enough.
+fn short_named<F: Fields>(key: &[u8]) -> Option<usize> {
+    if key.len() < 8 {
+        F::short(word(key))
+    } else {
+        None
+    }
+}
+
+/// A decoded escaped key longer than this is no field.
+const MAX_FIELD_LEN: usize = 24;
+
+struct ChunkFields;
+
+impl ChunkFields {
+    const ID: usize = 0;
+    const MODEL: usize = 1;
+    const CREATED: usize = 2;
+    const ERROR: usize = 3;
+    const USAGE: usize = 4;
+}
+
+impl Fields for ChunkFields {
+    const COUNT: usize = 6;
+
+    fn named(key: &[u8]) -> Option<usize> {
+        short_named::<Self>(key)
+    }
+
+    #[inline]
+    fn short(key: u64) -> Option<usize> {
+        const ID: u64 = word(b"id");
+        const MODEL: u64 = word(b"model");
+        const CREATED: u64 = word(b"created");
+        const ERROR: u64 = word(b"error");
+        const USAGE: u64 = word(b"usage");
+        const CHOICES: u64 = word(b"choices");
         match key {
-            b"id" => Some(ID),
-            b"model" => Some(MODEL),
-            b"created" => Some(CREATED),
-            b"error" => Some(ERROR),
-            b"usage" => Some(USAGE),
-            b"choices" => Some(CHOICES),
+            ID => Some(Self::ID),
+            MODEL => Some(Self::MODEL),
+            CREATED => Some(Self::CREATED),
+            ERROR => Some(Self::ERROR),
+            USAGE => Some(Self::USAGE),
+            CHOICES => Some(5),
             _ => None,
         }
     }
+}
 
-    pub(super) const USAGE_FIELDS: usize = 2;
-    pub(super) const PROMPT_TOKENS: usize = 0;
+struct UsageFields;
 
-    pub(super) fn usage(key: &[u8]) -> Option<usize> {
+impl UsageFields {
+    const PROMPT_TOKENS: usize = 0;
+}
+
+impl Fields for UsageFields {
+    const COUNT: usize = 2;
+
+    fn named(key: &[u8]) -> Option<usize> {
         match key {
-            b"prompt_tokens" => Some(PROMPT_TOKENS),
+            b"prompt_tokens" => Some(Self::PROMPT_TOKENS),
             b"completion_tokens" => Some(1),
             _ => None,
         }
     }
 
-    pub(super) const CHOICE: usize = 2;
-    pub(super) const DELTA: usize = 0;
-
-    pub(super) fn choice(key: &[u8]) -> Option<usize> {
-        match key {
-            b"delta" => Some(DELTA),
-            b"finish_reason" => Some(1),
-            _ => None,
-        }
+    #[inline]
+    fn short(_: u64) -> Option<usize> {
+        None
     }
-
-    pub(super) const DELTA_FIELDS: usize = 5;
-
-    pub(super) fn delta(key: &[u8]) -> Option<usize> {
-        match key {
-            b"content" => Some(0),
-            b"tool_calls" => Some(1),
-            b"refusal" => Some(2),
-            b"reasoning_content" => Some(3),
-            b"reasoning" => Some(4),
-            _ => None,
-        }
-    }
-
-    /// Longer than every field name: a longer escaped key is never a field.
-    pub(super) const MAX_LEN: usize = 24;
 }
 
+struct ChoiceFields;
+
+impl ChoiceFields {
+    const DELTA: usize = 0;
+}
+
+impl Fields for ChoiceFields {
+    const COUNT: usize = 2;
+
+    fn named(key: &[u8]) -> Option<usize> {
+        match key {
+            b"finish_reason" => Some(1),
+            _ => short_named::<Self>(key),
+        }
+    }
+
+    #[inline]
+    fn short(key: u64) -> Option<usize> {
+        const DELTA: u64 = word(b"delta");
+        (key == DELTA).then_some(Self::DELTA)
+    }
+}
+
+struct DeltaFields;
+
+impl Fields for DeltaFields {
+    const COUNT: usize = 5;
+
+    fn named(key: &[u8]) -> Option<usize> {
+        match key {
+            b"tool_calls" => Some(1),
+            b"reasoning_content" => Some(3),
+            b"reasoning" => Some(4),
+            _ => short_named::<Self>(key),
+        }
+    }
+
+    #[inline]
+    fn short(key: u64) -> Option<usize> {
+        const CONTENT: u64 = word(b"content");
+        const REFUSAL: u64 = word(b"refusal");
+        match key {
+            CONTENT => Some(0),
+            REFUSAL => Some(2),
+            _ => None,
+        }
+    }
+}
+
+/// A position in one JSON text. Everything on the common path is inlined
+/// into [`skim`] and the out-of-line helpers take and return the position by
+/// value, so the position lives in a register rather than memory.
 struct Skimmer<'a> {
     text: &'a [u8],
     pos: usize,
@@ -131,7 +220,7 @@ struct Skimmer<'a> {
 
 impl<'a> Skimmer<'a> {
     /// Skips JSON whitespace and peeks at the next byte.
-    #[inline]
+    #[inline(always)]
     fn ws(&mut self) -> Option<u8> {
         while let Some(&byte) = self.text.get(self.pos) {
             if !matches!(byte, b' ' | b'\n' | b'\t' | b'\r') {
@@ -142,15 +231,8 @@ impl<'a> Skimmer<'a> {
         None
     }
 
-    #[inline]
-    fn next(&mut self) -> Result<u8> {
-        let byte = *self.text.get(self.pos).ok_or(Invalid)?;
-        self.pos += 1;
-        Ok(byte)
-    }
-
     /// Expects `byte` after optional whitespace.
-    #[inline]
+    #[inline(always)]
     fn expect(&mut self, byte: u8) -> Result<()> {
         if self.ws() == Some(byte) {
             self.pos += 1;
@@ -160,7 +242,7 @@ impl<'a> Skimmer<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn literal(&mut self, word: &[u8]) -> Result<()> {
         match self.text.get(self.pos..self.pos + word.len()) {
             Some(found) if found == word => {
@@ -172,7 +254,7 @@ impl<'a> Skimmer<'a> {
     }
 
     /// Reads `null` if it comes next (after whitespace).
-    #[inline]
+    #[inline(always)]
     fn null(&mut self) -> Result<bool> {
         if self.ws() == Some(b'n') {
             self.literal(b"null")?;
@@ -182,49 +264,41 @@ impl<'a> Skimmer<'a> {
         }
     }
 
+    #[inline(always)]
     fn chunk(&mut self, out: &mut Skim<'a>) -> Result<()> {
-        self.record::<{ field::CHUNK }>(field::chunk, |s, index| match index {
-            field::ID => {
-                out.id = s.optional_str()?;
-                Ok(())
+        let mut fields = self.open::<ChunkFields>()?;
+        while let Some(index) = fields.next(self)? {
+            match index {
+                ChunkFields::ID => out.id = self.optional_str()?,
+                ChunkFields::MODEL => out.model = self.optional_str()?,
+                ChunkFields::CREATED => out.created = self.optional_i64()?,
+                ChunkFields::ERROR => out.error = !self.null()? && truthy(self.raw_value()?),
+                ChunkFields::USAGE => out.usage = self.usage()?,
+                _ => self.choices(out)?,
             }
-            field::MODEL => {
-                out.model = s.optional_str()?;
-                Ok(())
-            }
-            field::CREATED => {
-                out.created = s.optional_i64()?;
-                Ok(())
-            }
-            field::ERROR => {
-                out.error = !s.null()? && truthy(s.raw_value()?);
-                Ok(())
-            }
-            field::USAGE => {
-                out.usage = s.usage()?;
-                Ok(())
-            }
-            _ => s.choices(out),
-        })
+        }
+        Ok(())
     }
 
+    #[inline(always)]
     fn usage(&mut self) -> Result<Option<Usage>> {
         if self.null()? {
             return Ok(None);
         }
         let mut usage = Usage::default();
-        self.record::<{ field::USAGE_FIELDS }>(field::usage, |s, index| {
-            let count = s.optional_u64()?.unwrap_or(0);
-            if index == field::PROMPT_TOKENS {
+        let mut fields = self.open::<UsageFields>()?;
+        while let Some(index) = fields.next(self)? {
+            let count = self.optional_u64()?.unwrap_or(0);
+            if index == UsageFields::PROMPT_TOKENS {
                 usage.prompt_tokens = count;
             } else {
                 usage.completion_tokens = count;
             }
-            Ok(())
-        })?;
+        }
         Ok(Some(usage))
     }
 
+    #[inline(always)]
     fn choices(&mut self, out: &mut Skim<'a>) -> Result<()> {
         if self.null()? {
             return Ok(());
@@ -247,126 +321,76 @@ impl<'a> Skimmer<'a> {
         }
     }
 
+    #[inline(always)]
     fn choice(&mut self, out: &mut Skim<'a>) -> Result<()> {
-        self.record::<{ field::CHOICE }>(field::choice, |s, index| {
-            if index == field::DELTA {
-                if !s.null()? {
-                    s.record::<{ field::DELTA_FIELDS }>(field::delta, |s, _| {
-                        if !s.null()? {
+        let mut fields = self.open::<ChoiceFields>()?;
+        while let Some(index) = fields.next(self)? {
+            if index == ChoiceFields::DELTA {
+                if !self.null()? {
+                    let mut fields = self.open::<DeltaFields>()?;
+                    while fields.next(self)?.is_some() {
+                        if !self.null()? {
                             // Raw text, as the serde reading compared it:
                             // `" "` or `[ ]` carry output, `""` and `[]` not.
-                            let raw = s.raw_value()?;
+                            let raw = self.raw_value()?;
                             out.output |= !matches!(raw, b"\"\"" | b"[]");
                         }
-                        Ok(())
-                    })?;
+                    }
                 }
             } else if out.finish_reason.is_none() {
-                out.finish_reason = s.optional_str()?;
-            } else if !s.null()? {
+                out.finish_reason = self.optional_str()?;
+            } else if !self.null()? {
                 // Validated like a kept one, but never decoded.
-                s.expect(b'"')?;
-                s.string(true)?;
+                self.expect(b'"')?;
+                self.string(true)?;
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
-    /// Reads a struct the way serde's derive does: an object whose known keys
-    /// may each appear once (others are skipped), or an array holding at most
-    /// `N` fields in declaration order.
-    #[inline]
-    fn record<const N: usize>(
-        &mut self,
-        field: impl Fn(&[u8]) -> Option<usize> + Copy,
-        mut value: impl FnMut(&mut Self, usize) -> Result<()>,
-    ) -> Result<()> {
-        match self.ws() {
-            Some(b'{') => {
-                self.pos += 1;
-                if self.ws() == Some(b'}') {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                let mut seen = 0u32;
-                loop {
-                    self.expect(b'"')?;
-                    let index = self.key(field)?;
-                    self.expect(b':')?;
-                    match index {
-                        Some(index) => {
-                            let bit = 1 << index;
-                            if seen & bit != 0 {
-                                return Err(Invalid);
-                            }
-                            seen |= bit;
-                            value(self, index)?;
-                        }
-                        None => self.skip_value()?,
-                    }
-                    match self.ws() {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(Invalid),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                if self.ws() == Some(b']') {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                for index in 0..N {
-                    value(self, index)?;
-                    match self.ws() {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(Invalid),
-                    }
-                }
-                // More elements than the struct has fields.
-                Err(Invalid)
-            }
-            _ => Err(Invalid),
+    /// Opens a struct, read the way serde's derive reads one: an object
+    /// whose known keys may each appear once (others are skipped), or an
+    /// array of at most `F::COUNT` fields in declaration order.
+    #[inline(always)]
+    fn open<F: Fields>(&mut self) -> Result<Record<F>> {
+        let object = match self.ws() {
+            Some(b'{') => true,
+            Some(b'[') => false,
+            _ => return Err(Invalid),
+        };
+        self.pos += 1;
+        let done = self.ws() == Some(if object { b'}' } else { b']' });
+        if done {
+            self.pos += 1;
         }
+        Ok(Record {
+            object,
+            done,
+            started: false,
+            seen: 0,
+            fields: PhantomData,
+        })
     }
 
     /// Reads a key after its opening quote and names the field it is.
-    #[inline]
-    fn key(&mut self, field: impl Fn(&[u8]) -> Option<usize>) -> Result<Option<usize>> {
+    #[inline(always)]
+    fn key<F: Fields>(&mut self) -> Result<Option<usize>> {
+        if let Some(key) = self.short_string() {
+            return Ok(F::short(key));
+        }
         let start = self.pos;
         let escaped = self.string(true)?;
         let raw = self.text.get(start..self.pos - 1).ok_or(Invalid)?;
-        if !escaped {
-            return Ok(field(raw));
-        }
-        // serde matches the decoded key; decode into a small stack buffer.
-        let mut buf = [0u8; field::MAX_LEN];
-        let mut len = 0;
-        let mut fits = true;
-        unescape(raw, |bytes| {
-            match buf.get_mut(len..len + bytes.len()) {
-                Some(slot) if fits => slot.copy_from_slice(bytes),
-                _ => fits = false,
-            }
-            len += bytes.len();
-        })?;
-        Ok(if fits {
-            field(buf.get(..len).ok_or(Invalid)?)
+        if escaped {
+            escaped_key::<F>(raw)
         } else {
-            None
-        })
+            Ok(F::named(raw))
+        }
     }
 
     /// A string field serde decodes: null, or a string borrowed unless it has
     /// escapes.
+    #[inline(always)]
     fn optional_str(&mut self) -> Result<Option<Cow<'a, str>>> {
         if self.null()? {
             return Ok(None);
@@ -376,11 +400,7 @@ impl<'a> Skimmer<'a> {
         let escaped = self.string(true)?;
         let raw = self.text.get(start..self.pos - 1).ok_or(Invalid)?;
         if escaped {
-            let mut decoded = Vec::with_capacity(raw.len());
-            unescape(raw, |bytes| decoded.extend_from_slice(bytes))?;
-            Ok(Some(Cow::Owned(
-                String::from_utf8(decoded).map_err(|_| Invalid)?,
-            )))
+            decoded(raw).map(Some)
         } else {
             Ok(Some(Cow::Borrowed(
                 std::str::from_utf8(raw).map_err(|_| Invalid)?,
@@ -390,29 +410,30 @@ impl<'a> Skimmer<'a> {
 
     /// An integer the way serde_json reads one into an integer type: the sign
     /// and magnitude of a literal without fraction or exponent that fits `u64`.
+    #[inline(always)]
     fn integer(&mut self) -> Result<(bool, u64)> {
         let negative = self.ws() == Some(b'-');
         if negative {
             self.pos += 1;
         }
-        let mut magnitude = match self.next()? {
-            b'0' => 0,
-            digit @ b'1'..=b'9' => u64::from(digit - b'0'),
+        let mut magnitude = match self.text.get(self.pos) {
+            Some(b'0') => 0,
+            Some(&digit @ b'1'..=b'9') => u64::from(digit - b'0'),
             _ => return Err(Invalid),
         };
-        if magnitude == 0 {
-            if matches!(self.text.get(self.pos), Some(b'0'..=b'9')) {
+        self.pos += 1;
+        while let Some(&digit @ b'0'..=b'9') = self.text.get(self.pos) {
+            if magnitude == 0 {
+                // A leading zero.
                 return Err(Invalid);
             }
-        } else {
-            while let Some(&digit @ b'0'..=b'9') = self.text.get(self.pos) {
-                self.pos += 1;
-                magnitude = magnitude
-                    .checked_mul(10)
-                    .and_then(|m| m.checked_add(u64::from(digit - b'0')))
-                    // serde reads it as a float, which no integer accepts.
-                    .ok_or(Invalid)?;
-            }
+            // More than `u64` holds: serde reads a float, which no integer
+            // type accepts.
+            magnitude = magnitude
+                .checked_mul(10)
+                .and_then(|m| m.checked_add(u64::from(digit - b'0')))
+                .ok_or(Invalid)?;
+            self.pos += 1;
         }
         if matches!(self.text.get(self.pos), Some(b'.' | b'e' | b'E')) {
             return Err(Invalid);
@@ -420,6 +441,7 @@ impl<'a> Skimmer<'a> {
         Ok((negative, magnitude))
     }
 
+    #[inline(always)]
     fn optional_i64(&mut self) -> Result<Option<i64>> {
         if self.null()? {
             return Ok(None);
@@ -435,6 +457,7 @@ impl<'a> Skimmer<'a> {
         }
     }
 
+    #[inline(always)]
     fn optional_u64(&mut self) -> Result<Option<u64>> {
         if self.null()? {
             return Ok(None);
@@ -446,7 +469,7 @@ impl<'a> Skimmer<'a> {
     }
 
     /// Skips one value and returns its raw text.
-    #[inline]
+    #[inline(always)]
     fn raw_value(&mut self) -> Result<&'a [u8]> {
         self.ws();
         let start = self.pos;
@@ -455,182 +478,315 @@ impl<'a> Skimmer<'a> {
     }
 
     /// Skips and validates one value of any kind.
-    #[inline]
+    #[inline(always)]
     fn skip_value(&mut self) -> Result<()> {
         match self.ws() {
             Some(b'"') => {
                 self.pos += 1;
                 self.string(false).map(drop)
             }
-            Some(b'{' | b'[') => self.skip_nested(),
-            _ => self.skip_scalar(),
-        }
-    }
-
-    /// Skips a literal or a number.
-    fn skip_scalar(&mut self) -> Result<()> {
-        match self.ws() {
             Some(b'n') => self.literal(b"null"),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'-' | b'0'..=b'9') => self.skip_number(),
-            _ => Err(Invalid),
-        }
-    }
-
-    /// Skips a number per the JSON grammar (no range check, like serde's).
-    fn skip_number(&mut self) -> Result<()> {
-        if self.text.get(self.pos) == Some(&b'-') {
-            self.pos += 1;
-        }
-        match self.next()? {
-            b'0' => {
-                if matches!(self.text.get(self.pos), Some(b'0'..=b'9')) {
-                    return Err(Invalid);
-                }
+            Some(b'-' | b'0'..=b'9') => {
+                self.pos = skip_number(self.text, self.pos)?;
+                Ok(())
             }
-            b'1'..=b'9' => {
-                self.digits();
-            }
-            _ => return Err(Invalid),
-        }
-        if self.text.get(self.pos) == Some(&b'.') {
-            self.pos += 1;
-            if self.digits() == 0 {
-                return Err(Invalid);
+            _ => {
+                self.pos = skip_value(self.text, self.pos)?;
+                Ok(())
             }
         }
-        if matches!(self.text.get(self.pos), Some(b'e' | b'E')) {
-            self.pos += 1;
-            if matches!(self.text.get(self.pos), Some(b'+' | b'-')) {
-                self.pos += 1;
-            }
-            if self.digits() == 0 {
-                return Err(Invalid);
-            }
-        }
-        Ok(())
-    }
-
-    /// Skips ASCII digits and counts them.
-    #[inline]
-    fn digits(&mut self) -> usize {
-        let rest = self.text.get(self.pos..).unwrap_or_default();
-        let count = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        self.pos += count;
-        count
-    }
-
-    /// Skips an array or object, iteratively so that no input can exhaust
-    /// the call stack.
-    fn skip_nested(&mut self) -> Result<()> {
-        let mut open = Nesting::default();
-        loop {
-            // A value is expected here.
-            match self.ws() {
-                Some(b'[') => {
-                    self.pos += 1;
-                    if self.ws() == Some(b']') {
-                        self.pos += 1;
-                    } else {
-                        open.push(false);
-                        continue;
-                    }
-                }
-                Some(b'{') => {
-                    self.pos += 1;
-                    if self.ws() == Some(b'}') {
-                        self.pos += 1;
-                    } else {
-                        self.member_key()?;
-                        open.push(true);
-                        continue;
-                    }
-                }
-                Some(b'"') => {
-                    self.pos += 1;
-                    self.string(false)?;
-                }
-                _ => self.skip_scalar()?,
-            }
-            // A value ended: close what it ends, or go on after a comma.
-            loop {
-                let Some(object) = open.top() else {
-                    return Ok(());
-                };
-                match self.ws() {
-                    Some(b',') => {
-                        self.pos += 1;
-                        if object {
-                            self.member_key()?;
-                        }
-                        break;
-                    }
-                    Some(b']') if !object => self.pos += 1,
-                    Some(b'}') if object => self.pos += 1,
-                    _ => return Err(Invalid),
-                }
-                open.pop();
-            }
-        }
-    }
-
-    /// Skips `"key":` of a skipped object.
-    fn member_key(&mut self) -> Result<()> {
-        self.expect(b'"')?;
-        self.string(false)?;
-        self.expect(b':')
     }
 
     /// Runs through a string after its opening quote, to just past the
     /// closing one; says whether it had escapes. `strict` rejects unpaired
     /// surrogate escapes, as serde does in strings it decodes.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self, strict: bool) -> Result<bool> {
-        let mut escaped = false;
+        // Plain text eight bytes at a time; escapes, control bytes and the
+        // last few bytes of the text go the long way.
+        while let Some(next) = self.text.get(self.pos..self.pos + 8) {
+            let mut word = [0; 8];
+            word.copy_from_slice(next);
+            let word = u64::from_le_bytes(word);
+            let found = special_bytes(word);
+            if found == 0 {
+                self.pos += 8;
+                continue;
+            }
+            let len = found.trailing_zeros() / 8;
+            if (word >> (8 * len)) as u8 == b'"' {
+                self.pos += len as usize + 1;
+                return Ok(false);
+            }
+            break;
+        }
+        let (end, escaped) = long_string(self.text, self.pos, strict)?;
+        self.pos = end;
+        Ok(escaped)
+    }
+
+    /// Passes a string that closes within the next eight bytes, without
+    /// escapes, and returns its bytes as a [`word`]; most keys are such.
+    #[inline(always)]
+    fn short_string(&mut self) -> Option<u64> {
+        let next: [u8; 8] = self.text.get(self.pos..self.pos + 8)?.try_into().ok()?;
+        let next = u64::from_le_bytes(next);
+        let found = special_bytes(next);
+        if found == 0 {
+            return None;
+        }
+        let len = found.trailing_zeros() / 8;
+        if (next >> (8 * len)) as u8 != b'"' {
+            return None;
+        }
+        self.pos += len as usize + 1;
+        Some(next & ((1 << (8 * len)) - 1))
+    }
+}
+
+/// An open struct being read field by field; see [`Skimmer::open`].
+struct Record<F> {
+    object: bool,
+    done: bool,
+    started: bool,
+    /// Fields seen so far (object form) or given so far (array form).
+    seen: u32,
+    fields: PhantomData<F>,
+}
+
+impl<F: Fields> Record<F> {
+    /// The next field the struct gives, its value up next; `None` once the
+    /// struct has ended. Skips unknown keys; rejects repeated ones.
+    #[inline(always)]
+    fn next(&mut self, s: &mut Skimmer<'_>) -> Result<Option<usize>> {
+        if self.done {
+            return Ok(None);
+        }
         loop {
-            let rest = self.text.get(self.pos..).unwrap_or_default();
-            self.pos += find_special(rest).ok_or(Invalid)?;
-            match self.next()? {
-                b'"' => return Ok(escaped),
-                b'\\' => {
-                    escaped = true;
-                    self.escape(strict)?;
+            if self.started {
+                match s.ws() {
+                    Some(b',') => s.pos += 1,
+                    Some(b'}') if self.object => {
+                        s.pos += 1;
+                        self.done = true;
+                        return Ok(None);
+                    }
+                    Some(b']') if !self.object => {
+                        s.pos += 1;
+                        self.done = true;
+                        return Ok(None);
+                    }
+                    _ => return Err(Invalid),
                 }
-                // A raw control byte.
+            }
+            self.started = true;
+            if !self.object {
+                // The array form: fields in order, no more than the struct has.
+                let index = self.seen as usize;
+                if index == F::COUNT {
+                    return Err(Invalid);
+                }
+                self.seen += 1;
+                return Ok(Some(index));
+            }
+            s.expect(b'"')?;
+            let key = s.key::<F>()?;
+            s.expect(b':')?;
+            if let Some(index) = key {
+                let bit = 1 << index;
+                if self.seen & bit != 0 {
+                    return Err(Invalid);
+                }
+                self.seen |= bit;
+                return Ok(Some(index));
+            }
+            s.skip_value()?;
+        }
+    }
+}
+
+/// Names the field an escaped key is: serde matches the decoded key.
+#[cold]
+fn escaped_key<F: Fields>(raw: &[u8]) -> Result<Option<usize>> {
+    // Decode into a small stack buffer; a longer key is no field.
+    let mut buf = [0u8; MAX_FIELD_LEN];
+    let mut len = 0;
+    let mut fits = true;
+    unescape(raw, |bytes| {
+        match buf.get_mut(len..len + bytes.len()) {
+            Some(slot) if fits => slot.copy_from_slice(bytes),
+            _ => fits = false,
+        }
+        len += bytes.len();
+    })?;
+    Ok(if fits {
+        F::named(buf.get(..len).ok_or(Invalid)?)
+    } else {
+        None
+    })
+}
+
+/// Decodes the body of a validated string with escapes.
+#[cold]
+fn decoded<'a>(raw: &[u8]) -> Result<Cow<'a, str>> {
+    let mut decoded = Vec::with_capacity(raw.len());
+    unescape(raw, |bytes| decoded.extend_from_slice(bytes))?;
+    String::from_utf8(decoded)
+        .map(Cow::Owned)
+        .map_err(|_| Invalid)
+}
+
+/// Skips and validates one value at `pos` (after whitespace), returning the
+/// position past it. Arrays and objects are walked iteratively, so no input
+/// can exhaust the call stack.
+fn skip_value(text: &[u8], pos: usize) -> Result<usize> {
+    let mut s = Skimmer { text, pos };
+    let mut open = Nesting::default();
+    loop {
+        // A value is expected here.
+        match s.ws() {
+            Some(b'[') => {
+                s.pos += 1;
+                if s.ws() == Some(b']') {
+                    s.pos += 1;
+                } else {
+                    open.push(false);
+                    continue;
+                }
+            }
+            Some(b'{') => {
+                s.pos += 1;
+                if s.ws() == Some(b'}') {
+                    s.pos += 1;
+                } else {
+                    s.member_key()?;
+                    open.push(true);
+                    continue;
+                }
+            }
+            Some(b'"') => {
+                s.pos += 1;
+                s.string(false)?;
+            }
+            Some(b'n') => s.literal(b"null")?,
+            Some(b't') => s.literal(b"true")?,
+            Some(b'f') => s.literal(b"false")?,
+            Some(b'-' | b'0'..=b'9') => s.pos = skip_number(text, s.pos)?,
+            _ => return Err(Invalid),
+        }
+        // A value ended: close what it ends, or go on after a comma.
+        loop {
+            let Some(object) = open.top() else {
+                return Ok(s.pos);
+            };
+            match s.ws() {
+                Some(b',') => {
+                    s.pos += 1;
+                    if object {
+                        s.member_key()?;
+                    }
+                    break;
+                }
+                Some(b']') if !object => s.pos += 1,
+                Some(b'}') if object => s.pos += 1,
                 _ => return Err(Invalid),
             }
+            open.pop();
         }
     }
+}
 
-    /// Validates one escape after its backslash.
-    fn escape(&mut self, strict: bool) -> Result<()> {
-        match self.next()? {
-            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(()),
-            b'u' => {
-                let unit = self.hex4()?;
-                if strict {
-                    if is_low_surrogate(unit) {
-                        return Err(Invalid);
-                    }
-                    if is_high_surrogate(unit)
-                        && (self.next()? != b'\\'
-                            || self.next()? != b'u'
-                            || !is_low_surrogate(self.hex4()?))
-                    {
-                        return Err(Invalid);
-                    }
-                }
-                Ok(())
+impl Skimmer<'_> {
+    /// Skips `"key":` of a skipped object.
+    #[inline(always)]
+    fn member_key(&mut self) -> Result<()> {
+        self.expect(b'"')?;
+        self.string(false)?;
+        self.expect(b':')
+    }
+}
+
+/// Skips a number per the JSON grammar (no range check, like serde's
+/// `ignore_value`), returning the position past it.
+fn skip_number(text: &[u8], mut pos: usize) -> Result<usize> {
+    let digits = |pos: usize| {
+        text.get(pos..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count()
+    };
+    if text.get(pos) == Some(&b'-') {
+        pos += 1;
+    }
+    match text.get(pos) {
+        Some(b'0') => {
+            pos += 1;
+            if matches!(text.get(pos), Some(b'0'..=b'9')) {
+                return Err(Invalid);
             }
-            _ => Err(Invalid),
+        }
+        Some(b'1'..=b'9') => pos += digits(pos),
+        _ => return Err(Invalid),
+    }
+    if text.get(pos) == Some(&b'.') {
+        pos += 1;
+        match digits(pos) {
+            0 => return Err(Invalid),
+            count => pos += count,
         }
     }
+    if matches!(text.get(pos), Some(b'e' | b'E')) {
+        pos += 1;
+        if matches!(text.get(pos), Some(b'+' | b'-')) {
+            pos += 1;
+        }
+        match digits(pos) {
+            0 => return Err(Invalid),
+            count => pos += count,
+        }
+    }
+    Ok(pos)
+}
 
-    fn hex4(&mut self) -> Result<u32> {
-        let digits = self.text.get(self.pos..self.pos + 4).ok_or(Invalid)?;
-        self.pos += 4;
-        hex4(digits)
+/// Runs through a string from `pos` (after its opening quote): `(end,
+/// escaped)`, `end` past the closing quote.
+fn long_string(text: &[u8], mut pos: usize, strict: bool) -> Result<(usize, bool)> {
+    let mut escaped = false;
+    loop {
+        pos += find_special(text.get(pos..).unwrap_or_default()).ok_or(Invalid)?;
+        match text.get(pos) {
+            Some(b'"') => return Ok((pos + 1, escaped)),
+            Some(b'\\') => {
+                escaped = true;
+                pos = escape(text, pos + 1, strict)?;
+            }
+            // A raw control byte.
+            _ => return Err(Invalid),
+        }
+    }
+}
+
+/// Validates one escape after its backslash, returning the position past it.
+fn escape(text: &[u8], pos: usize, strict: bool) -> Result<usize> {
+    let hex = |pos: usize| hex4(text.get(pos..pos + 4).ok_or(Invalid)?);
+    match text.get(pos) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(pos + 1),
+        Some(b'u') => {
+            let unit = hex(pos + 1)?;
+            if !strict || !is_surrogate(unit) {
+                return Ok(pos + 5);
+            }
+            // A high surrogate must be followed by an escaped low one.
+            if is_low_surrogate(unit)
+                || text.get(pos + 5..pos + 7) != Some(b"\\u")
+                || !is_low_surrogate(hex(pos + 7)?)
+            {
+                return Err(Invalid);
+            }
+            Ok(pos + 11)
+        }
+        _ => Err(Invalid),
     }
 }
 
@@ -639,6 +795,10 @@ fn hex4(digits: &[u8]) -> Result<u32> {
         let value = char::from(digit).to_digit(16).ok_or(Invalid)?;
         Ok(acc << 4 | value)
     })
+}
+
+fn is_surrogate(unit: u32) -> bool {
+    (0xD800..=0xDFFF).contains(&unit)
 }
 
 fn is_high_surrogate(unit: u32) -> bool {
@@ -654,25 +814,29 @@ fn truthy(raw: &[u8]) -> bool {
     !matches!(raw, b"null" | b"false" | b"\"\"" | b"0" | b"{}" | b"[]")
 }
 
-/// The index of the first quote, backslash or control byte: eight bytes at a
-/// time, with the zero-byte trick (a borrow only ever runs upward from a
-/// real match, so the lowest flagged byte is exact).
+/// Flags (with its high bit) each quote, backslash or control byte of eight
+/// bytes read little-endian, by the zero-byte trick: a borrow only ever runs
+/// upward from a real match, so the lowest flag is exact.
+#[inline(always)]
+fn special_bytes(word: u64) -> u64 {
+    const ONES: u64 = u64::MAX / 255;
+    let quote = word ^ (ONES * u64::from(b'"'));
+    let backslash = word ^ (ONES * u64::from(b'\\'));
+    ((word.wrapping_sub(ONES * 0x20) & !word)
+        | (quote.wrapping_sub(ONES) & !quote)
+        | (backslash.wrapping_sub(ONES) & !backslash))
+        & (ONES << 7)
+}
+
+/// The index of the first quote, backslash or control byte.
 #[inline]
 fn find_special(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES << 7;
     let mut chunks = bytes.chunks_exact(8);
     let mut offset = 0;
     for chunk in &mut chunks {
         let mut word = [0; 8];
         word.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(word);
-        let quote = word ^ (ONES * u64::from(b'"'));
-        let backslash = word ^ (ONES * u64::from(b'\\'));
-        let found = ((word.wrapping_sub(ONES * 0x20) & !word)
-            | (quote.wrapping_sub(ONES) & !quote)
-            | (backslash.wrapping_sub(ONES) & !backslash))
-            & HIGH;
+        let found = special_bytes(u64::from_le_bytes(word));
         if found != 0 {
             return Some(offset + found.trailing_zeros() as usize / 8);
         }
@@ -960,6 +1124,36 @@ mod tests {
         assert_eq!(ok(&mixed), Skim::default());
         let mismatched = format!("{{\"x\":{open}{}}}", "}".repeat(depth));
         rejects(&mismatched);
+    }
+
+    #[test]
+    fn field_names_match_by_word_and_by_name() {
+        fn check<F: Fields>(names: &[&str]) {
+            assert_eq!(F::COUNT, names.len());
+            for (index, name) in names.iter().enumerate() {
+                assert_eq!(F::named(name.as_bytes()), Some(index), "{name}");
+                if name.len() < 8 {
+                    assert_eq!(F::short(word(name.as_bytes())), Some(index), "{name}");
+                }
+                let longer = format!("{name}s");
+                for miss in [&name[1..], &name[..name.len() - 1], longer.as_str()] {
+                    assert_eq!(F::named(miss.as_bytes()), None, "{miss}");
+                    if miss.len() < 8 {
+                        assert_eq!(F::short(word(miss.as_bytes())), None, "{miss}");
+                    }
+                }
+            }
+        }
+        check::<ChunkFields>(&["id", "model", "created", "error", "usage", "choices"]);
+        check::<UsageFields>(&["prompt_tokens", "completion_tokens"]);
+        check::<ChoiceFields>(&["delta", "finish_reason"]);
+        check::<DeltaFields>(&[
+            "content",
+            "tool_calls",
+            "refusal",
+            "reasoning_content",
+            "reasoning",
+        ]);
     }
 
     #[test]
