@@ -18,7 +18,7 @@ use http::Response;
 use http_body::{Body, Frame};
 use tower::{Layer, Service};
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
-use tower_llm_failover::sse::{SseItem, SseScanner};
+use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;
 
 const FRAMES: usize = 5_000;
@@ -78,6 +78,27 @@ fn scanner_and_dialect(frames: &[Bytes]) -> usize {
     outputs
 }
 
+/// The stream's events, scanned once, for timing the dialect alone.
+fn scanned_events(frames: &[Bytes]) -> Vec<SseEvent> {
+    let mut scanner = SseScanner::new();
+    let mut events = Vec::with_capacity(frames.len());
+    for frame in frames {
+        scanner.feed(frame, |item| {
+            if let SseItem::Event(event) = item {
+                events.push(event);
+            }
+        });
+    }
+    events
+}
+
+fn dialect_only(events: &[SseEvent]) -> usize {
+    events
+        .iter()
+        .filter(|event| OpenAiChat.inspect(event).commits())
+        .count()
+}
+
 /// A body replaying frames from memory.
 struct Replay<'a> {
     frames: std::iter::Cloned<std::slice::Iter<'a, Bytes>>,
@@ -120,7 +141,7 @@ fn full_layer_path(frames: &[Bytes]) -> u64 {
     bytes
 }
 
-fn bench(c: &mut Criterion, frames: &[Bytes]) {
+fn bench(c: &mut Criterion, frames: &[Bytes], events: &[SseEvent]) {
     let mut group = c.benchmark_group("sse_hot_path");
     group.throughput(Throughput::Bytes(total_bytes(frames)));
     group.bench_function("baseline_memchr_newlines", |b| {
@@ -129,6 +150,9 @@ fn bench(c: &mut Criterion, frames: &[Bytes]) {
     group.bench_function("scanner", |b| b.iter(|| scanner_only(black_box(frames))));
     group.bench_function("scanner_and_dialect", |b| {
         b.iter(|| scanner_and_dialect(black_box(frames)))
+    });
+    group.bench_function("dialect_only", |b| {
+        b.iter(|| dialect_only(black_box(events)))
     });
     group.bench_function("stream_state_layer", |b| {
         b.iter(|| full_layer_path(black_box(frames)))
@@ -150,10 +174,11 @@ fn rate(frames: &[Bytes], mut run: impl FnMut(&[Bytes]) -> u64) -> f64 {
 
 fn main() {
     let frames = stream();
+    let events = scanned_events(&frames);
     let mut criterion = Criterion::default()
         .configure_from_args()
         .measurement_time(Duration::from_secs(3));
-    bench(&mut criterion, &frames);
+    bench(&mut criterion, &frames, &events);
     criterion.final_summary();
 
     let gib = (1u64 << 30) as f64;
@@ -169,6 +194,10 @@ fn main() {
         (
             "scanner + dialect",
             rate(&frames, |f| scanner_and_dialect(f) as u64),
+        ),
+        (
+            "dialect alone (events)",
+            rate(&frames, |_| dialect_only(&events) as u64),
         ),
         ("StreamStateLayer (full)", rate(&frames, full_layer_path)),
     ] {

@@ -29,7 +29,12 @@
 //! assert_eq!(kinds, [ChunkKind::Preamble, ChunkKind::Output, ChunkKind::Done]);
 //! ```
 
+#[cfg(test)]
+mod differential;
 mod openai;
+#[cfg(test)]
+mod oracle;
+mod skim;
 
 use std::borrow::Cow;
 

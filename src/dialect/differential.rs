@@ -1,0 +1,544 @@
+//! The skimmer against the serde reading it replaced (`oracle`): the same
+//! `Chunk`, the same borrowing, the same rejections, on fixtures, generated
+//! chunk-shaped JSON and mutations of both.
+
+use std::borrow::Cow;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence};
+
+use super::{Chunk, openai, oracle};
+
+fn borrowed(cow: Option<&Cow<'_, str>>) -> Option<bool> {
+    cow.map(|c| matches!(c, Cow::Borrowed(_)))
+}
+
+fn shape(chunk: &Chunk<'_>) -> [Option<bool>; 3] {
+    [
+        borrowed(chunk.identity.id.as_ref()),
+        borrowed(chunk.identity.model.as_ref()),
+        borrowed(chunk.finish_reason.as_ref()),
+    ]
+}
+
+/// Both readings of `data`, for a `message` and an `error` event.
+fn compare(data: &[u8]) -> Result<(), TestCaseError> {
+    for error_event in [false, true] {
+        let skimmed = openai::read_chunk(error_event, data);
+        let reference = oracle::read_chunk(error_event, data);
+        prop_assert_eq!(
+            &skimmed,
+            &reference,
+            "error_event={} data={:?}",
+            error_event,
+            String::from_utf8_lossy(data)
+        );
+        prop_assert_eq!(shape(&skimmed), shape(&reference));
+    }
+    Ok(())
+}
+
+fn assert_same(data: &str) {
+    if let Err(failure) = compare(data.as_bytes()) {
+        panic!("{failure}");
+    }
+}
+
+/// Event data from the dialect's unit tests, the provider contracts, the
+/// bench and the scripted test streams.
+const FIXTURES: &[&str] = &[
+    r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"finish_reason":null}]}"#,
+    r#"{"choices":[{"delta":{"content":"x"}}]}"#,
+    r#"{"choices":[{"delta":{"content":"\n"}}]}"#,
+    r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":""}}]}}]}"#,
+    r#"{"choices":[{"delta":{"refusal":"no"}}]}"#,
+    r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+    r#"{"choices":[{"delta":{"reasoning":"hm"}}]}"#,
+    r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+    r#"{"choices":[],"prompt_filter_results":[]}"#,
+    r#"{"choices":[{"delta":{"content":"x""#,
+    "not json",
+    r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#,
+    r#"{"id":"cmpl-abc123","object":"chat.completion.chunk","created":1234567890,"model":"gpt-3.5-turbo","provider":"openai","error":{"code":"server_error","message":"Provider disconnected unexpectedly"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}"#,
+    r#"{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#,
+    r#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#,
+    r#"{"error":{"message":"EngineCore encountered an issue…","type":"InternalServerError","param":null,"code":500}}"#,
+    r#"{"error":null,"choices":[{"delta":{"content":"x"}}]}"#,
+    "{}",
+    r#"{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":40,"total_tokens":52}}"#,
+    r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Used 199434, Requested 2299. Please try again in 519ms. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#,
+    r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#,
+    r#"{"error":{"message":"…","type":"insufficient_quota","param":null,"code":"credit_balance_exhausted"}}"#,
+    r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+    r#"{"error":{"message":"Incorrect API key provided: sk-…","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+    r#"{"error":{"message":"The model `gpt-x` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#,
+    r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry.","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":{"hate":{"filtered":false,"severity":"safe"},"jailbreak":{"filtered":true,"detected":true},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"},"violence":{"filtered":false,"severity":"safe"}}}}}"#,
+    r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_011CSHoEeqs5C35K2UUqR7Fy"}"#,
+    r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"},"request_id":"req_…"}"#,
+    r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 205351 tokens > 200000 maximum"},"request_id":"req_011CV5J4YZo4J3KLTDZgDN7S"}"#,
+    r#"{"error":{"code":429,"message":"You exceeded your current quota... Please retry in 53.016342224s.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.0-flash-lite"}}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"53s"}]}}"#,
+    r#"[{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}]"#,
+    r#"{"error":{"code":402,"message":"Insufficient credits"}}"#,
+    r#"{"error":{"code":502,"message":"Provider returned error","metadata":{"provider_name":"openai","raw":"…"}}}"#,
+    r#"{"error":{"code":403,"message":"Input flagged","metadata":{"reasons":["violence"],"flagged_input":"…","provider_name":"openai","model_slug":"openai/gpt-4o"}}}"#,
+    r#"{"error":{"message":"This model's maximum context length is 4096 tokens…","type":"BadRequestError","param":null,"code":400}}"#,
+    r#"{"error":{"message":"model \"llama9\" not found, try pulling it first","type":"not_found_error","param":null,"code":null}}"#,
+    r#"{"error":"an error was encountered while running the model"}"#,
+    r#"{"id":"chatcmpl-AbCdEfGhIjKlMnOpQrStUvWxYz012","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+    r#"{"id":"chatcmpl-AbCdEfGhIjKlMnOpQrStUvWxYz012","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1","choices":[{"index":0,"delta":{"content":" token0042"},"logprobs":null,"finish_reason":null}]}"#,
+    r#"{"id":"chatcmpl-AbCdEfGhIjKlMnOpQrStUvWxYz012","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#,
+    r#"{"choices":[{"delta":{"content":"token 7 with \"escapes\" and ünïcode"},"finish_reason":null,"index":0}],"created":1,"id":"chatcmpl-test","model":"m","object":"chat.completion.chunk"}"#,
+    r#"{"choices":[],"created":1,"id":"chatcmpl-test","model":"m","object":"chat.completion.chunk","usage":{"completion_tokens":40,"prompt_tokens":12,"total_tokens":52}}"#,
+    r#"{"id":"chatcmpl-\u00e9","model":"m\/x","choices":[{"delta":{"content":null},"finish_reason":"st\u006fp"}]}"#,
+    r#"["c",null,5,null,[1,2],[[{"content":"x"},"stop"]]]"#,
+];
+
+#[test]
+fn fixtures_read_the_same() {
+    for fixture in FIXTURES {
+        assert_same(fixture);
+        assert_same(&format!(" \n{fixture}\t\r\n"));
+    }
+}
+
+#[test]
+fn edge_cases_read_the_same() {
+    let deep = 10_000;
+    let cases = [
+        "[".repeat(deep),
+        format!("{{\"x\":{}", "[".repeat(deep)),
+        format!("{{\"x\":{}{}}}", "[".repeat(deep), "]".repeat(deep)),
+        format!("{{\"x\":{}{}}}", "{\"a\":".repeat(deep), "}".repeat(deep)),
+        format!(
+            "{{\"choices\":[{{\"delta\":{{\"content\":{}1{}}}}}]}}",
+            "[".repeat(deep),
+            "]".repeat(deep)
+        ),
+    ];
+    for case in &cases {
+        assert_same(case);
+    }
+    let small = [
+        "",
+        "null",
+        "[]",
+        "[null,null,null,null,null,null]",
+        "[null,null,null,null,null,null,null]",
+        r#"{"usage":[]}"#,
+        r#"{"usage":[5]}"#,
+        r#"{"usage":[null,3]}"#,
+        r#"{"usage":[1,2,3]}"#,
+        r#"{"choices":[[]]}"#,
+        r#"{"choices":[[null,"stop"]]}"#,
+        r#"{"choices":[[{"content":"x"},"stop",1]]}"#,
+        r#"{"choices":[{"delta":["","",""," "]}]}"#,
+        r#"{"choices":[{"delta":[null,null,null,null,null,null]}]}"#,
+        r#"{"choices":[{"delta":5}]}"#,
+        r#"{"choices":null}"#,
+        r#"{"choices":{}}"#,
+        r#"{"choices":[null]}"#,
+        r#"{"choices":[{"finish_reason":null},{"finish_reason":"a"},{"finish_reason":"b"}]}"#,
+        r#"{"choices":[{"finish_reason":"a"},{"finish_reason":5}]}"#,
+        r#"{"choices":[{"finish_reason":"a"},{"finish_reason":"\ud800"}]}"#,
+        r#"{"choices":[{"finish_reason":"a"},{"finish_reason":"\ud83d\ude00"}]}"#,
+        r#"{"id":"\ud800"}"#,
+        r#"{"id":"\udc00"}"#,
+        r#"{"id":"\ud800\u0041"}"#,
+        r#"{"id":"\ud800\n"}"#,
+        r#"{"id":"\ud800\ud800"}"#,
+        r#"{"id":"\ud800\udbff"}"#,
+        r#"{"id":"\uD83D\uDE00"}"#,
+        r#"{"x":"\ud800"}"#,
+        r#"{"\ud800":1}"#,
+        r#"{"\u0069d":"k","i\u0064":"dup"}"#,
+        r#"{"\u0069d":"k"}"#,
+        r#"{"c\u0068oices":[{"delta":{"cont\u0065nt":"x"}}]}"#,
+        r#"{"id":"a","id":null}"#,
+        r#"{"id":null,"id":null}"#,
+        r#"{"x":1,"x":2}"#,
+        r#"{"error":null,"error":null}"#,
+        r#"{"created":-0}"#,
+        r#"{"created":-9223372036854775808}"#,
+        r#"{"created":-9223372036854775809}"#,
+        r#"{"created":9223372036854775807}"#,
+        r#"{"created":9223372036854775808}"#,
+        r#"{"created":18446744073709551616}"#,
+        r#"{"created":1e400}"#,
+        r#"{"created":1.5}"#,
+        r#"{"created":true}"#,
+        r#"{"x":1e400}"#,
+        r#"{"x":-0.0e-0}"#,
+        r#"{"x":123456789012345678901234567890}"#,
+        r#"{"usage":{"prompt_tokens":-0}}"#,
+        r#"{"usage":{"prompt_tokens":-1}}"#,
+        r#"{"usage":{"prompt_tokens":18446744073709551615}}"#,
+        r#"{"usage":{"prompt_tokens":0,"prompt_tokens":0}}"#,
+        r#"{"usage":5}"#,
+        r#"{"error":{ }}"#,
+        r#"{"error":[ ]}"#,
+        r#"{"error":0.0}"#,
+        r#"{"error":-0}"#,
+        r#"{"error":" "}"#,
+        "{\"x\":\"\u{7f}\"}",
+        "{\"x\":\"\u{1f}\"}",
+        "{\"x\":\"a\tb\"}",
+        "\u{feff}{}",
+        "{}\u{0}",
+        "{} ",
+        "{}x",
+        "{\"x\":[1 2]}",
+        "{\"x\":{\"a\" 1}}",
+        "{\"x\":{1:2}}",
+        "{\"x\":tru}",
+        "{\"x\":nulll}",
+    ];
+    for case in small {
+        assert_same(case);
+    }
+}
+
+fn ws() -> impl Strategy<Value = &'static str> {
+    prop_oneof![12 => Just(""), 1 => Just(" "), 1 => Just("\n\t"), 1 => Just("\r ")]
+}
+
+fn string() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        4 => "[a-z0-9 _.-]{1,8}",
+        1 => Just("é".to_owned()),
+        1 => Just("日本".to_owned()),
+        1 => Just("😀".to_owned()),
+        1 => prop::sample::select(vec![
+            "\\n", "\\\"", "\\\\", "\\/", "\\b", "\\f", "\\r", "\\t", "\\u0041", "\\u00e9",
+            "\\ud83d\\ude00", "\\uD83D\\uDE00", "\\ud800", "\\udc00", "\\u0000", "\\u001f",
+        ])
+        .prop_map(str::to_owned),
+        1 => "\\\\u[dD][89abAB][0-9a-fA-F]{2}(\\\\u[dD][0-9a-fA-F]{3})?",
+        1 => "\\\\u[dD][c-fC-F][0-9a-fA-F]{2}",
+        1 => "\\\\u[0-9a-fA-F]{4}",
+    ];
+    prop::collection::vec(piece, 0..4).prop_map(|pieces| format!("\"{}\"", pieces.concat()))
+}
+
+fn number() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => any::<u32>().prop_map(|n| n.to_string()),
+        1 => any::<i64>().prop_map(|n| n.to_string()),
+        1 => any::<u64>().prop_map(|n| n.to_string()),
+        1 => any::<f64>().prop_map(|n| format!("{n:?}")),
+        1 => prop::sample::select(vec![
+            "0", "-0", "1.5", "1e3", "-1E-3", "2.5e+10", "1e400", "-0.0",
+            "18446744073709551615", "18446744073709551616", "9223372036854775807",
+            "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+        ])
+        .prop_map(str::to_owned),
+    ]
+}
+
+fn scalar() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => Just("null".to_owned()),
+        1 => Just("true".to_owned()),
+        1 => Just("false".to_owned()),
+        2 => number(),
+        3 => string(),
+        1 => Just("\"\"".to_owned()),
+    ]
+}
+
+/// Keys: every field the dialect reads, escaped spellings, and noise.
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![8 => field_key(), 1 => string()]
+}
+
+fn field_key() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "id",
+        "model",
+        "created",
+        "error",
+        "usage",
+        "choices",
+        "delta",
+        "finish_reason",
+        "content",
+        "tool_calls",
+        "refusal",
+        "reasoning_content",
+        "reasoning",
+        "prompt_tokens",
+        "completion_tokens",
+        "index",
+        "object",
+        "role",
+        "x",
+        "",
+        "\\u0069d",
+        "cont\\u0065nt",
+        "finish\\u005freason",
+        "\\ud800",
+        "\\ud83d\\ude00",
+        "é",
+    ])
+    .prop_map(|k| format!("\"{k}\""))
+}
+
+fn array(items: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+    (prop::collection::vec((ws(), items, ws()), 0..4), ws()).prop_map(|(items, inner)| {
+        if items.is_empty() {
+            return format!("[{inner}]");
+        }
+        let items: Vec<String> = items
+            .into_iter()
+            .map(|(a, item, b)| format!("{a}{item}{b}"))
+            .collect();
+        format!("[{}]", items.join(","))
+    })
+}
+
+fn object(entries: impl Strategy<Value = (String, String)>) -> impl Strategy<Value = String> {
+    (prop::collection::vec((ws(), entries, ws()), 0..6), ws()).prop_map(|(entries, inner)| {
+        if entries.is_empty() {
+            return format!("{{{inner}}}");
+        }
+        let entries: Vec<String> = entries
+            .into_iter()
+            .map(|(a, (k, v), b)| format!("{a}{k}{a}:{b}{v}{b}"))
+            .collect();
+        format!("{{{}}}", entries.join(","))
+    })
+}
+
+/// Any JSON value, nested a few levels.
+fn value() -> impl Strategy<Value = String> {
+    scalar().prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![array(inner.clone()), object((key(), inner)),]
+    })
+}
+
+fn entry(
+    name: &'static str,
+    values: impl Strategy<Value = String> + 'static,
+) -> BoxedStrategy<(String, String)> {
+    values.prop_map(move |v| (format!("\"{name}\""), v)).boxed()
+}
+
+/// A struct as an object of chosen entries, or as an array of values.
+fn record(
+    entries: Vec<BoxedStrategy<(String, String)>>,
+    fields: impl Strategy<Value = String> + Clone,
+) -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => object(prop::strategy::Union::new(entries)),
+        1 => array(fields),
+    ]
+}
+
+fn delta() -> impl Strategy<Value = String> {
+    let output = || {
+        prop_oneof![
+            3 => Just("null".to_owned()),
+            3 => Just("\"\"".to_owned()),
+            2 => Just("[]".to_owned()),
+            1 => Just("[ ]".to_owned()),
+            3 => string(),
+            1 => value(),
+        ]
+    };
+    record(
+        vec![
+            entry("content", output()),
+            entry("tool_calls", output()),
+            entry("refusal", output()),
+            entry("reasoning_content", output()),
+            entry("reasoning", output()),
+            entry("role", string()),
+            (key(), value()).boxed(),
+        ],
+        output(),
+    )
+}
+
+fn choice() -> impl Strategy<Value = String> {
+    let finish = || prop_oneof![3 => Just("null".to_owned()), 3 => string(), 1 => value()];
+    let delta = || prop_oneof![6 => delta(), 1 => Just("null".to_owned()), 1 => value()];
+    record(
+        vec![
+            entry("delta", delta()),
+            entry("finish_reason", finish()),
+            entry("index", number()),
+            entry("logprobs", Just("null".to_owned())),
+            (key(), value()).boxed(),
+        ],
+        prop_oneof![delta(), finish()],
+    )
+}
+
+fn usage() -> impl Strategy<Value = String> {
+    let count = || prop_oneof![4 => any::<u32>().prop_map(|n| n.to_string()), 1 => number(), 1 => Just("null".to_owned())];
+    record(
+        vec![
+            entry("prompt_tokens", count()),
+            entry("completion_tokens", count()),
+            entry("total_tokens", count()),
+            (key(), value()).boxed(),
+        ],
+        count(),
+    )
+}
+
+fn error() -> impl Strategy<Value = String> {
+    prop_oneof![
+        1 => prop::sample::select(vec![
+            "null", "false", "\"\"", "0", "{}", "[]", "{ }", "[ ]", "-0", "0.0", "true",
+        ])
+        .prop_map(str::to_owned),
+        1 => value(),
+    ]
+}
+
+/// A chunk-shaped JSON text.
+fn chunk() -> impl Strategy<Value = String> {
+    let text = || prop_oneof![4 => string(), 1 => Just("null".to_owned()), 1 => value()];
+    let created = || prop_oneof![3 => number(), 1 => Just("null".to_owned()), 1 => value()];
+    let usage = || prop_oneof![4 => usage(), 1 => Just("null".to_owned()), 1 => value()];
+    let choices = || {
+        prop_oneof![
+            6 => array(choice()),
+            1 => Just("null".to_owned()),
+            1 => value(),
+        ]
+    };
+    let body = record(
+        vec![
+            entry("id", text()),
+            entry("model", text()),
+            entry("created", created()),
+            entry("error", error()),
+            entry("usage", usage()),
+            entry("choices", choices()),
+            entry("choices", choices()),
+            entry("object", Just("\"chat.completion.chunk\"".to_owned())),
+            (key(), value()).boxed(),
+        ],
+        prop_oneof![text(), created(), usage(), choices(), error()],
+    );
+    (ws(), body, ws()).prop_map(|(a, body, b)| format!("{a}{body}{b}"))
+}
+
+/// Bytes that make or break JSON when dropped into it.
+const MUTANTS: &[u8] = b"{}[]\",:\\0123456789-+.eEntrufals \n\t\x01\x1fxu";
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Insert(usize, u8),
+    Delete(usize),
+    Truncate(usize),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let byte = prop::sample::select(MUTANTS);
+    prop_oneof![
+        3 => (any::<usize>(), byte.clone()).prop_map(|(at, b)| Mutation::Flip(at, b)),
+        2 => (any::<usize>(), byte).prop_map(|(at, b)| Mutation::Insert(at, b)),
+        2 => any::<usize>().prop_map(Mutation::Delete),
+        1 => any::<usize>().prop_map(Mutation::Truncate),
+    ]
+}
+
+/// Applies mutations; `None` when the result is not UTF-8 (event data
+/// always is).
+fn mutate(text: &str, mutations: &[Mutation]) -> Option<String> {
+    let mut bytes = text.as_bytes().to_vec();
+    for mutation in mutations {
+        let len = bytes.len();
+        match *mutation {
+            Mutation::Flip(at, byte) if len > 0 => bytes[at % len] = byte,
+            Mutation::Insert(at, byte) => bytes.insert(at % (len + 1), byte),
+            Mutation::Delete(at) if len > 0 => {
+                bytes.remove(at % len);
+            }
+            Mutation::Truncate(at) => bytes.truncate(at % (len + 1)),
+            _ => {}
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases,
+        // Failures are turned into cases in `edge_cases_read_the_same`
+        // rather than files outside this module.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Off)),
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(3000))]
+
+    #[test]
+    fn generated_chunks_read_the_same(text in chunk()) {
+        compare(text.as_bytes())?;
+    }
+
+    #[test]
+    fn generated_values_read_the_same(text in value()) {
+        compare(text.as_bytes())?;
+    }
+
+    #[test]
+    fn mutated_chunks_read_the_same(
+        text in chunk(),
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        if let Some(mutated) = mutate(&text, &mutations) {
+            compare(mutated.as_bytes())?;
+        }
+    }
+
+    #[test]
+    fn mutated_fixtures_read_the_same(
+        fixture in prop::sample::select(FIXTURES),
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        if let Some(mutated) = mutate(fixture, &mutations) {
+            compare(mutated.as_bytes())?;
+        }
+    }
+}
+
+/// The generators reach every outcome, so agreement is not vacuous.
+#[test]
+fn generated_chunks_cover_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    use super::ChunkKind;
+
+    let mut runner = TestRunner::deterministic();
+    let strategy = chunk();
+    let mut kinds = std::collections::HashSet::new();
+    let (mut finish, mut usage, mut owned) = (false, false, false);
+    for _ in 0..3000 {
+        let text = strategy.new_tree(&mut runner).unwrap().current();
+        let chunk = openai::read_chunk(false, text.as_bytes());
+        kinds.insert(chunk.kind);
+        finish |= chunk.finish_reason.is_some();
+        usage |= chunk.usage.is_some();
+        owned |= matches!(chunk.identity.id, Some(Cow::Owned(_)));
+    }
+    for kind in [
+        ChunkKind::Preamble,
+        ChunkKind::Output,
+        ChunkKind::Error,
+        ChunkKind::Malformed,
+    ] {
+        assert!(kinds.contains(&kind), "never produced {kind:?}");
+    }
+    assert!(
+        finish && usage && owned,
+        "finish={finish} usage={usage} owned={owned}"
+    );
+}
