@@ -205,6 +205,22 @@ async fn a_silent_primary_is_rerouted_at_the_head_timeout() {
 }
 
 #[tokio::test]
+async fn a_silent_primary_is_rerouted_at_the_first_token_timeout_by_default() {
+    // No head timeout configured: the first token timeout bounds the head.
+    let s = setup("", "", "").await;
+    s.primary.set_fault(Fault::NoResponse);
+    let started = std::time::Instant::now();
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(reply.status, 200);
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(4),
+        "{elapsed:?}"
+    );
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (1, 1));
+}
+
+#[tokio::test]
 async fn a_slow_first_token_is_rerouted_within_the_first_token_timeout() {
     let s = setup("", "", "").await;
     s.primary
@@ -368,4 +384,24 @@ async fn shutdown_lets_a_running_stream_finish() {
     // And it no longer accepts.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     drop((primary, backup));
+}
+
+#[test]
+fn route_patterns_match_models_without_splitting_characters() {
+    use app::pattern_matches;
+    assert!(pattern_matches("gpt-*", "gpt-4o"));
+    assert!(pattern_matches("*", "anything"));
+    assert!(pattern_matches("*-mini", "gpt-4o-mini"));
+    assert!(pattern_matches("a*b*c", "a-x-b-y-c"));
+    assert!(!pattern_matches("a*b*c", "a-x-c"));
+    assert!(!pattern_matches("gpt-*", "claude"));
+    assert!(
+        !pattern_matches("ab*ba", "aba"),
+        "prefix and suffix may not overlap"
+    );
+    assert!(
+        !pattern_matches("*-mini", "ab€€"),
+        "no slicing inside a character"
+    );
+    assert!(pattern_matches("€*€", "€x€"));
 }

@@ -61,7 +61,13 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     assert_eq!(run.run_id(), budget.run_id());
     let record = &run.attempts()[0];
     assert_eq!(record.class, Some(FailureClass::Timeout));
-    assert_eq!(record.bytes_flushed, body.len() as u64);
+    let terminal_at = text
+        .find("data: {\"id\":\"chatcmpl-test\",\"object\"")
+        .unwrap();
+    assert_eq!(
+        record.bytes_flushed, terminal_at as u64,
+        "the provider's bytes the client got"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -456,3 +456,11 @@ async fn a_key_echoed_in_an_in_band_error_never_reaches_the_client() {
     assert_eq!(failure.class, FailureClass::Auth);
     assert!(!format!("{failure:?}").contains("abcdefghijklmnopqrstuvwxyz0123456789"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_idle_timeout_means_no_idle_timeout_not_a_panic() {
+    let steps = data([role("m"), content("m", "a"), finish("m", "stop"), done()]);
+    let (frames, state) = run(StreamStateLayer::new().idle_timeout(Duration::MAX), steps).await;
+    assert_eq!(events(&concat(&frames)).len(), 4);
+    assert_eq!(state.phase(), StreamPhase::Finished);
+}

@@ -58,7 +58,10 @@ pub(crate) struct BudgetConfig {
     pub(crate) max_attempts: u32,
     pub(crate) first_token_timeout_ms: u64,
     pub(crate) idle_timeout_ms: u64,
+    /// Response head of a stream (the library's 10 s when absent).
     pub(crate) head_timeout_ms: Option<u64>,
+    /// A whole non-streaming answer (the turn deadline when absent).
+    pub(crate) response_timeout_ms: Option<u64>,
     pub(crate) spend_ceiling_usd: Option<f64>,
     /// Extra attempts allowed across turns, as a fraction of first attempts.
     pub(crate) retry_percent: f32,
@@ -72,6 +75,7 @@ impl Default for BudgetConfig {
             first_token_timeout_ms: 10_000,
             idle_timeout_ms: 10_000,
             head_timeout_ms: None,
+            response_timeout_ms: None,
             spend_ceiling_usd: None,
             retry_percent: 0.2,
         }
@@ -210,13 +214,13 @@ pub(crate) fn pattern_matches(pattern: &str, model: &str) -> bool {
         return pattern == model;
     }
     let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !model.starts_with(first) || model.len() < first.len() + last.len() {
+    let Some(rest) = model
+        .strip_prefix(first)
+        .and_then(|rest| rest.strip_suffix(last))
+    else {
         return false;
-    }
-    let mut rest = &model[first.len()..model.len() - last.len()];
-    if !model.ends_with(last) {
-        return false;
-    }
+    };
+    let mut rest = rest;
     for middle in &parts[1..parts.len() - 1] {
         match rest.find(middle) {
             Some(at) => rest = &rest[at + middle.len()..],
@@ -337,13 +341,16 @@ impl Gateway {
             let mut builder = Failover::builder()
                 .strategy(strategy.clone())
                 .commit_window(commit)
-                .head_timeout(b.head_timeout_ms.map(Duration::from_millis))
+                .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
                 .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
                 .idle_timeout(Duration::from_millis(b.idle_timeout_ms))
                 .max_retries_per_target(f.max_retries_per_target)
                 .max_request_bytes(f.max_request_bytes)
                 .cooldown(cooldown.clone())
                 .stream(stream_layer.clone());
+            if let Some(ms) = b.head_timeout_ms {
+                builder = builder.head_timeout(Some(Duration::from_millis(ms)));
+            }
             for target in &route.targets {
                 let client = clients.get(target.provider.as_str()).ok_or_else(|| {
                     format!(
@@ -424,16 +431,34 @@ fn openai_error(status: StatusCode, message: &str, error_type: &str, code: &str)
 
 async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, gateway.max_request_bytes).await else {
-        return openai_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "the request body exceeds the {}-byte limit",
-                gateway.max_request_bytes
-            ),
-            "invalid_request_error",
-            "request_too_large",
-        );
+    let bytes = match axum::body::to_bytes(body, gateway.max_request_bytes).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+            let mut too_large = false;
+            while let Some(e) = source {
+                too_large |= e.is::<http_body_util::LengthLimitError>();
+                source = e.source();
+            }
+            return if too_large {
+                openai_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!(
+                        "the request body exceeds the {}-byte limit",
+                        gateway.max_request_bytes
+                    ),
+                    "invalid_request_error",
+                    "request_too_large",
+                )
+            } else {
+                openai_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the request body could not be read: {error}"),
+                    "invalid_request_error",
+                    "invalid_body",
+                )
+            };
+        }
     };
     // The model picks the route; the failover layer validates the rest.
     #[derive(Deserialize)]
@@ -442,6 +467,14 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
         model: Option<std::borrow::Cow<'a, str>>,
     }
     let model = match serde_json::from_slice::<Peek<'_>>(&bytes) {
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body has a field of the wrong type: {e}"),
+                "invalid_request_error",
+                "invalid_request",
+            );
+        }
         Err(e) => {
             return openai_error(
                 StatusCode::BAD_REQUEST,

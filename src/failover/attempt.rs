@@ -15,6 +15,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::{BoxError, FailoverBody, Prepend};
+use super::later;
 use super::service::Shared;
 use crate::budget::{Cost, TurnBudget};
 use crate::classify::{Classification, Classify, Phase};
@@ -29,6 +30,8 @@ pub(crate) enum Outcome<B> {
     Committed {
         // Boxed: a response is far larger than a failure.
         response: Box<Response<FailoverBody<B>>>,
+        /// The whole answer is in hand (not a stream still running).
+        whole: bool,
         /// Time from the attempt's start to its first output.
         ttft: Option<Duration>,
     },
@@ -69,11 +72,24 @@ where
     let started_wall = SystemTime::now();
     let provider = Some(&*target.provider);
 
-    // The response head, within the head timeout and the turn's deadline.
-    let head_deadline = shared
-        .timeouts
-        .head
-        .map_or(budget.deadline(), |t| (started + t).min(budget.deadline()));
+    // The response head, within the turn's deadline and: for a stream, the
+    // head timeout and the first output timeout (no output can come before
+    // the head); for a whole answer, the response timeout.
+    let limit = if plan.stream {
+        Some(
+            shared
+                .timeouts
+                .head
+                .map_or(shared.timeouts.first_output, |h| {
+                    h.min(shared.timeouts.first_output)
+                }),
+        )
+    } else {
+        shared.timeouts.response
+    };
+    let head_deadline = limit.map_or(budget.deadline(), |limit| {
+        later(started, limit).min(budget.deadline())
+    });
     let service: Classify<S> = target.service.clone();
     let head = tokio::time::timeout_at(head_deadline, service.oneshot(request)).await;
     let response = match head {
@@ -93,7 +109,11 @@ where
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
 
     if plan.stream && is_sse {
         return hold_until_commit(shared, plan, budget, run, response, started, started_wall).await;
@@ -102,7 +122,7 @@ where
     // A whole body: received with a cap, validated, then released.
     let (mut parts, body) = response.into_parts();
     let collected = tokio::time::timeout_at(
-        budget.deadline(),
+        head_deadline,
         Limited::new(body, shared.max_response_bytes).collect(),
     )
     .await;
@@ -172,6 +192,7 @@ where
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::full(bytes))),
+        whole: true,
         ttft: Some(started.elapsed()),
     }
 }
@@ -212,16 +233,16 @@ where
     let mut output_events = 0u64;
     let mut output_bytes = 0u64;
     let mut first_output: Option<Instant> = None;
-    let first_output_deadline = (started + shared.timeouts.first_output).min(budget.deadline());
+    let first_output_deadline = later(started, shared.timeouts.first_output).min(budget.deadline());
 
     loop {
         let now = Instant::now();
         let wait_until = match first_output {
-            None => first_output_deadline.min(now + shared.timeouts.idle),
+            None => first_output_deadline.min(later(now, shared.timeouts.idle)),
             Some(first) => {
-                let mut until = (now + shared.timeouts.idle).min(budget.deadline());
+                let mut until = later(now, shared.timeouts.idle).min(budget.deadline());
                 if let Some(window) = shared.commit.after_first_output {
-                    until = until.min(first + window);
+                    until = until.min(later(first, window));
                 }
                 until
             }
@@ -230,7 +251,7 @@ where
             Err(_) => {
                 if let (Some(first), Some(window)) =
                     (first_output, shared.commit.after_first_output)
-                    && Instant::now() >= first + window
+                    && Instant::now() >= later(first, window)
                 {
                     break; // the time window is over: release
                 }
@@ -354,6 +375,8 @@ where
     let state = StreamState::new();
     let on_end = {
         let run = run.clone();
+        let health = Arc::clone(&shared.health);
+        let index = plan.index;
         let budget = budget.clone();
         let pricing = target.pricing;
         let prompt_tokens = plan.prompt_tokens;
@@ -374,9 +397,27 @@ where
             if let Some(cost) = cost {
                 budget.record_spend(cost, estimated);
             }
+            // A provider that fails after commit is unwell all the same
+            // (not when the client left or the turn's deadline passed).
+            match &snapshot.failure {
+                None => health.on_stream_end(index, None),
+                Some(failure)
+                    if failure.class != crate::classify::FailureClass::Cancelled
+                        && failure.note != Some("turn_deadline") =>
+                {
+                    let classification = Classification::new(failure.class, failure.phase);
+                    health.on_stream_end(index, Some(&classification));
+                }
+                Some(_) => {}
+            }
             run.finish_last(|record| {
                 record.duration = started.elapsed();
-                record.bytes_flushed = snapshot.bytes_flushed;
+                // Bytes of the provider's answer the client got: without the
+                // terminal chunk the stream inspector added after a failure.
+                record.bytes_flushed = snapshot
+                    .failure
+                    .as_ref()
+                    .map_or(snapshot.bytes_flushed, |f| f.bytes_sent);
                 record.output_events = snapshot.output_events;
                 record.usage = Some(usage);
                 record.cost = cost;
@@ -396,12 +437,14 @@ where
         Prepend::new(held, body),
         &shared.stream,
         state,
+        Some(Arc::clone(&target.provider)),
         plan.strip_usage,
         Some(budget.deadline()),
         Some(on_end),
     );
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
+        whole: false,
         ttft,
     }
 }

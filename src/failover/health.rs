@@ -1,4 +1,4 @@
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -51,10 +51,11 @@ impl CooldownPolicy {
         use FailureClass::*;
         let hint = failure.retry.after;
         let cooldown = match failure.class {
-            RateLimited => hint,
+            RateLimited if hint.is_some() => hint,
             QuotaExhausted | Auth | PermissionDenied | ModelNotFound => Some(self.account),
             Overloaded => Some(hint.unwrap_or(self.overloaded)),
-            ServerError | Timeout | Connect | InvalidResponse
+            // A rate limit without a hint, repeated, is a target to rest too.
+            RateLimited | ServerError | Timeout | Connect | InvalidResponse
                 if consecutive >= self.repeated_threshold =>
             {
                 let doublings = (consecutive - self.repeated_threshold).min(16);
@@ -87,6 +88,17 @@ struct TargetHealth {
     ttft_ewma: Option<Duration>,
 }
 
+impl TargetHealth {
+    fn record_ttft(&mut self, ttft: Option<Duration>) {
+        if let Some(ttft) = ttft {
+            self.ttft_ewma = Some(match self.ttft_ewma {
+                None => ttft,
+                Some(old) => (old * 4 + ttft) / 5,
+            });
+        }
+    }
+}
+
 /// Passive health of every target of one failover layer, shared by all
 /// requests through it.
 #[derive(Debug)]
@@ -95,11 +107,50 @@ pub struct Health {
     policy: CooldownPolicy,
 }
 
-/// How a request was admitted to a target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admission {
-    Normal,
-    Probe,
+/// A request's admission to a target. When it was admitted as the probe
+/// and is dropped without reporting (a refused budget, a cancelled turn),
+/// the probe slot is given back so the target is not left out.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    health: Arc<Health>,
+    index: usize,
+    probe: bool,
+}
+
+impl Admitted {
+    /// The attempt's whole answer arrived.
+    pub(crate) fn success(mut self, ttft: Option<Duration>) {
+        self.probe = false;
+        self.health.on_success(self.index, ttft);
+    }
+
+    /// The attempt's stream committed: the target answers (cooldown and
+    /// probe are over), but its failure streak ends only when the stream
+    /// ends whole ([`Health::on_stream_end`]).
+    pub(crate) fn committed(mut self, ttft: Option<Duration>) {
+        self.probe = false;
+        if let Some(mut health) = self.health.lock(self.index) {
+            health.cooling_until = None;
+            health.probe_started = None;
+            health.record_ttft(ttft);
+        }
+    }
+
+    /// The attempt failed; returns the cooldown it started, if any.
+    pub(crate) fn failure(mut self, failure: &Classification) -> Option<Duration> {
+        let was_probe = std::mem::take(&mut self.probe);
+        self.health.on_failure(self.index, failure, was_probe)
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if self.probe
+            && let Some(mut health) = self.health.lock(self.index)
+        {
+            health.probe_started = None;
+        }
+    }
 }
 
 impl Health {
@@ -118,10 +169,14 @@ impl Health {
 
     /// The target's availability now.
     pub fn availability(&self, index: usize) -> Availability {
+        match self.lock(index) {
+            Some(health) => self.availability_of(&health),
+            None => Availability::Healthy,
+        }
+    }
+
+    fn availability_of(&self, health: &TargetHealth) -> Availability {
         let now = Instant::now();
-        let Some(health) = self.lock(index) else {
-            return Availability::Healthy;
-        };
         match health.cooling_until {
             None => Availability::Healthy,
             Some(until) if until > now => Availability::Cooling(until),
@@ -139,17 +194,24 @@ impl Health {
         self.lock(index).and_then(|h| h.ttft_ewma)
     }
 
-    /// Admits a request if the target is healthy, or as its probe.
-    pub(crate) fn admit(&self, index: usize) -> Option<Admission> {
-        match self.availability(index) {
-            Availability::Healthy => Some(Admission::Normal),
+    /// Admits a request if the target is healthy, or as its probe. Decided
+    /// and marked under one lock, so two turns never both become the probe.
+    pub(crate) fn admit(self: &Arc<Self>, index: usize) -> Option<Admitted> {
+        let mut health = self.lock(index)?;
+        let probe = match self.availability_of(&health) {
+            Availability::Healthy => false,
             Availability::Probe => {
-                let mut health = self.lock(index)?;
                 health.probe_started = Some(Instant::now());
-                Some(Admission::Probe)
+                true
             }
-            Availability::Cooling(_) | Availability::Probing => None,
-        }
+            Availability::Cooling(_) | Availability::Probing => return None,
+        };
+        drop(health);
+        Some(Admitted {
+            health: Arc::clone(self),
+            index,
+            probe,
+        })
     }
 
     pub(crate) fn on_success(&self, index: usize, ttft: Option<Duration>) {
@@ -162,26 +224,40 @@ impl Health {
         health.cooling_until = None;
         health.probe_started = None;
         health.consecutive_failures = 0;
-        if let Some(ttft) = ttft {
-            health.ttft_ewma = Some(match health.ttft_ewma {
-                None => ttft,
-                Some(old) => (old * 4 + ttft) / 5,
-            });
+        health.record_ttft(ttft);
+    }
+
+    /// A committed stream ended: whole (`None`) or with a failure.
+    pub(crate) fn on_stream_end(&self, index: usize, failure: Option<&Classification>) {
+        match failure {
+            None => {
+                if let Some(mut health) = self.lock(index) {
+                    health.consecutive_failures = 0;
+                }
+            }
+            Some(failure) => {
+                self.on_failure(index, failure, false);
+            }
         }
     }
 
     /// Records a failure; returns the cooldown it started, if any.
-    pub(crate) fn on_failure(&self, index: usize, failure: &Classification) -> Option<Duration> {
+    /// `was_probe`: this request held the probe slot, which it gives back.
+    pub(crate) fn on_failure(
+        &self,
+        index: usize,
+        failure: &Classification,
+        was_probe: bool,
+    ) -> Option<Duration> {
+        let mut health = self.lock(index)?;
+        if was_probe {
+            health.probe_started = None;
+        }
         if failure.class.is_request_error() || failure.class == FailureClass::Cancelled {
-            // Says nothing about the target; a probe that met one is over.
-            if let Some(mut health) = self.lock(index) {
-                health.probe_started = None;
-            }
+            // Says nothing about the target.
             return None;
         }
-        let mut health = self.lock(index)?;
         health.consecutive_failures = health.consecutive_failures.saturating_add(1);
-        health.probe_started = None;
         let was_cooling = health.cooling_until.is_some();
         let cooldown = self
             .policy
@@ -189,7 +265,7 @@ impl Health {
             // A failed probe rests again for at least the base time.
             .or(was_cooling.then_some(self.policy.repeated_base));
         if let Some(cooldown) = cooldown {
-            health.cooling_until = Some(Instant::now() + cooldown);
+            health.cooling_until = Some(super::later(Instant::now(), cooldown));
             tracing::warn!(
                 target_index = index,
                 class = %failure.class,

@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use super::health::Health;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
 
@@ -29,6 +30,8 @@ use super::target::Target;
 pub struct FailoverLayer<S> {
     primary: Target<()>,
     builder: FailoverBuilder<S>,
+    // Built once: every service this layer makes shares one health state.
+    health: Arc<Health>,
 }
 
 impl<S> FailoverLayer<S> {
@@ -36,7 +39,15 @@ impl<S> FailoverLayer<S> {
     /// capabilities and price; its service is a placeholder); `builder`
     /// holds the backups (tried after it) and the settings.
     pub fn new(primary: Target<()>, builder: FailoverBuilder<S>) -> Self {
-        Self { primary, builder }
+        let health = Arc::new(Health::new(
+            builder.target_count() + 1,
+            builder.cooldown_policy().clone(),
+        ));
+        Self {
+            primary,
+            builder,
+            health,
+        }
     }
 }
 
@@ -53,6 +64,10 @@ impl<S: Clone> Layer<S> for FailoverLayer<S> {
             pricing: p.pricing,
             service: inner,
         };
-        self.builder.clone().with_primary(primary).build()
+        self.builder
+            .clone()
+            .with_primary(primary)
+            .with_health(Arc::clone(&self.health))
+            .build()
     }
 }

@@ -82,6 +82,16 @@ mod target;
 mod turn;
 
 pub use body::{BoxError, FailoverBody, Prepend};
+
+/// `at + duration`, saturating far in the future instead of panicking on a
+/// huge configured duration.
+pub(crate) fn later(
+    at: tokio::time::Instant,
+    duration: std::time::Duration,
+) -> tokio::time::Instant {
+    at.checked_add(duration)
+        .unwrap_or_else(|| at + std::time::Duration::from_secs(60 * 60 * 24 * 365 * 30))
+}
 pub use commit::CommitWindow;
 pub use health::{Availability, CooldownPolicy, Health};
 pub use layer::FailoverLayer;

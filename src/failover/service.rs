@@ -25,13 +25,14 @@ use crate::stream::StreamStateLayer;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Timeouts {
     pub(crate) head: Option<Duration>,
+    pub(crate) response: Option<Duration>,
     pub(crate) first_output: Duration,
     pub(crate) idle: Duration,
 }
 
 pub(crate) struct Shared<S> {
     pub(crate) targets: Vec<Target<Classify<S>>>,
-    pub(crate) health: Health,
+    pub(crate) health: Arc<Health>,
     pub(crate) strategy: Strategy,
     pub(crate) classifier: Classifier,
     pub(crate) limits: TurnLimits,
@@ -118,6 +119,7 @@ pub struct FailoverBuilder<S> {
     max_retries_per_target: u32,
     default_output_tokens: u64,
     stream: StreamStateLayer,
+    health: Option<Arc<Health>>,
 }
 
 impl<S> std::fmt::Debug for FailoverBuilder<S> {
@@ -145,6 +147,7 @@ impl<S> FailoverBuilder<S> {
             commit: CommitWindow::default(),
             timeouts: Timeouts {
                 head: Some(Duration::from_secs(10)),
+                response: None,
                 first_output: Duration::from_secs(15),
                 idle: Duration::from_secs(30),
             },
@@ -155,6 +158,7 @@ impl<S> FailoverBuilder<S> {
             max_retries_per_target: 2,
             default_output_tokens: 512,
             stream: StreamStateLayer::new(),
+            health: None,
         }
     }
 
@@ -167,6 +171,20 @@ impl<S> FailoverBuilder<S> {
 
     pub(crate) fn with_primary(mut self, target: Target<S>) -> Self {
         self.targets.insert(0, target);
+        self
+    }
+
+    pub(crate) fn target_count(&self) -> usize {
+        self.targets.len()
+    }
+
+    pub(crate) fn cooldown_policy(&self) -> &CooldownPolicy {
+        &self.cooldown
+    }
+
+    /// Shares health state built elsewhere (a layer applied several times).
+    pub(crate) fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
         self
     }
 
@@ -195,10 +213,19 @@ impl<S> FailoverBuilder<S> {
         self
     }
 
-    /// Time allowed for a response head. `None`: bounded only by the turn's
-    /// deadline (useful for long non-streaming completions).
+    /// Time allowed for the response head of a streaming request (default
+    /// 10 s). The head of a stream is also never waited on past the first
+    /// output timeout. `None`: bounded by those and the turn's deadline.
     pub fn head_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeouts.head = timeout;
+        self
+    }
+
+    /// Time allowed for a whole non-streaming answer (head and body).
+    /// `None` (the default): bounded only by the turn's deadline, since a
+    /// long completion arrives all at once.
+    pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeouts.response = timeout;
         self
     }
 
@@ -271,7 +298,9 @@ impl<S> FailoverBuilder<S> {
         let stream = self.stream.classifier(classifier.clone());
         Failover {
             shared: Arc::new(Shared {
-                health: Health::new(targets.len(), self.cooldown),
+                health: self
+                    .health
+                    .unwrap_or_else(|| Arc::new(Health::new(targets.len(), self.cooldown))),
                 targets,
                 strategy: self.strategy,
                 classifier,

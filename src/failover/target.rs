@@ -120,7 +120,9 @@ impl Capabilities {
             missing.push("image input".to_owned());
         }
         if let Some(window) = self.context_window {
-            let needed = requirements.prompt_tokens + requirements.max_output_tokens.unwrap_or(0);
+            let needed = requirements
+                .prompt_tokens
+                .saturating_add(requirements.max_output_tokens.unwrap_or(0));
             if needed > window {
                 missing.push(format!("context window of {needed} tokens (has {window})"));
             }

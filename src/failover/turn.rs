@@ -128,7 +128,7 @@ where
 
     loop {
         // The next admissible target: cooling targets are skipped.
-        let index = loop {
+        let (index, admitted) = loop {
             let Some(&index) = queue.front() else {
                 return finish(exhausted(
                     first_failure.as_ref(),
@@ -138,10 +138,11 @@ where
             };
             // Healthy, or admitted as the probe after a cooldown.
             match shared.health.admit(index) {
-                Some(_) => break index,
+                Some(admitted) => break (index, admitted),
                 None => {
                     cooling.push(Arc::clone(&shared.targets[index].name));
                     queue.pop_front();
+                    retries_here = 0;
                 }
             }
         };
@@ -170,15 +171,23 @@ where
         let attempt_started = tokio::time::Instant::now();
         let request = upstream_request(&parts, &json, &upstream_model, requirements.stream);
         match attempt::run(&shared, plan, request, &budget, &run).await {
-            Outcome::Committed { response, ttft } => {
-                shared.health.on_success(index, ttft);
+            Outcome::Committed {
+                response,
+                ttft,
+                whole,
+            } => {
+                if whole {
+                    admitted.success(ttft);
+                } else {
+                    admitted.committed(ttft);
+                }
                 return finish(*response);
             }
             Outcome::Failed {
                 failure,
                 output_events,
             } => {
-                shared.health.on_failure(index, &failure);
+                let cooldown = admitted.failure(&failure);
                 // An attempt that got as far as a stream was processed by
                 // the provider: count its estimated cost.
                 let (usage, cost) = if failure.phase == Phase::Preamble {
@@ -194,7 +203,7 @@ where
                 } else {
                     (None, None)
                 };
-                let mut decision = decide(&failure, retries_here, &shared, &budget);
+                let mut decision = decide(&failure, retries_here, &shared, &budget, cooldown);
                 if decision == Decision::Reroute {
                     queue.pop_front();
                     retries_here = 0;
@@ -262,6 +271,7 @@ fn decide<S>(
     retries_here: u32,
     shared: &Shared<S>,
     budget: &TurnBudget,
+    cooldown: Option<Duration>,
 ) -> Decision {
     match failure.recovery {
         Recovery::Stop => Decision::Stop,
@@ -271,6 +281,9 @@ fn decide<S>(
         Recovery::RetrySame if failure.note == Some("gateway_timeout") => Decision::Reroute,
         Recovery::RetrySame if retries_here >= shared.max_retries_per_target => Decision::Reroute,
         Recovery::RetrySame => match budget.retry_delay(retries_here, failure.retry.after) {
+            // The failure just cooled the target down for longer than the
+            // wait: retrying it would only find it resting.
+            RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Decision::Reroute,
             RetryDelay::Wait(after) => Decision::RetrySame { after },
             // A wait past the deadline or longer than any we honour is not
             // taken: reroute now (or stop if nothing is left).
@@ -303,15 +316,35 @@ fn upstream_request(
     stream: bool,
 ) -> Request<Full<Bytes>> {
     let mut json = json.clone();
-    json["model"] = Value::String(model.to_owned());
-    if stream {
-        json["stream_options"]["include_usage"] = Value::Bool(true);
+    if let Some(object) = json.as_object_mut() {
+        object.insert("model".to_owned(), Value::String(model.to_owned()));
+    }
+    if stream && let Some(object) = json.as_object_mut() {
+        // Whatever the client sent as `stream_options`, usage is on upstream.
+        let options = object
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if !options.is_object() {
+            *options = Value::Object(serde_json::Map::new());
+        }
+        if let Some(options) = options.as_object_mut() {
+            options.insert("include_usage".to_owned(), Value::Bool(true));
+        }
     }
     // Serializing a Value cannot fail.
     let body = Bytes::from(serde_json::to_vec(&json).unwrap_or_default());
+    // Headers the client's `Connection` names are hop-by-hop too.
+    let named_by_connection: Vec<String> = parts
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
     let mut headers = HeaderMap::with_capacity(parts.headers.len());
     for (name, value) in &parts.headers {
-        if !forwardable(name) {
+        if !forwardable(name) || named_by_connection.iter().any(|n| n == name.as_str()) {
             continue;
         }
         headers.append(name.clone(), value.clone());
@@ -320,13 +353,13 @@ fn upstream_request(
     headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = parts.method.clone();
+    // The path only: a client's query string may carry its own credential
+    // (`?key=...`), which never goes upstream.
     *request.uri_mut() = parts
         .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/v1/chat/completions")
+        .path()
         .parse()
-        .unwrap_or_default();
+        .unwrap_or_else(|_| http::Uri::from_static("/v1/chat/completions"));
     *request.headers_mut() = headers;
     request
 }

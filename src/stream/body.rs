@@ -112,12 +112,14 @@ where
         inner: B,
         config: &Arc<StreamConfig<D>>,
         state: StreamState,
+        provider: Option<Arc<str>>,
         strip_usage: bool,
         deadline: Option<Instant>,
         on_end: Option<OnEnd>,
     ) -> Self {
         let mut inspector = Inspector::new(Arc::clone(config), state);
         inspector.strip_usage = strip_usage;
+        inspector.provider = provider.or_else(|| config.provider.clone());
         inspector.on_end = on_end;
         Self {
             inner,
@@ -161,10 +163,13 @@ struct Inspector<D> {
     ended: bool,
     strip_usage: bool,
     on_end: Option<OnEnd>,
+    /// The provider classifier overrides match on.
+    provider: Option<Arc<str>>,
 }
 
 impl<D: Dialect> Inspector<D> {
     fn new(config: Arc<StreamConfig<D>>, state: StreamState) -> Self {
+        let provider = config.provider.clone();
         let scanner = SseScanner::new()
             .max_line_bytes(config.max_line_bytes)
             .max_event_bytes(config.max_event_bytes);
@@ -184,6 +189,7 @@ impl<D: Dialect> Inspector<D> {
             ended: false,
             strip_usage: false,
             on_end: None,
+            provider,
         }
     }
 
@@ -385,7 +391,7 @@ impl<D: Dialect> Inspector<D> {
         let classification = classify(
             &kind,
             &self.config.classifier,
-            self.config.provider.as_deref(),
+            self.provider.as_deref(),
             phase,
         );
         let failure = StreamFailure {
@@ -393,6 +399,7 @@ impl<D: Dialect> Inspector<D> {
             phase,
             message: classification.message.clone(),
             provider_code: classification.provider_code.clone(),
+            note: classification.note,
             bytes_sent,
             output_events: self.output_events,
         };
@@ -479,6 +486,7 @@ impl<D> Inspector<D> {
                 phase,
                 message: "the client went away before the stream ended".to_owned(),
                 provider_code: None,
+                note: Some("cancelled"),
                 bytes_sent,
                 output_events: self.output_events,
             },
@@ -572,7 +580,10 @@ where
                         && idle.as_mut().poll(cx).is_ready()
                     {
                         let timeout = inspector.config.idle_timeout.unwrap_or_default();
-                        let due = *this.last_frame + timeout;
+                        let due = this
+                            .last_frame
+                            .checked_add(timeout)
+                            .unwrap_or(*this.last_frame);
                         if Instant::now() >= due {
                             inspector.fail(FailureKind::Idle(timeout));
                             continue;

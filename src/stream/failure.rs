@@ -49,7 +49,8 @@ pub(crate) fn classify(
         }
         FailureKind::Deadline => Classification::timeout(phase, "the rest of the stream")
             .with_message("the turn's deadline passed mid-stream")
-            .with_recovery(crate::classify::Recovery::Stop),
+            .with_recovery(crate::classify::Recovery::Stop)
+            .with_note("turn_deadline"),
         FailureKind::Truncated { cut_event: true } => Classification::truncated(phase)
             .with_message("the upstream stream ended in the middle of an event"),
         FailureKind::Truncated { cut_event: false } => Classification::truncated(phase)

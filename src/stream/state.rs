@@ -60,6 +60,9 @@ pub struct StreamFailure {
     pub message: String,
     /// The provider's own error code or type, for in-band errors.
     pub provider_code: Option<String>,
+    /// How the classification was reached when not from a provider answer
+    /// (e.g. `"turn_deadline"`, `"gateway_timeout"`, `"cancelled"`).
+    pub note: Option<&'static str>,
     /// Bytes of the upstream stream sent to the client before the failure.
     pub bytes_sent: u64,
     /// Model output events sent to the client before the failure.

@@ -96,6 +96,8 @@ impl Reply {
 /// A request the fake received.
 #[derive(Debug, Clone)]
 pub struct SeenRequest {
+    /// The request URI (path and query).
+    pub uri: http::Uri,
     /// The request headers.
     pub headers: HeaderMap,
     /// The JSON body (`Null` when it was not JSON).
@@ -231,6 +233,7 @@ impl Service<Request<Full<Bytes>>> for FakeProvider {
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             let stream = body.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
             lock(&this.inner.seen).push(SeenRequest {
+                uri: parts.uri,
                 headers: parts.headers,
                 body,
                 at: tokio::time::Instant::now(),
