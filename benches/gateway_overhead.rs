@@ -9,7 +9,8 @@
 //! bench prints requests per second and p50/p99 latency for each, and the
 //! gateway's added latency and throughput as ratios against the bare proxy.
 //!
-//! `cargo bench --bench gateway_overhead` (`-- --seconds N --concurrency C`).
+//! `cargo bench --bench gateway_overhead` (`-- --seconds N --concurrency C
+//! --workload 1|2`).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
 
 #[path = "../examples/gateway/app.rs"]
@@ -147,6 +148,8 @@ async fn main() {
     // `cargo bench` passes --bench; other flags are ours.
     let seconds = arg("--seconds", 4.0);
     let concurrency = arg("--concurrency", 16.0) as usize;
+    // `--workload 1` or `2` runs one workload only (for profiling).
+    let only = arg("--workload", 0.0) as usize;
 
     let upstream = FakeUpstream::builder("upstream")
         .tokens(100)
@@ -191,7 +194,10 @@ base_url = "{}"
         "gateway overhead: {concurrency} concurrent clients, {seconds} s per run, loopback, {} cores",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    for (name, body) in workloads {
+    for (i, (name, body)) in workloads.into_iter().enumerate() {
+        if only != 0 && only != i + 1 {
+            continue;
+        }
         let body = Bytes::from_static(body.as_bytes());
         // Warm both paths (connections, pools, caches).
         drive(&client, bare, &body, concurrency, 0.5).await;
