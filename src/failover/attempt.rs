@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -105,17 +105,7 @@ where
         Ok(Ok(response)) => response,
     };
     let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .get(..17)
-                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
-        });
-
-    if plan.stream && is_sse {
+    if plan.stream && crate::stream::is_event_stream(&response) {
         return hold_until_commit(shared, plan, budget, run, response, started, started_wall).await;
     }
 

@@ -53,7 +53,9 @@ impl<B, D> std::fmt::Debug for StreamStateBody<B, D> {
     }
 }
 
-fn is_event_stream<B>(response: &Response<B>) -> bool {
+/// Whether a response is a Server-Sent Events stream (`text/event-stream`,
+/// in any case, with or without parameters).
+pub(crate) fn is_event_stream<B>(response: &Response<B>) -> bool {
     response
         .headers()
         .get(CONTENT_TYPE)

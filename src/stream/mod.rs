@@ -67,8 +67,8 @@ pub(crate) mod layer;
 mod service;
 mod state;
 
-pub(crate) use body::OnEnd;
 pub use body::{BoxError, StreamStateBody};
+pub(crate) use body::{OnEnd, is_event_stream};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_MAX_MALFORMED, StreamStateLayer};
 pub use service::StreamStateService;
