@@ -175,7 +175,6 @@ where
         message: None,
         decision: Decision::Committed,
     });
-    run.mark_done();
     parts.headers.remove(TRANSFER_ENCODING);
     parts
         .headers
