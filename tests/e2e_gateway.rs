@@ -405,3 +405,83 @@ fn route_patterns_match_models_without_splitting_characters() {
     );
     assert!(pattern_matches("€*€", "€x€"));
 }
+
+async fn get_json(setup: &Setup, path: &str) -> serde_json::Value {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let response = client
+        .get(
+            format!("http://{}{path}", setup.gateway.addr)
+                .parse()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[tokio::test]
+async fn two_routes_share_one_health_registry_and_it_is_served_as_json() {
+    let routes = r#"
+[[routes]]
+model = "fast"
+targets = [
+  { provider = "primary", model = "shared#fault:status=429;retry_after=200" },
+  { provider = "backup", model = "backup-model" },
+]
+
+[[routes]]
+model = "smart"
+targets = [
+  { provider = "primary", model = "shared#fault:status=429;retry_after=200" },
+  { provider = "backup", model = "backup-model" },
+]
+"#;
+    let s = setup("", "", routes).await;
+    let fast = post(&s, &chat("fast", true)).await;
+    assert_eq!(fast.headers["x-failover-target"], "backup/backup-model");
+    assert_eq!(s.primary.attempts(), 1);
+    // The other route learned the cooldown: straight to the backup.
+    let smart = post(&s, &chat("smart", true)).await;
+    assert_eq!(smart.status, 200);
+    assert_eq!(smart.headers["x-failover-target"], "backup/backup-model");
+    assert_eq!(smart.headers["x-failover-attempts"], "1");
+    assert_eq!(s.primary.attempts(), 1, "the primary is not touched again");
+
+    let health = get_json(&s, "/v1/health/targets").await;
+    let keys = health["data"].as_array().unwrap();
+    let primary: Vec<_> = keys.iter().filter(|k| k["provider"] == "primary").collect();
+    assert_eq!(primary.len(), 1, "{health}");
+    assert_eq!(primary[0]["state"], "cooling", "{health}");
+    assert_eq!(primary[0]["scope"], "model");
+    assert_eq!(primary[0]["last_class"], "rate_limited");
+    assert_eq!(primary[0]["failure_streak"], 1);
+    let remaining = primary[0]["cooling_remaining_ms"].as_u64().unwrap();
+    assert!(remaining > 190_000 && remaining <= 200_000, "{remaining}");
+    assert!(
+        keys.iter()
+            .filter(|k| k["provider"] == "backup")
+            .all(|k| k["state"] == "healthy"),
+        "{health}"
+    );
+}
+
+#[tokio::test]
+async fn a_model_the_client_named_that_the_provider_does_not_know_is_a_404_not_a_reroute() {
+    let routes = r#"
+[[routes]]
+model = "*"
+targets = [{ provider = "primary" }, { provider = "backup", model = "backup-model" }]
+"#;
+    let s = setup("", "", routes).await;
+    let unknown = post(&s, &chat("nope#fault:status=404", true)).await;
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert!(unknown.body.contains("model_not_found"), "{}", unknown.body);
+    assert_eq!(s.backup.attempts(), 0, "never another model's answer");
+    // Nothing cooled: the next valid request reaches the primary.
+    let valid = post(&s, &chat("gpt-x", true)).await;
+    assert_eq!(valid.status, 200);
+    assert_eq!(valid.headers["x-failover-target"], "primary");
+    assert_eq!(s.primary.attempts(), 2);
+}

@@ -75,6 +75,12 @@ fn two(primary: &FakeProvider, backup: &FakeProvider) -> FailoverBuilder<FakePro
         .target(Target::new("backup", backup.clone()))
 }
 
+/// The availability of the target named `name` for the test's model.
+fn availability(failover: &Failover<FakeProvider>, name: &str) -> Availability {
+    let key = failover.health_key(name, "gpt-x").unwrap();
+    failover.health().availability(&key)
+}
+
 fn sse_events(body: &str) -> Vec<&str> {
     body.split_terminator("\n\n").collect()
 }
@@ -231,13 +237,9 @@ async fn retry_after_longer_than_the_time_left_reroutes_or_stops_at_once() {
 async fn persistent_429_without_retry_after_backs_off_with_growing_gaps_then_reroutes() {
     let primary = FakeProvider::new("primary").always(Reply::status(429, ANTHROPIC_429));
     let backup = FakeProvider::new("backup");
-    // Three hintless 429s in a row cool the target down (default: two).
-    let failover = two(&primary, &backup)
-        .cooldown(CooldownPolicy {
-            repeated_threshold: 3,
-            ..CooldownPolicy::default()
-        })
-        .build();
+    // Hintless 429s: three inside the window cool the target down, which
+    // the third one (the last retry) does.
+    let failover = two(&primary, &backup).build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(primary.calls(), 3, "one attempt and two retries");
@@ -251,16 +253,21 @@ async fn persistent_429_without_retry_after_backs_off_with_growing_gaps_then_rer
 }
 
 #[tokio::test(start_paused = true)]
-async fn auth_and_model_not_found_reroute_and_cool_the_primary_down() {
+async fn auth_and_an_operator_models_not_found_reroute_and_cool_the_primary_down() {
     for (status, body) in [(401, BAD_KEY_401), (404, NO_MODEL_404)] {
         let primary = FakeProvider::new("primary").always(Reply::status(status, body));
         let backup = FakeProvider::new("backup");
-        let failover = two(&primary, &backup).build();
+        // The primary's model is the operator's: its 404 is a configuration
+        // fault of that (provider, model), not the client's error.
+        let failover = Failover::builder()
+            .target(Target::new("primary", primary.clone()).model("configured-model"))
+            .target(Target::new("backup", backup.clone()))
+            .build();
         let reply = send(&failover, request(true, serde_json::json!({}))).await;
         assert_eq!(reply.status, 200, "{status}");
         assert_eq!(primary.calls(), 1, "never retried on the same target");
         assert!(matches!(
-            failover.health().availability(0),
+            availability(&failover, "primary"),
             Availability::Cooling(_)
         ));
         // The next turn does not touch the cooled-down primary.
@@ -492,10 +499,7 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
     let primary = FakeProvider::new("primary").always(Reply::Refused);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .cooldown(CooldownPolicy {
-            repeated_base: Duration::from_secs(5),
-            ..CooldownPolicy::default()
-        })
+        .cooldown(CooldownPolicy::default().base(Duration::from_secs(5)))
         .build();
     let mut winners = Vec::new();
     for turn in 0..20 {
@@ -514,14 +518,14 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
         if turn == 9 {
             assert_eq!(
                 primary.calls(),
-                2,
-                "cooled down after two refusals, then skipped"
+                3,
+                "cooled down after three refusals inside the window, then skipped"
             );
         }
     }
     assert!(winners[..10].iter().all(|w| w == "backup"), "{winners:?}");
     assert!(winners[10..].iter().all(|w| w == "primary"), "{winners:?}");
-    assert_eq!(failover.health().availability(0), Availability::Healthy);
+    assert_eq!(availability(&failover, "primary"), Availability::Healthy);
 }
 
 #[tokio::test(start_paused = true)]
@@ -539,10 +543,7 @@ async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget
     // retry budget alone hold it.
     let failover = two(&primary, &backup)
         .limits(TurnLimits::new().retry_budget(retry_budget))
-        .cooldown(CooldownPolicy {
-            repeated_threshold: u32::MAX,
-            ..CooldownPolicy::default()
-        })
+        .cooldown(CooldownPolicy::default().never_repeated())
         .build();
     let turns: Vec<_> = (0..100)
         .map(|_| {
@@ -719,16 +720,16 @@ async fn when_every_option_is_spent_the_error_names_the_first_cause_and_the_atte
     assert_eq!(reply.status, 429, "the first failure's status");
     let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
     let message = json["error"]["message"].as_str().unwrap();
-    // The primary is rerouted at once; the backup's second 500 in a row
-    // cools it down, which ends the turn without a third try there.
-    assert!(message.contains("after 3 attempts"), "{message}");
+    // The primary is rerouted at once; the backup is retried twice, and its
+    // third 500 inside the window cools it down, which ends the turn.
+    assert!(message.contains("after 4 attempts"), "{message}");
     assert!(
         message.contains("quota_exhausted from primary"),
         "{message}"
     );
     assert_eq!(json["error"]["code"], "insufficient_quota");
-    assert_eq!(reply.headers["x-failover-attempts"], "3");
-    assert_eq!((primary.calls(), backup.calls()), (1, 2));
+    assert_eq!(reply.headers["x-failover-attempts"], "4");
+    assert_eq!((primary.calls(), backup.calls()), (1, 3));
 }
 
 #[tokio::test(start_paused = true)]
@@ -808,10 +809,12 @@ async fn a_custom_selector_orders_the_candidates() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn when_every_eligible_target_cools_down_the_turn_is_refused_at_once() {
+async fn when_every_eligible_target_cools_down_and_the_operator_says_refuse_the_turn_is_refused_at_once()
+ {
     let a = FakeProvider::new("a").always(Reply::status(401, BAD_KEY_401));
     let failover = Failover::builder()
         .target(Target::new("a", a.clone()))
+        .refuse_when_cooling(true)
         .build();
     let first = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(first.status, 502);
@@ -827,22 +830,51 @@ async fn when_every_eligible_target_cools_down_the_turn_is_refused_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn when_every_eligible_target_cools_down_the_probe_that_fails_answers_503() {
+    let a = FakeProvider::new("a").always(Reply::status(401, BAD_KEY_401));
+    let failover = Failover::builder()
+        .target(Target::new("a", a.clone()))
+        .build();
+    let first = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(first.status, 502);
+    // Every target rests, the turn has budget: the soonest is probed.
+    let second = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(a.calls(), 2, "one probe, not a retry storm");
+    assert_eq!(second.status, 503);
+    assert!(
+        second.body.contains("no_available_target"),
+        "{}",
+        second.body
+    );
+    assert!(
+        second.body.contains("the probe of a failed"),
+        "{}",
+        second.body
+    );
+    assert!(matches!(
+        availability(&failover, "a"),
+        Availability::Cooling(_)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
 async fn hintless_429s_in_a_row_cool_the_target_down_and_reroute() {
     let primary = FakeProvider::new("primary").always(Reply::status(429, ANTHROPIC_429));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup).build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
-    assert_eq!((primary.calls(), backup.calls()), (2, 1));
+    assert_eq!((primary.calls(), backup.calls()), (3, 1));
     let attempts = reply.run.attempts();
     assert!(matches!(attempts[0].decision, Decision::RetrySame { .. }));
+    assert!(matches!(attempts[1].decision, Decision::RetrySame { .. }));
     assert_eq!(
-        attempts[1].decision,
+        attempts[2].decision,
         Decision::Reroute,
-        "cooling: no wasted wait"
+        "third failure inside the window: cooling"
     );
     assert!(matches!(
-        failover.health().availability(0),
+        availability(&failover, "primary"),
         Availability::Cooling(_)
     ));
 }
@@ -906,7 +938,7 @@ async fn failures_after_commit_count_against_the_target_health() {
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup).build();
     let mut winners = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         let reply = send(&failover, request(true, serde_json::json!({}))).await;
         winners.push(
             reply.headers["x-failover-target"]
@@ -915,9 +947,9 @@ async fn failures_after_commit_count_against_the_target_health() {
                 .to_owned(),
         );
     }
-    // Two cut streams in a row cool the primary down: the third turn goes
-    // to the backup.
-    assert_eq!(winners, ["primary", "primary", "backup"]);
+    // Three cut streams inside the window cool the primary down: the
+    // fourth turn goes to the backup.
+    assert_eq!(winners, ["primary", "primary", "primary", "backup"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -925,18 +957,15 @@ async fn a_cancelled_probe_gives_its_slot_back() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .cooldown(CooldownPolicy {
-            account: Duration::from_secs(10),
-            ..CooldownPolicy::default()
-        })
+        .cooldown(CooldownPolicy::default().account(Duration::from_secs(10)))
         .build();
     send(&failover, request(true, serde_json::json!({}))).await;
     assert!(matches!(
-        failover.health().availability(0),
+        availability(&failover, "primary"),
         Availability::Cooling(_)
     ));
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(failover.health().availability(0), Availability::Probe);
+    assert_eq!(availability(&failover, "primary"), Availability::Probe);
     // The probe goes to a primary that never answers; the client gives up.
     primary.set_always(Reply::Silent);
     let turn = send(&failover, request(true, serde_json::json!({})));
@@ -946,7 +975,7 @@ async fn a_cancelled_probe_gives_its_slot_back() {
             .is_err()
     );
     // The abandoned probe does not keep the target out.
-    assert_eq!(failover.health().availability(0), Availability::Probe);
+    assert_eq!(availability(&failover, "primary"), Availability::Probe);
 }
 
 #[tokio::test(start_paused = true)]

@@ -22,7 +22,8 @@ use tower_llm_failover::budget::{
 use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::{OpenAiChat, TerminalMode};
 use tower_llm_failover::failover::{
-    Capabilities, CommitWindow, CooldownPolicy, Failover, Strategy, Target,
+    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
+    Strategy, Target,
 };
 use tower_llm_failover::stream::{StreamStateLayer, StreamStateService};
 
@@ -98,10 +99,17 @@ pub(crate) struct FailoverConfig {
     pub(crate) max_request_bytes: usize,
     /// How long running streams may go on after SIGINT/SIGTERM.
     pub(crate) shutdown_grace_ms: u64,
+    /// Cooldown of account-scope failures (quota, auth, permission).
     pub(crate) cooldown_account_ms: Option<u64>,
-    pub(crate) cooldown_overloaded_ms: Option<u64>,
-    pub(crate) cooldown_repeated_threshold: Option<u32>,
-    pub(crate) cooldown_repeated_base_ms: Option<u64>,
+    /// Hintless model-scope failures inside the window that cool a model.
+    pub(crate) cooldown_failures: Option<u32>,
+    pub(crate) cooldown_window_ms: Option<u64>,
+    /// The first model-scope cooldown; doubles for each one in a row.
+    pub(crate) cooldown_base_ms: Option<u64>,
+    /// The longest cooldown, retry hints included.
+    pub(crate) cooldown_max_ms: Option<u64>,
+    /// Refuse at once when every target rests instead of probing one.
+    pub(crate) refuse_when_cooling: bool,
 }
 
 impl Default for FailoverConfig {
@@ -116,9 +124,11 @@ impl Default for FailoverConfig {
             max_request_bytes: 4 << 20,
             shutdown_grace_ms: 30_000,
             cooldown_account_ms: None,
-            cooldown_overloaded_ms: None,
-            cooldown_repeated_threshold: None,
-            cooldown_repeated_base_ms: None,
+            cooldown_failures: None,
+            cooldown_window_ms: None,
+            cooldown_base_ms: None,
+            cooldown_max_ms: None,
+            refuse_when_cooling: false,
         }
     }
 }
@@ -205,6 +215,7 @@ struct Route {
 pub(crate) struct Gateway {
     routes: Vec<Route>,
     max_request_bytes: usize,
+    health: Arc<MemoryHealthStore>,
 }
 
 /// `*` matches any run of characters; everything else literally.
@@ -317,21 +328,28 @@ impl Gateway {
             commit = commit.or_after(Duration::from_millis(ms));
         }
         let defaults = CooldownPolicy::default();
-        let cooldown = CooldownPolicy {
-            account: f
-                .cooldown_account_ms
-                .map_or(defaults.account, Duration::from_millis),
-            overloaded: f
-                .cooldown_overloaded_ms
-                .map_or(defaults.overloaded, Duration::from_millis),
-            repeated_threshold: f
-                .cooldown_repeated_threshold
-                .unwrap_or(defaults.repeated_threshold),
-            repeated_base: f
-                .cooldown_repeated_base_ms
-                .map_or(defaults.repeated_base, Duration::from_millis),
-            ..defaults
-        };
+        let cooldown = defaults
+            .clone()
+            .account(
+                f.cooldown_account_ms
+                    .map_or(defaults.account, Duration::from_millis),
+            )
+            .failures_within(
+                f.cooldown_failures.unwrap_or(defaults.failure_threshold),
+                f.cooldown_window_ms
+                    .map_or(defaults.failure_window, Duration::from_millis),
+            )
+            .base(
+                f.cooldown_base_ms
+                    .map_or(defaults.base, Duration::from_millis),
+            )
+            .max(
+                f.cooldown_max_ms
+                    .map_or(defaults.max, Duration::from_millis),
+            );
+        // One health registry for the whole gateway: a provider shared by
+        // several routes has one health state.
+        let health = Arc::new(MemoryHealthStore::new(cooldown));
         let stream_layer = StreamStateLayer::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
@@ -346,7 +364,8 @@ impl Gateway {
                 .idle_timeout(Duration::from_millis(b.idle_timeout_ms))
                 .max_retries_per_target(f.max_retries_per_target)
                 .max_request_bytes(f.max_request_bytes)
-                .cooldown(cooldown.clone())
+                .health(health.clone())
+                .refuse_when_cooling(f.refuse_when_cooling)
                 .stream(stream_layer.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));
@@ -395,6 +414,7 @@ impl Gateway {
         Ok(Self {
             routes,
             max_request_bytes: f.max_request_bytes,
+            health,
         })
     }
 
@@ -409,6 +429,7 @@ impl Gateway {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/models", get(models))
+            .route("/v1/health/targets", get(health_targets))
             .route(
                 "/healthz",
                 get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
@@ -533,6 +554,37 @@ async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
         .map(|r| serde_json::json!({"id": r.pattern, "object": "model", "created": 0, "owned_by": "gateway"}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/health/targets`: every health key the gateway knows, with its
+/// state, failure streak and last failure class.
+async fn health_targets(State(gateway): State<Arc<Gateway>>) -> Response {
+    let keys: Vec<_> = gateway
+        .health
+        .snapshot()
+        .into_iter()
+        .map(|entry| {
+            let mut json = serde_json::json!({
+                "provider": entry.key.provider(),
+                "model": entry.key.upstream_model(),
+                "scope": entry.key.scope().as_str(),
+                "state": entry.state.as_str(),
+                "failure_streak": entry.failure_streak,
+                "cooldowns": entry.cooldowns,
+                "last_class": entry.last_class.map(|c| c.as_str()),
+            });
+            if let KeyState::Cooling { remaining, until } = entry.state {
+                json["cooling_remaining_ms"] = serde_json::json!(remaining.as_millis() as u64);
+                json["cooling_until_unix_ms"] = serde_json::json!(
+                    until
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64)
+                );
+            }
+            json
+        })
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": keys})).into_response()
 }
 
 /// A gateway serving on a bound listener, stopped by `shutdown`.

@@ -14,7 +14,8 @@
 //!   terminal chunk (`finish_reason: "error"`) and `[DONE]`, nothing spliced.
 //! - anything else: primary, then backup, with the client's model.
 //!
-//! Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /healthz`.
+//! Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /healthz` and
+//! `GET /v1/health/targets` (every health key: state, streak, last class).
 //! SIGINT/SIGTERM stop accepting and let running streams finish within
 //! `failover.shutdown_grace_ms`.
 

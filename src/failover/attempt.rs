@@ -15,6 +15,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::{BoxError, FailoverBody, Prepend};
+use super::health::{FailureReport, SuccessReport};
 use super::later;
 use super::service::Shared;
 use crate::budget::{Cost, TurnBudget};
@@ -365,7 +366,9 @@ where
     let on_end = {
         let run = run.clone();
         let health = Arc::clone(&shared.health);
-        let index = plan.index;
+        let key = target.health_key(&plan.upstream_model);
+        let scopes = shared.scopes.clone();
+        let client_named = target.passes_client_model();
         let budget = budget.clone();
         let pricing = target.pricing;
         let prompt_tokens = plan.prompt_tokens;
@@ -389,13 +392,13 @@ where
             // A provider that fails after commit is unwell all the same
             // (not when the client left or the turn's deadline passed).
             match &snapshot.failure {
-                None => health.on_stream_end(index, None),
+                None => health.success(&key, SuccessReport::Whole { ttft: None }),
                 Some(failure)
                     if failure.class != crate::classify::FailureClass::Cancelled
                         && failure.note != Some("turn_deadline") =>
                 {
-                    let classification = Classification::new(failure.class, failure.phase);
-                    health.on_stream_end(index, Some(&classification));
+                    let scope = scopes.scope(failure.class, client_named);
+                    health.failure(&key, FailureReport::new(failure.class, scope));
                 }
                 Some(_) => {}
             }

@@ -1,33 +1,190 @@
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+//! Passive health, keyed by what failed and shared by a whole gateway.
+//!
+//! A failure is charged to the scope its class names (see
+//! [`ScopeRules`]): the provider's credential (every model behind it), one
+//! upstream model of one provider, or nothing at all when the failure was
+//! the request's own. One [`HealthStore`] serves every route and every
+//! [`Failover`](super::Failover) of a gateway, so a provider used by two
+//! routes has one health state.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::classify::{Classification, FailureClass};
+use crate::classify::FailureClass;
 
-/// How long a failing target rests before it gets traffic again.
+/// What a health entry is about: one upstream model of one provider
+/// credential, or (with no model) the credential itself.
 ///
-/// A failure that says the target is unwell puts it in cooldown: a rate
-/// limit that came with a retry hint (for the hinted time), an exhausted
-/// quota, auth, permission and model-not-found failures (long), overload
-/// (short, or the hint), and server errors, timeouts, connect failures and
-/// invalid responses once they repeat (doubling from `repeated_base`).
-/// After the cooldown one request probes the target; it takes full traffic
-/// again only when the probe succeeds.
+/// The provider is the target's [`provider`](super::Target::provider) name:
+/// one provider name stands for one credential.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HealthKey {
+    provider: Arc<str>,
+    model: Option<Arc<str>>,
+}
+
+impl HealthKey {
+    /// The key of `model` as served by `provider`.
+    pub fn model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
+        Self {
+            provider: provider.into(),
+            model: Some(model.into()),
+        }
+    }
+
+    /// The key of `provider`'s credential: account-scope failures land here.
+    pub fn account(provider: impl Into<Arc<str>>) -> Self {
+        Self {
+            provider: provider.into(),
+            model: None,
+        }
+    }
+
+    /// The provider (credential) name.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The upstream model; `None` for the account key.
+    pub fn upstream_model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The account key of this key's provider.
+    pub fn to_account(&self) -> Self {
+        Self::account(Arc::clone(&self.provider))
+    }
+
+    /// The scope this key stands for.
+    pub fn scope(&self) -> Scope {
+        if self.model.is_some() {
+            Scope::Model
+        } else {
+            Scope::Account
+        }
+    }
+}
+
+impl fmt::Display for HealthKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.model {
+            Some(model) => write!(f, "{}/{model}", self.provider),
+            None => write!(f, "{}/*", self.provider),
+        }
+    }
+}
+
+/// How far a failure reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scope {
+    /// Every model behind the provider's credential.
+    Account,
+    /// That (provider, upstream model) only.
+    Model,
+    /// Nothing: the failure was the request's own.
+    Request,
+}
+
+impl Scope {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Account => "account",
+            Self::Model => "model",
+            Self::Request => "request",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which [`Scope`] each failure class is charged to.
+///
+/// | scope | classes |
+/// |---|---|
+/// | account | `QuotaExhausted` (quota, billing), `Auth`, `PermissionDenied` |
+/// | model | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect`, `InvalidResponse` (stream faults), and `ModelNotFound` for a model the **operator** configured (a configuration fault, logged as an error) |
+/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, and `ModelNotFound` for a model the **client** named |
+///
+/// A model name chosen by a client can never cool down anything but itself:
+/// a pass-through target's `model_not_found` is the client's error and goes
+/// back to it. Override any class with [`ScopeRules::set`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeRules {
+    overrides: Vec<(FailureClass, Scope)>,
+}
+
+impl ScopeRules {
+    /// The default table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Charges `class` to `scope`, whoever named the model.
+    pub fn set(mut self, class: FailureClass, scope: Scope) -> Self {
+        self.overrides.retain(|(c, _)| *c != class);
+        self.overrides.push((class, scope));
+        self
+    }
+
+    /// The scope of a failure of `class`; `client_named_model`: the
+    /// upstream model is the one the client asked for (a pass-through
+    /// target), not one the operator configured.
+    pub fn scope(&self, class: FailureClass, client_named_model: bool) -> Scope {
+        if let Some((_, scope)) = self.overrides.iter().find(|(c, _)| *c == class) {
+            return *scope;
+        }
+        use FailureClass::*;
+        match class {
+            QuotaExhausted | Auth | PermissionDenied => Scope::Account,
+            ModelNotFound if client_named_model => Scope::Request,
+            ModelNotFound | RateLimited | Overloaded | ServerError | Timeout | Connect
+            | InvalidResponse => Scope::Model,
+            _ => Scope::Request,
+        }
+    }
+}
+
+/// When a failing key rests, and for how long.
+///
+/// - **Account scope** cools at once, for the provider's retry hint or
+///   `account` (default 5 min).
+/// - **Model scope** `ModelNotFound` (a model the operator configured) cools
+///   at once like an account failure: it will not fix itself.
+/// - **Model scope** with a retry hint (`retry-after`, `retry-after-ms`,
+///   Gemini `RetryInfo`) cools at once for the hint.
+/// - **Model scope** without a hint cools only once `failure_threshold`
+///   failures (default 3) fall inside `failure_window` (default 30 s): one
+///   transient failure never cools anything. The first such cooldown lasts
+///   `base` (default 5 s) and each further one in a row doubles it.
+/// - Every cooldown is capped by `max` (default 10 min), hints included.
+///
+/// After a cooldown one request probes the key; a success clears it, a
+/// failure rests it again (at least `base`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CooldownPolicy {
-    /// Quota, auth, permission and model-not-found failures.
+    /// Cooldown of account-scope failures without a hint.
     pub account: Duration,
-    /// Overload without a retry hint.
-    pub overloaded: Duration,
-    /// Consecutive transient failures before a cooldown.
-    pub repeated_threshold: u32,
-    /// The first cooldown after repeated transient failures.
-    pub repeated_base: Duration,
+    /// Hintless model-scope failures inside the window that start a cooldown.
+    pub failure_threshold: u32,
+    /// The window those failures are counted in.
+    pub failure_window: Duration,
+    /// The first model-scope cooldown; doubles for each one in a row.
+    pub base: Duration,
     /// The longest cooldown of any kind (hints included).
     pub max: Duration,
     /// A probe that has not reported after this long is abandoned, so a
-    /// cancelled turn cannot keep a target out forever.
+    /// cancelled turn cannot keep a key out forever.
     pub probe_timeout: Duration,
 }
 
@@ -35,9 +192,9 @@ impl Default for CooldownPolicy {
     fn default() -> Self {
         Self {
             account: Duration::from_secs(300),
-            overloaded: Duration::from_secs(5),
-            repeated_threshold: 2,
-            repeated_base: Duration::from_secs(5),
+            failure_threshold: 3,
+            failure_window: Duration::from_secs(30),
+            base: Duration::from_secs(5),
             max: Duration::from_secs(600),
             probe_timeout: Duration::from_secs(30),
         }
@@ -45,29 +202,46 @@ impl Default for CooldownPolicy {
 }
 
 impl CooldownPolicy {
-    /// The cooldown a failure earns, given the consecutive failures so far
-    /// (this one included). `None`: the target stays in rotation.
-    pub fn cooldown(&self, failure: &Classification, consecutive: u32) -> Option<Duration> {
-        use FailureClass::*;
-        let hint = failure.retry.after;
-        let cooldown = match failure.class {
-            RateLimited if hint.is_some() => hint,
-            QuotaExhausted | Auth | PermissionDenied | ModelNotFound => Some(self.account),
-            Overloaded => Some(hint.unwrap_or(self.overloaded)),
-            // A rate limit without a hint, repeated, is a target to rest too.
-            RateLimited | ServerError | Timeout | Connect | InvalidResponse
-                if consecutive >= self.repeated_threshold =>
-            {
-                let doublings = (consecutive - self.repeated_threshold).min(16);
-                Some(self.repeated_base.saturating_mul(1 << doublings))
-            }
-            _ => None,
-        };
-        cooldown.map(|c| c.min(self.max))
+    /// Sets [`account`](Self::account).
+    pub fn account(mut self, cooldown: Duration) -> Self {
+        self.account = cooldown;
+        self
+    }
+
+    /// Sets [`failure_threshold`](Self::failure_threshold) and
+    /// [`failure_window`](Self::failure_window).
+    pub fn failures_within(mut self, failures: u32, window: Duration) -> Self {
+        self.failure_threshold = failures.max(1);
+        self.failure_window = window;
+        self
+    }
+
+    /// Sets [`base`](Self::base).
+    pub fn base(mut self, cooldown: Duration) -> Self {
+        self.base = cooldown;
+        self
+    }
+
+    /// Sets [`max`](Self::max).
+    pub fn max(mut self, cooldown: Duration) -> Self {
+        self.max = cooldown;
+        self
+    }
+
+    /// Sets [`probe_timeout`](Self::probe_timeout).
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.probe_timeout = timeout;
+        self
+    }
+
+    /// A policy that never cools a model-scope key without a hint.
+    pub fn never_repeated(mut self) -> Self {
+        self.failure_threshold = u32::MAX;
+        self
     }
 }
 
-/// Whether a target may take a request now.
+/// Whether a key may take a request now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Availability {
     /// In rotation.
@@ -80,15 +254,184 @@ pub enum Availability {
     Probing,
 }
 
-#[derive(Debug, Default)]
-struct TargetHealth {
+/// A store's answer to [`HealthStore::admit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Healthy: send.
+    Open,
+    /// Send as the key's probe; its outcome decides the key's state.
+    Probe,
+    /// Resting or probed by another request: skip, for now.
+    Refused(Availability),
+}
+
+/// One failure, as a store records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailureReport {
+    /// The failure's class.
+    pub class: FailureClass,
+    /// Where it is charged ([`ScopeRules`]).
+    pub scope: Scope,
+    /// The provider's retry hint, when it gave one.
+    pub retry_after: Option<Duration>,
+    /// The request held the probe slot, which it gives back.
+    pub was_probe: bool,
+}
+
+impl FailureReport {
+    /// A failure of `class` charged to `scope`.
+    pub fn new(class: FailureClass, scope: Scope) -> Self {
+        Self {
+            class,
+            scope,
+            retry_after: None,
+            was_probe: false,
+        }
+    }
+
+    /// With the provider's retry hint.
+    pub fn retry_after(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// Sent as the key's probe.
+    pub fn probe(mut self, was_probe: bool) -> Self {
+        self.was_probe = was_probe;
+        self
+    }
+}
+
+/// A success, as a store records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SuccessReport {
+    /// A stream committed: the key answers (cooldown and probe are over),
+    /// but its failure streak ends only when the stream ends whole.
+    Committed {
+        /// Time to first output.
+        ttft: Option<Duration>,
+    },
+    /// A whole answer arrived (or a committed stream ended whole).
+    Whole {
+        /// Time to first output, when measured.
+        ttft: Option<Duration>,
+    },
+}
+
+/// The state of one key in a [`HealthSnapshot`] entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// In rotation.
+    Healthy,
+    /// Resting for this much longer (until about `until`).
+    Cooling {
+        /// Time left.
+        remaining: Duration,
+        /// The wall-clock end of the cooldown.
+        until: SystemTime,
+    },
+    /// The cooldown is over; the next request probes.
+    Probe,
+    /// A probe is out.
+    Probing,
+}
+
+impl KeyState {
+    /// A stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Cooling { .. } => "cooling",
+            Self::Probe => "probe",
+            Self::Probing => "probing",
+        }
+    }
+}
+
+/// One key of a [`HealthStore::snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HealthSnapshot {
+    /// The key.
+    pub key: HealthKey,
+    /// Its state now.
+    pub state: KeyState,
+    /// Failures in a row since the last success.
+    pub failure_streak: u32,
+    /// Cooldowns in a row since the last success.
+    pub cooldowns: u32,
+    /// The class of the last failure, if any.
+    pub last_class: Option<FailureClass>,
+}
+
+/// The health registry of a gateway: one per gateway, shared by every route
+/// and [`Failover`](super::Failover).
+///
+/// Reads are served from a local view. Each state transition (a failure,
+/// a cooldown start, a probe claim, a recovery) is one call, so a
+/// networked store can make it one atomic round trip; methods are called
+/// on the request path and must not block, so such a store applies the
+/// transition to its local view at once and ships it in the background.
+///
+/// [`Availability`] of a model key combines its own state with its
+/// account's: a cooling account cools every model behind it.
+pub trait HealthStore: Send + Sync + fmt::Debug + 'static {
+    /// Whether `key` may take a request now (local read).
+    fn availability(&self, key: &HealthKey) -> Availability;
+
+    /// Admits a request to `key` if healthy, or as its probe (decided and
+    /// marked in one transition, so two requests never both probe).
+    /// `force`: admit as a probe even while the key rests — the turn has
+    /// nothing else left to try.
+    fn admit(&self, key: &HealthKey, force: bool) -> Admission;
+
+    /// A probe admitted to `key` was abandoned without an outcome.
+    fn release_probe(&self, key: &HealthKey);
+
+    /// Records a success.
+    fn success(&self, key: &HealthKey, report: SuccessReport);
+
+    /// Records a failure of a request to `key`; returns the cooldown it
+    /// started, if any. The failure lands on the key's account for account
+    /// scope, on the key for model scope, and nowhere for request scope.
+    fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration>;
+
+    /// Smoothed time to first output of `key`'s recent successes.
+    fn time_to_first_output(&self, key: &HealthKey) -> Option<Duration>;
+
+    /// Every key the store knows, in key order.
+    fn snapshot(&self) -> Vec<HealthSnapshot>;
+}
+
+#[derive(Debug, Default, Clone)]
+struct Entry {
     cooling_until: Option<Instant>,
     probe_started: Option<Instant>,
-    consecutive_failures: u32,
+    streak: u32,
+    cooldowns: u32,
+    /// Hintless failures inside the window (at most `failure_threshold`).
+    recent: VecDeque<Instant>,
+    last_class: Option<FailureClass>,
     ttft_ewma: Option<Duration>,
 }
 
-impl TargetHealth {
+impl Entry {
+    fn availability(&self, policy: &CooldownPolicy, now: Instant) -> Availability {
+        match self.cooling_until {
+            None => Availability::Healthy,
+            Some(until) if until > now => Availability::Cooling(until),
+            Some(_) => match self.probe_started {
+                Some(started) if now.duration_since(started) < policy.probe_timeout => {
+                    Availability::Probing
+                }
+                _ => Availability::Probe,
+            },
+        }
+    }
+
     fn record_ttft(&mut self, ttft: Option<Duration>) {
         if let Some(ttft) = ttft {
             self.ttft_ewma = Some(match self.ttft_ewma {
@@ -97,182 +440,372 @@ impl TargetHealth {
             });
         }
     }
-}
 
-/// Passive health of every target of one failover layer, shared by all
-/// requests through it.
-#[derive(Debug)]
-pub struct Health {
-    targets: Vec<Mutex<TargetHealth>>,
-    policy: CooldownPolicy,
-}
-
-/// A request's admission to a target. When it was admitted as the probe
-/// and is dropped without reporting (a refused budget, a cancelled turn),
-/// the probe slot is given back so the target is not left out.
-#[derive(Debug)]
-pub(crate) struct Admitted {
-    health: Arc<Health>,
-    index: usize,
-    probe: bool,
-}
-
-impl Admitted {
-    /// The attempt's whole answer arrived.
-    pub(crate) fn success(mut self, ttft: Option<Duration>) {
-        self.probe = false;
-        self.health.on_success(self.index, ttft);
+    /// Nothing but defaults (and maybe a latency figure): safe to forget.
+    fn is_idle(&self) -> bool {
+        self.cooling_until.is_none()
+            && self.probe_started.is_none()
+            && self.streak == 0
+            && self.recent.is_empty()
     }
+}
 
-    /// The attempt's stream committed: the target answers (cooldown and
-    /// probe are over), but its failure streak ends only when the stream
-    /// ends whole ([`Health::on_stream_end`]).
-    pub(crate) fn committed(mut self, ttft: Option<Duration>) {
-        self.probe = false;
-        if let Some(mut health) = self.health.lock(self.index) {
-            health.cooling_until = None;
-            health.probe_started = None;
-            health.record_ttft(ttft);
+/// The in-memory [`HealthStore`]: the default, for one gateway process.
+///
+/// Bounded: past `max_keys` entries, idle ones (healthy, no streak) are
+/// forgotten first, and a key that still finds no room is treated as
+/// healthy rather than growing the map, so clients naming endless models
+/// cannot grow it.
+#[derive(Debug)]
+pub struct MemoryHealthStore {
+    entries: Mutex<HashMap<HealthKey, Entry>>,
+    policy: CooldownPolicy,
+    max_keys: usize,
+}
+
+impl Default for MemoryHealthStore {
+    fn default() -> Self {
+        Self::new(CooldownPolicy::default())
+    }
+}
+
+impl MemoryHealthStore {
+    /// A store with this cooldown policy, holding up to 10,000 keys.
+    pub fn new(policy: CooldownPolicy) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            policy,
+            max_keys: 10_000,
         }
     }
 
+    /// Caps the keys held (at least 16).
+    pub fn max_keys(mut self, max: usize) -> Self {
+        self.max_keys = max.max(16);
+        self
+    }
+
+    /// The cooldown policy.
+    pub fn policy(&self) -> &CooldownPolicy {
+        &self.policy
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<HealthKey, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry of `key`, created if there is room.
+    fn entry<'a>(
+        &self,
+        map: &'a mut HashMap<HealthKey, Entry>,
+        key: &HealthKey,
+    ) -> Option<&'a mut Entry> {
+        if !map.contains_key(key) {
+            if map.len() >= self.max_keys {
+                map.retain(|_, e| !e.is_idle());
+            }
+            if map.len() >= self.max_keys {
+                tracing::warn!(key = %key, "health store full; key not tracked");
+                return None;
+            }
+            map.insert(key.clone(), Entry::default());
+        }
+        map.get_mut(key)
+    }
+
+    /// The cooldown a failure starts on `entry`, if any.
+    fn cooldown(
+        &self,
+        entry: &mut Entry,
+        report: &FailureReport,
+        now: Instant,
+    ) -> Option<Duration> {
+        let policy = &self.policy;
+        let was_cooling = entry.cooling_until.is_some();
+        let cooldown = match (report.scope, report.retry_after) {
+            (Scope::Account, hint) => Some(hint.unwrap_or(policy.account)),
+            // A configured model the provider does not know stays unknown
+            // until the configuration changes.
+            (_, hint) if report.class == FailureClass::ModelNotFound => {
+                Some(hint.unwrap_or(policy.account))
+            }
+            (_, Some(hint)) => Some(hint),
+            _ => {
+                let window_start = now.checked_sub(policy.failure_window);
+                entry
+                    .recent
+                    .retain(|at| window_start.is_none_or(|start| *at > start));
+                entry.recent.push_back(now);
+                while entry.recent.len() > policy.failure_threshold as usize {
+                    entry.recent.pop_front();
+                }
+                if entry.recent.len() >= policy.failure_threshold as usize {
+                    let doublings = entry.cooldowns.min(16);
+                    Some(policy.base.saturating_mul(1 << doublings))
+                } else if was_cooling {
+                    // A failed probe rests again.
+                    Some(policy.base)
+                } else {
+                    None
+                }
+            }
+        };
+        cooldown.map(|c| c.min(policy.max))
+    }
+}
+
+impl HealthStore for MemoryHealthStore {
+    fn availability(&self, key: &HealthKey) -> Availability {
+        let now = Instant::now();
+        let map = self.lock();
+        let of = |k: &HealthKey| {
+            map.get(k)
+                .map_or(Availability::Healthy, |e| e.availability(&self.policy, now))
+        };
+        let own = of(key);
+        if key.model.is_none() {
+            return own;
+        }
+        combine(of(&key.to_account()), own)
+    }
+
+    fn admit(&self, key: &HealthKey, force: bool) -> Admission {
+        let now = Instant::now();
+        let account = key.to_account();
+        let mut map = self.lock();
+        let mut probe_keys: [Option<&HealthKey>; 2] = [None, None];
+        for (slot, k) in [&account, key].into_iter().enumerate() {
+            if slot == 0 && key.model.is_none() {
+                continue;
+            }
+            let availability = map
+                .get(k)
+                .map_or(Availability::Healthy, |e| e.availability(&self.policy, now));
+            match availability {
+                Availability::Healthy => {}
+                Availability::Probe => probe_keys[slot] = Some(k),
+                Availability::Cooling(_) | Availability::Probing if force => {
+                    probe_keys[slot] = Some(k)
+                }
+                refused => return Admission::Refused(refused),
+            }
+        }
+        if probe_keys.iter().all(Option::is_none) {
+            return Admission::Open;
+        }
+        for k in probe_keys.into_iter().flatten() {
+            if let Some(entry) = map.get_mut(k) {
+                entry.probe_started = Some(now);
+                if force {
+                    // The turn probes early: the cooldown is over for it.
+                    entry.cooling_until = entry.cooling_until.map(|until| until.min(now));
+                }
+            }
+        }
+        Admission::Probe
+    }
+
+    fn release_probe(&self, key: &HealthKey) {
+        let mut map = self.lock();
+        for k in [key.to_account(), key.clone()] {
+            if let Some(entry) = map.get_mut(&k) {
+                entry.probe_started = None;
+            }
+        }
+    }
+
+    fn success(&self, key: &HealthKey, report: SuccessReport) {
+        let mut map = self.lock();
+        let (ttft, whole) = match report {
+            SuccessReport::Committed { ttft } => (ttft, false),
+            SuccessReport::Whole { ttft } => (ttft, true),
+        };
+        if key.model.is_some()
+            && let Some(account) = map.get_mut(&key.to_account())
+        {
+            if account.cooling_until.is_some() {
+                tracing::info!(key = %key.to_account(), "account recovered; back in rotation");
+            }
+            account.cooling_until = None;
+            account.probe_started = None;
+            if whole {
+                account.streak = 0;
+                account.cooldowns = 0;
+            }
+        }
+        // A success with nothing to clear or measure needs no entry.
+        if ttft.is_none() && map.get(key).is_none_or(Entry::is_idle) {
+            return;
+        }
+        let Some(entry) = self.entry(&mut map, key) else {
+            return;
+        };
+        if entry.cooling_until.is_some() {
+            tracing::info!(key = %key, "target recovered; back in rotation");
+        }
+        entry.cooling_until = None;
+        entry.probe_started = None;
+        entry.record_ttft(ttft);
+        if whole {
+            entry.streak = 0;
+            entry.cooldowns = 0;
+            entry.recent.clear();
+        }
+    }
+
+    fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        if report.was_probe {
+            for k in [key.to_account(), key.clone()] {
+                if let Some(entry) = map.get_mut(&k) {
+                    entry.probe_started = None;
+                }
+            }
+        }
+        let charged = match report.scope {
+            Scope::Request => return None,
+            Scope::Account => key.to_account(),
+            Scope::Model => key.clone(),
+        };
+        let entry = self.entry(&mut map, &charged)?;
+        entry.streak = entry.streak.saturating_add(1);
+        entry.last_class = Some(report.class);
+        let cooldown = self.cooldown(entry, &report, now);
+        if let Some(cooldown) = cooldown {
+            entry.cooling_until = Some(super::later(now, cooldown));
+            entry.cooldowns = entry.cooldowns.saturating_add(1);
+            entry.recent.clear();
+            tracing::warn!(
+                key = %charged,
+                scope = %report.scope,
+                class = %report.class,
+                cooldown_ms = cooldown.as_millis() as u64,
+                "cooling down"
+            );
+        }
+        cooldown
+    }
+
+    fn time_to_first_output(&self, key: &HealthKey) -> Option<Duration> {
+        self.lock().get(key).and_then(|e| e.ttft_ewma)
+    }
+
+    fn snapshot(&self) -> Vec<HealthSnapshot> {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let map = self.lock();
+        let mut entries: Vec<HealthSnapshot> = map
+            .iter()
+            .map(|(key, e)| HealthSnapshot {
+                key: key.clone(),
+                state: match e.availability(&self.policy, now) {
+                    Availability::Healthy => KeyState::Healthy,
+                    Availability::Cooling(until) => {
+                        let remaining = until.saturating_duration_since(now);
+                        KeyState::Cooling {
+                            remaining,
+                            until: wall.checked_add(remaining).unwrap_or(wall),
+                        }
+                    }
+                    Availability::Probe => KeyState::Probe,
+                    Availability::Probing => KeyState::Probing,
+                },
+                failure_streak: e.streak,
+                cooldowns: e.cooldowns,
+                last_class: e.last_class,
+            })
+            .collect();
+        drop(map);
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        entries
+    }
+}
+
+/// The stricter of an account's and a model's availability.
+fn combine(account: Availability, model: Availability) -> Availability {
+    use Availability::*;
+    match (account, model) {
+        (Cooling(a), Cooling(m)) => Cooling(a.max(m)),
+        (Cooling(a), _) => Cooling(a),
+        (_, Cooling(m)) => Cooling(m),
+        (Probing, _) | (_, Probing) => Probing,
+        (Probe, _) | (_, Probe) => Probe,
+        (Healthy, Healthy) => Healthy,
+    }
+}
+
+/// A request's admission to a key. When it was admitted as the probe and is
+/// dropped without reporting (a refused budget, a cancelled turn), the
+/// probe slot is given back so the key is not left out.
+pub(crate) struct Admitted {
+    store: Arc<dyn HealthStore>,
+    key: HealthKey,
+    probe: bool,
+}
+
+impl fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admitted")
+            .field("key", &self.key)
+            .field("probe", &self.probe)
+            .finish()
+    }
+}
+
+impl Admitted {
+    /// Admits a request to `key`, or says why not.
+    pub(crate) fn new(
+        store: &Arc<dyn HealthStore>,
+        key: HealthKey,
+        force: bool,
+    ) -> Result<Self, Availability> {
+        let probe = match store.admit(&key, force) {
+            Admission::Open => false,
+            Admission::Probe => true,
+            Admission::Refused(availability) => return Err(availability),
+        };
+        Ok(Self {
+            store: Arc::clone(store),
+            key,
+            probe,
+        })
+    }
+
+    /// The attempt's whole answer arrived.
+    pub(crate) fn success(mut self, ttft: Option<Duration>) {
+        self.probe = false;
+        self.store.success(&self.key, SuccessReport::Whole { ttft });
+    }
+
+    /// The attempt's stream committed.
+    pub(crate) fn committed(mut self, ttft: Option<Duration>) {
+        self.probe = false;
+        self.store
+            .success(&self.key, SuccessReport::Committed { ttft });
+    }
+
     /// The attempt failed; returns the cooldown it started, if any.
-    pub(crate) fn failure(mut self, failure: &Classification) -> Option<Duration> {
+    pub(crate) fn failure(
+        mut self,
+        class: FailureClass,
+        scope: Scope,
+        retry_after: Option<Duration>,
+    ) -> Option<Duration> {
         let was_probe = std::mem::take(&mut self.probe);
-        self.health.on_failure(self.index, failure, was_probe)
+        self.store.failure(
+            &self.key,
+            FailureReport::new(class, scope)
+                .retry_after(retry_after)
+                .probe(was_probe),
+        )
     }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        if self.probe
-            && let Some(mut health) = self.health.lock(self.index)
-        {
-            health.probe_started = None;
+        if self.probe {
+            self.store.release_probe(&self.key);
         }
-    }
-}
-
-impl Health {
-    pub(crate) fn new(targets: usize, policy: CooldownPolicy) -> Self {
-        Self {
-            targets: (0..targets).map(|_| Mutex::default()).collect(),
-            policy,
-        }
-    }
-
-    fn lock(&self, index: usize) -> Option<std::sync::MutexGuard<'_, TargetHealth>> {
-        self.targets
-            .get(index)
-            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// The target's availability now.
-    pub fn availability(&self, index: usize) -> Availability {
-        match self.lock(index) {
-            Some(health) => self.availability_of(&health),
-            None => Availability::Healthy,
-        }
-    }
-
-    fn availability_of(&self, health: &TargetHealth) -> Availability {
-        let now = Instant::now();
-        match health.cooling_until {
-            None => Availability::Healthy,
-            Some(until) if until > now => Availability::Cooling(until),
-            Some(_) => match health.probe_started {
-                Some(started) if now.duration_since(started) < self.policy.probe_timeout => {
-                    Availability::Probing
-                }
-                _ => Availability::Probe,
-            },
-        }
-    }
-
-    /// Smoothed time to first output of recent successes.
-    pub fn time_to_first_output(&self, index: usize) -> Option<Duration> {
-        self.lock(index).and_then(|h| h.ttft_ewma)
-    }
-
-    /// Admits a request if the target is healthy, or as its probe. Decided
-    /// and marked under one lock, so two turns never both become the probe.
-    pub(crate) fn admit(self: &Arc<Self>, index: usize) -> Option<Admitted> {
-        let mut health = self.lock(index)?;
-        let probe = match self.availability_of(&health) {
-            Availability::Healthy => false,
-            Availability::Probe => {
-                health.probe_started = Some(Instant::now());
-                true
-            }
-            Availability::Cooling(_) | Availability::Probing => return None,
-        };
-        drop(health);
-        Some(Admitted {
-            health: Arc::clone(self),
-            index,
-            probe,
-        })
-    }
-
-    pub(crate) fn on_success(&self, index: usize, ttft: Option<Duration>) {
-        let Some(mut health) = self.lock(index) else {
-            return;
-        };
-        if health.cooling_until.is_some() {
-            tracing::info!(target_index = index, "target recovered; back in rotation");
-        }
-        health.cooling_until = None;
-        health.probe_started = None;
-        health.consecutive_failures = 0;
-        health.record_ttft(ttft);
-    }
-
-    /// A committed stream ended: whole (`None`) or with a failure.
-    pub(crate) fn on_stream_end(&self, index: usize, failure: Option<&Classification>) {
-        match failure {
-            None => {
-                if let Some(mut health) = self.lock(index) {
-                    health.consecutive_failures = 0;
-                }
-            }
-            Some(failure) => {
-                self.on_failure(index, failure, false);
-            }
-        }
-    }
-
-    /// Records a failure; returns the cooldown it started, if any.
-    /// `was_probe`: this request held the probe slot, which it gives back.
-    pub(crate) fn on_failure(
-        &self,
-        index: usize,
-        failure: &Classification,
-        was_probe: bool,
-    ) -> Option<Duration> {
-        let mut health = self.lock(index)?;
-        if was_probe {
-            health.probe_started = None;
-        }
-        if failure.class.is_request_error() || failure.class == FailureClass::Cancelled {
-            // Says nothing about the target.
-            return None;
-        }
-        health.consecutive_failures = health.consecutive_failures.saturating_add(1);
-        let was_cooling = health.cooling_until.is_some();
-        let cooldown = self
-            .policy
-            .cooldown(failure, health.consecutive_failures)
-            // A failed probe rests again for at least the base time.
-            .or(was_cooling.then_some(self.policy.repeated_base));
-        if let Some(cooldown) = cooldown {
-            health.cooling_until = Some(super::later(Instant::now(), cooldown));
-            tracing::warn!(
-                target_index = index,
-                class = %failure.class,
-                cooldown_ms = cooldown.as_millis() as u64,
-                "target cooling down"
-            );
-        }
-        cooldown
     }
 }

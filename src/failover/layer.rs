@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::health::Health;
+use super::health::MemoryHealthStore;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
 
@@ -30,24 +30,22 @@ use super::target::Target;
 pub struct FailoverLayer<S> {
     primary: Target<()>,
     builder: FailoverBuilder<S>,
-    // Built once: every service this layer makes shares one health state.
-    health: Arc<Health>,
 }
 
 impl<S> FailoverLayer<S> {
     /// `primary` describes the wrapped service (its name, model,
     /// capabilities and price; its service is a placeholder); `builder`
     /// holds the backups (tried after it) and the settings.
+    /// Without a health store in `builder`, one is made here, so every
+    /// service this layer makes shares one health state.
     pub fn new(primary: Target<()>, builder: FailoverBuilder<S>) -> Self {
-        let health = Arc::new(Health::new(
-            builder.target_count() + 1,
-            builder.cooldown_policy().clone(),
-        ));
-        Self {
-            primary,
-            builder,
-            health,
-        }
+        let builder = if builder.has_health() {
+            builder
+        } else {
+            let store = Arc::new(MemoryHealthStore::new(builder.cooldown_policy().clone()));
+            builder.health(store)
+        };
+        Self { primary, builder }
     }
 }
 
@@ -64,10 +62,6 @@ impl<S: Clone> Layer<S> for FailoverLayer<S> {
             pricing: p.pricing,
             service: inner,
         };
-        self.builder
-            .clone()
-            .with_primary(primary)
-            .with_health(Arc::clone(&self.health))
-            .build()
+        self.builder.clone().with_primary(primary).build()
     }
 }

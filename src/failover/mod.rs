@@ -21,8 +21,8 @@
 //!   eligibility. Request errors return to the client at once with the
 //!   provider's message; when every option is spent the client gets one
 //!   OpenAI-shaped error naming the first failure and the attempt count.
-//! - Passive [`Health`] per target: failures that say a target is unwell
-//!   cool it down; after the cooldown one request probes it.
+//! - Passive health in a [`HealthStore`] shared by the whole gateway (see
+//!   [Health](#health) below).
 //! - Every attempt is recorded ([`RunRecord`](crate::record::RunRecord) in
 //!   the response extensions, summary headers, one tracing event each).
 //!
@@ -32,6 +32,38 @@
 //! `stream_options.include_usage` turned on for streams (the usage chunk is
 //! removed again when the client did not ask for it), and none of the
 //! client's credentials.
+//!
+//! # Health
+//!
+//! Health is keyed by what failed: a [`HealthKey`] is (provider credential,
+//! upstream model), and the failure's class picks the scope it is charged
+//! to ([`ScopeRules`], overridable per class):
+//!
+//! | scope | classes | what cools down |
+//! |---|---|---|
+//! | account | quota exhausted (billing), auth, permission | every model behind that credential |
+//! | model | rate limit, overloaded, 5xx, connect, timeout, stream faults (invalid response), and `model_not_found` for a model the operator configured (logged as an error) | that (provider, upstream model) |
+//! | request | bad request, content filter, context length, payload too large, cancelled, and `model_not_found` for a model the client named | nothing |
+//!
+//! A model the client named and the provider does not know goes back to
+//! the client as the provider's 404: it never cools anything, and it is
+//! never answered by another model.
+//!
+//! One [`HealthStore`] ([`MemoryHealthStore`] by default) serves every route
+//! and every `Failover` that is given it
+//! ([`FailoverBuilder::health`]): a provider used by two routes has one
+//! health state. When a key cools is the [`CooldownPolicy`]'s: account
+//! failures at once; a provider's retry hint at once (capped); otherwise
+//! only after 3 failures inside 30 s — one transient failure never cools
+//! anything. After a cooldown one request probes the key.
+//!
+//! A turn never refuses while it can still try: when every eligible target
+//! rests, the one whose rest ends first is probed, and its success clears
+//! its cooldown. Only when that probe fails (or the operator chose
+//! [`FailoverBuilder::refuse_when_cooling`]) is the answer 503
+//! `no_available_target`.
+//!
+//! # Example
 //!
 //! ```
 //! use bytes::Bytes;
@@ -93,7 +125,10 @@ pub(crate) fn later(
         .unwrap_or_else(|| at + std::time::Duration::from_secs(60 * 60 * 24 * 365 * 30))
 }
 pub use commit::CommitWindow;
-pub use health::{Availability, CooldownPolicy, Health};
+pub use health::{
+    Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
+    KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,
+};
 pub use layer::FailoverLayer;
 pub use requirements::{RequestError, Requirements, ResponseFormat};
 pub use select::{Candidate, Selector, Strategy};

@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::{BoxError, FailoverBody};
 use super::commit::CommitWindow;
-use super::health::{CooldownPolicy, Health};
+use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
 use crate::budget::TurnLimits;
@@ -32,7 +32,9 @@ pub(crate) struct Timeouts {
 
 pub(crate) struct Shared<S> {
     pub(crate) targets: Vec<Target<Classify<S>>>,
-    pub(crate) health: Arc<Health>,
+    pub(crate) health: Arc<dyn HealthStore>,
+    pub(crate) scopes: ScopeRules,
+    pub(crate) refuse_when_cooling: bool,
     pub(crate) strategy: Strategy,
     pub(crate) classifier: Classifier,
     pub(crate) limits: TurnLimits,
@@ -88,9 +90,17 @@ impl<S> Failover<S> {
         FailoverBuilder::new()
     }
 
-    /// The targets' passive health, shared by every request.
-    pub fn health(&self) -> &Health {
+    /// The health registry this service reads and reports to (shared with
+    /// every other service built with the same store).
+    pub fn health(&self) -> &Arc<dyn HealthStore> {
         &self.shared.health
+    }
+
+    /// The health key of the target named `name` when a client asks for
+    /// `client_model`: its provider and the model it sends upstream.
+    pub fn health_key(&self, name: &str, client_model: &str) -> Option<super::HealthKey> {
+        let target = self.shared.targets.iter().find(|t| &*t.name == name)?;
+        Some(target.health_key(client_model))
     }
 
     /// The index of the target named `name`.
@@ -119,7 +129,9 @@ pub struct FailoverBuilder<S> {
     max_retries_per_target: u32,
     default_output_tokens: u64,
     stream: StreamStateLayer,
-    health: Option<Arc<Health>>,
+    health: Option<Arc<dyn HealthStore>>,
+    scopes: ScopeRules,
+    refuse_when_cooling: bool,
 }
 
 impl<S> std::fmt::Debug for FailoverBuilder<S> {
@@ -159,6 +171,8 @@ impl<S> FailoverBuilder<S> {
             default_output_tokens: 512,
             stream: StreamStateLayer::new(),
             health: None,
+            scopes: ScopeRules::new(),
+            refuse_when_cooling: false,
         }
     }
 
@@ -174,17 +188,35 @@ impl<S> FailoverBuilder<S> {
         self
     }
 
-    pub(crate) fn target_count(&self) -> usize {
-        self.targets.len()
-    }
-
     pub(crate) fn cooldown_policy(&self) -> &CooldownPolicy {
         &self.cooldown
     }
 
-    /// Shares health state built elsewhere (a layer applied several times).
-    pub(crate) fn with_health(mut self, health: Arc<Health>) -> Self {
-        self.health = Some(health);
+    pub(crate) fn has_health(&self) -> bool {
+        self.health.is_some()
+    }
+
+    /// The health registry: share one store between every route and
+    /// failover of a gateway, so a provider has one health state. Without
+    /// one, [`build`](Self::build) makes a [`MemoryHealthStore`] with the
+    /// [`cooldown`](Self::cooldown) policy (a store brings its own).
+    pub fn health(mut self, store: Arc<dyn HealthStore>) -> Self {
+        self.health = Some(store);
+        self
+    }
+
+    /// Which scope a failure class is charged to (default [`ScopeRules::new`]).
+    pub fn scopes(mut self, rules: ScopeRules) -> Self {
+        self.scopes = rules;
+        self
+    }
+
+    /// When every eligible target is cooling down, refuse the turn at once
+    /// with 503 `no_available_target` instead of probing the target whose
+    /// cooldown ends first (default `false`: probe, as Envoy's panic
+    /// threshold does).
+    pub fn refuse_when_cooling(mut self, refuse: bool) -> Self {
+        self.refuse_when_cooling = refuse;
         self
     }
 
@@ -242,7 +274,8 @@ impl<S> FailoverBuilder<S> {
         self
     }
 
-    /// Cooldowns of failing targets.
+    /// Cooldowns of failing targets, for the store [`build`](Self::build)
+    /// makes when none is given with [`health`](Self::health).
     pub fn cooldown(mut self, policy: CooldownPolicy) -> Self {
         self.cooldown = policy;
         self
@@ -300,7 +333,9 @@ impl<S> FailoverBuilder<S> {
             shared: Arc::new(Shared {
                 health: self
                     .health
-                    .unwrap_or_else(|| Arc::new(Health::new(targets.len(), self.cooldown))),
+                    .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(self.cooldown))),
+                scopes: self.scopes,
+                refuse_when_cooling: self.refuse_when_cooling,
                 targets,
                 strategy: self.strategy,
                 classifier,

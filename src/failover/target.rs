@@ -207,6 +207,20 @@ impl<S> Target<S> {
         self.model.as_deref().unwrap_or(client_model)
     }
 
+    /// The health key of this target for a client's `model`: its provider
+    /// and the model it sends upstream.
+    pub fn health_key(&self, client_model: &str) -> super::HealthKey {
+        super::HealthKey::model(
+            Arc::clone(&self.provider),
+            self.upstream_model(client_model),
+        )
+    }
+
+    /// Whether the model sent upstream is the client's (no model of its own).
+    pub fn passes_client_model(&self) -> bool {
+        self.model.is_none()
+    }
+
     /// The estimated cost of a request, when the target has a price.
     pub fn estimate(&self, input_tokens: u64, output_tokens: u64) -> Option<Cost> {
         self.pricing.map(|p| p.cost(input_tokens, output_tokens))

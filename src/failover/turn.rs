@@ -17,6 +17,7 @@ use tower_service::Service;
 
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::{BoxError, FailoverBody};
+use super::health::{Admitted, Availability, Scope};
 use super::requirements::{RequestError, Requirements};
 use super::select::{Candidate, Selector};
 use super::service::Shared;
@@ -103,7 +104,9 @@ where
             candidates.push(Candidate {
                 index,
                 estimated_cost: target.estimate(requirements.prompt_tokens, output_tokens),
-                time_to_first_output: shared.health.time_to_first_output(index),
+                time_to_first_output: shared
+                    .health
+                    .time_to_first_output(&target.health_key(&requirements.model)),
             });
         } else {
             excluded.push(format!("{} lacks {}", target.name, missing.join(", ")));
@@ -123,24 +126,31 @@ where
     let mut queue: VecDeque<usize> = candidates.iter().map(|c| c.index).collect();
 
     let mut first_failure: Option<(Arc<str>, Classification)> = None;
-    let mut cooling: Vec<Arc<str>> = Vec::new();
+    let mut resting = Resting::new(shared.refuse_when_cooling);
     let mut retries_here = 0u32;
 
     loop {
-        // The next admissible target: cooling targets are skipped.
+        // The next admissible target: resting targets are skipped, and
+        // probed last when nothing else is left.
         let (index, admitted) = loop {
             let Some(&index) = queue.front() else {
+                if let Some(index) = resting.probe_soonest() {
+                    queue.push_back(index);
+                    continue;
+                }
                 return finish(exhausted(
                     first_failure.as_ref(),
                     &budget,
-                    &cooling_note(&cooling, &excluded),
+                    &resting.note(&shared, &excluded),
+                    resting.only_probes_tried(),
                 ));
             };
+            let key = shared.targets[index].health_key(&requirements.model);
             // Healthy, or admitted as the probe after a cooldown.
-            match shared.health.admit(index) {
-                Some(admitted) => break (index, admitted),
-                None => {
-                    cooling.push(Arc::clone(&shared.targets[index].name));
+            match Admitted::new(&shared.health, key, resting.is_forced(index)) {
+                Ok(admitted) => break (index, admitted),
+                Err(availability) => {
+                    resting.skip(index, availability);
                     queue.pop_front();
                     retries_here = 0;
                 }
@@ -157,6 +167,7 @@ where
             Ok(number) => number,
             Err(error) => return finish(budget_stop(&error, first_failure.as_ref(), &budget)),
         };
+        resting.attempted(index);
 
         let upstream_model = target.upstream_model(&requirements.model).to_owned();
         let plan = AttemptPlan {
@@ -187,7 +198,23 @@ where
                 failure,
                 output_events,
             } => {
-                let cooldown = admitted.failure(&failure);
+                let scope = shared
+                    .scopes
+                    .scope(failure.class, target.passes_client_model());
+                if failure.class == FailureClass::ModelNotFound && scope != Scope::Request {
+                    tracing::error!(
+                        target = %target.name,
+                        upstream_model = %escape_for_log(&upstream_model),
+                        "the provider does not know a model the gateway's configuration names: \
+                         fix the configuration"
+                    );
+                }
+                // A model the client named and the provider does not know is
+                // the client's error: it goes back as the provider's 404.
+                let client_named_unknown_model = failure.class == FailureClass::ModelNotFound
+                    && scope == Scope::Request
+                    && target.passes_client_model();
+                let cooldown = admitted.failure(failure.class, scope, failure.retry.after);
                 // An attempt that got as far as a stream was processed by
                 // the provider: count its estimated cost.
                 let (usage, cost) = if failure.phase == Phase::Preamble {
@@ -203,14 +230,26 @@ where
                 } else {
                     (None, None)
                 };
-                let mut decision = decide(&failure, retries_here, &shared, &budget, cooldown);
+                let mut decision = if client_named_unknown_model {
+                    Decision::Stop
+                } else {
+                    decide(
+                        &failure,
+                        retries_here,
+                        &shared,
+                        &budget,
+                        cooldown,
+                        queue.len() > 1,
+                    )
+                };
                 if decision == Decision::Reroute {
                     queue.pop_front();
                     retries_here = 0;
                     if failure.class == FailureClass::ContextLengthExceeded {
                         keep_larger_windows(&shared, index, &mut queue);
+                        resting.forget_all();
                     }
-                    if queue.is_empty() {
+                    if queue.is_empty() && !resting.can_probe() {
                         decision = Decision::Stop;
                     }
                 }
@@ -236,7 +275,8 @@ where
                     message: Some(failure.message.clone()),
                     decision,
                 });
-                let request_error = failure.recovery == Recovery::Stop;
+                let request_error =
+                    failure.recovery == Recovery::Stop || client_named_unknown_model;
                 let first = first_failure
                     .get_or_insert_with(|| (Arc::clone(&target.name), failure.clone()));
                 match decision {
@@ -249,10 +289,15 @@ where
                         let note = if failure.class == FailureClass::ContextLengthExceeded {
                             "no target with a larger context window remains".to_owned()
                         } else {
-                            cooling_note(&cooling, &excluded)
+                            resting.note(&shared, &excluded)
                         };
                         let first = first.clone();
-                        return finish(exhausted(Some(&first), &budget, &note));
+                        return finish(exhausted(
+                            Some(&first),
+                            &budget,
+                            &note,
+                            resting.only_probes_tried(),
+                        ));
                     }
                     Decision::RetrySame { after } => {
                         retries_here += 1;
@@ -265,6 +310,96 @@ where
     }
 }
 
+/// Targets a turn skipped because they rest, and the one probe it may send
+/// to them when nothing else is left ("never refuse while the turn can
+/// still try", Envoy's panic threshold).
+#[derive(Debug)]
+struct Resting {
+    skipped: Vec<(usize, Option<tokio::time::Instant>)>,
+    refuse: bool,
+    forced: Option<usize>,
+    ordinary_attempts: u32,
+}
+
+impl Resting {
+    fn new(refuse: bool) -> Self {
+        Self {
+            skipped: Vec::new(),
+            refuse,
+            forced: None,
+            ordinary_attempts: 0,
+        }
+    }
+
+    fn skip(&mut self, index: usize, availability: Availability) {
+        let until = match availability {
+            Availability::Cooling(until) => Some(until),
+            // A probe is out: its rest is over already.
+            _ => None,
+        };
+        if !self.skipped.iter().any(|(i, _)| *i == index) {
+            self.skipped.push((index, until));
+        }
+    }
+
+    fn can_probe(&self) -> bool {
+        !self.refuse && self.forced.is_none() && !self.skipped.is_empty()
+    }
+
+    /// The skipped target whose rest ends first, marked as this turn's
+    /// forced probe (once per turn).
+    fn probe_soonest(&mut self) -> Option<usize> {
+        if !self.can_probe() {
+            return None;
+        }
+        let (index, _) = *self.skipped.iter().min_by_key(|(_, until)| *until)?;
+        self.forced = Some(index);
+        Some(index)
+    }
+
+    fn is_forced(&self, index: usize) -> bool {
+        self.forced == Some(index)
+    }
+
+    fn attempted(&mut self, index: usize) {
+        if !self.is_forced(index) {
+            self.ordinary_attempts += 1;
+        }
+    }
+
+    /// Only forced probes were sent: every target was resting.
+    fn only_probes_tried(&self) -> bool {
+        self.ordinary_attempts == 0 && !self.skipped.is_empty()
+    }
+
+    /// After a context-length failure only larger windows help, and a
+    /// resting target was not filtered for that.
+    fn forget_all(&mut self) {
+        self.skipped.clear();
+    }
+
+    fn note<S>(&self, shared: &Shared<S>, excluded: &[String]) -> String {
+        let mut notes = Vec::new();
+        if !self.skipped.is_empty() {
+            let names: Vec<&str> = self
+                .skipped
+                .iter()
+                .map(|(i, _)| &*shared.targets[*i].name)
+                .collect();
+            notes.push(format!("cooling down: {}", names.join(", ")));
+        }
+        if !excluded.is_empty() {
+            notes.push(format!("no compatible backup: {}", excluded.join("; ")));
+        }
+        notes.join("; ")
+    }
+}
+
+/// A client-chosen value made safe for one log line.
+fn escape_for_log(value: &str) -> String {
+    value.escape_debug().collect()
+}
+
 /// What to do after a failed attempt, before looking at other targets.
 fn decide<S>(
     failure: &Classification,
@@ -272,10 +407,20 @@ fn decide<S>(
     shared: &Shared<S>,
     budget: &TurnBudget,
     cooldown: Option<Duration>,
+    others_left: bool,
 ) -> Decision {
     match failure.recovery {
         Recovery::Stop => Decision::Stop,
         Recovery::Reroute => Decision::Reroute,
+        // An overloaded provider with no hint of when it recovers: another
+        // provider answers sooner than a backoff on this one.
+        Recovery::RetrySame
+            if failure.class == FailureClass::Overloaded
+                && failure.retry.after.is_none()
+                && others_left =>
+        {
+            Decision::Reroute
+        }
         // Our own head and first-output timeouts: a silent upstream is not
         // waited on twice in one turn.
         Recovery::RetrySame if failure.note == Some("gateway_timeout") => Decision::Reroute,
@@ -444,24 +589,13 @@ fn exhausted_status(class: FailureClass) -> StatusCode {
     }
 }
 
-fn cooling_note(cooling: &[Arc<str>], excluded: &[String]) -> String {
-    let mut notes = Vec::new();
-    if !cooling.is_empty() {
-        let names: Vec<&str> = cooling.iter().map(|n| &**n).collect();
-        notes.push(format!("cooling down: {}", names.join(", ")));
-    }
-    if !excluded.is_empty() {
-        notes.push(format!("no compatible backup: {}", excluded.join("; ")));
-    }
-    notes.join("; ")
-}
-
 /// Every option is spent: one error naming the first failure's cause and
 /// the number of attempts.
 fn exhausted<B>(
     first: Option<&(Arc<str>, Classification)>,
     budget: &TurnBudget,
     note: &str,
+    only_probes: bool,
 ) -> Response<FailoverBody<B>> {
     let attempts = budget.attempts_used();
     let suffix = if note.is_empty() {
@@ -469,15 +603,31 @@ fn exhausted<B>(
     } else {
         format!(" ({note})")
     };
-    let Some((target, failure)) = first else {
-        // Nothing was tried: every eligible target is cooling down.
-        let body = error_body(
-            &format!("no target is available right now{suffix}"),
-            "server_error",
-            "no_available_target",
-        );
-        return json_error(StatusCode::SERVICE_UNAVAILABLE, body);
+    let first = match first {
+        // Every eligible target was resting and the probe of the soonest
+        // one failed too (or the operator asked to refuse at once).
+        Some((target, failure)) if only_probes => {
+            let body = error_body(
+                &format!(
+                    "no target is available right now{suffix}; the probe of {target} failed: {}: {}",
+                    failure.class, failure.message
+                ),
+                "server_error",
+                "no_available_target",
+            );
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, body);
+        }
+        Some(first) => first,
+        None => {
+            let body = error_body(
+                &format!("no target is available right now{suffix}"),
+                "server_error",
+                "no_available_target",
+            );
+            return json_error(StatusCode::SERVICE_UNAVAILABLE, body);
+        }
     };
+    let (target, failure) = first;
     let message = format!(
         "all options spent after {attempts} attempt{}; first failure: {} from {target}: {}{suffix}",
         if attempts == 1 { "" } else { "s" },
@@ -510,7 +660,7 @@ fn budget_stop<B>(
                 "spend_ceiling_reached",
             ),
         ),
-        (_, Some(_)) => exhausted(first, budget, &error.to_string()),
+        (_, Some(_)) => exhausted(first, budget, &error.to_string(), false),
         (_, None) => json_error(
             StatusCode::GATEWAY_TIMEOUT,
             error_body(&error.to_string(), "server_error", "turn_budget_exhausted"),

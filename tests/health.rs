@@ -1,0 +1,477 @@
+//! Health keyed by what failed, shared by every route: one model's failure
+//! never cools another, one request never locks a route, and a turn probes
+//! rather than refuse while it can still try.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use proptest::prelude::*;
+use tower::{Service, ServiceExt};
+use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::failover::{
+    Availability, CooldownPolicy, Failover, FailoverBuilder, FailureReport, HealthKey, HealthStore,
+    KeyState, MemoryHealthStore, Scope, ScopeRules, Target,
+};
+use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
+
+const RATE_429: &str = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+const QUOTA_429: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
+const FILTER_400: &str = r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy.","type":null,"param":"prompt","code":"content_filter","status":400}}"#;
+const NO_MODEL_404: &str = r#"{"error":{"message":"The model `nope` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
+
+/// One upstream provider serving several models: each model has a fake of
+/// its own, so a test can script per model and count per model.
+#[derive(Clone)]
+struct Models {
+    models: Arc<HashMap<&'static str, FakeProvider>>,
+}
+
+impl Models {
+    fn new(models: &[(&'static str, FakeProvider)]) -> Self {
+        Self {
+            models: Arc::new(models.iter().cloned().collect()),
+        }
+    }
+
+    fn calls(&self, model: &str) -> usize {
+        self.models[model].calls()
+    }
+}
+
+impl Service<Request<Full<Bytes>>> for Models {
+    type Response = Response<ScriptedBody>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
+        let models = Arc::clone(&self.models);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let model = json["model"].as_str().unwrap_or_default().to_owned();
+            let provider = models
+                .get(model.as_str())
+                .unwrap_or_else(|| panic!("no fake for model {model}"))
+                .clone();
+            provider
+                .oneshot(Request::from_parts(parts, Full::new(bytes)))
+                .await
+        })
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    target: String,
+    body: String,
+}
+
+fn chat(model: &str, stream: bool) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+async fn send(failover: &Failover<Models>, model: &str, stream: bool) -> Answer {
+    let response = failover.clone().oneshot(chat(model, stream)).await.unwrap();
+    let status = response.status();
+    let target = response
+        .headers()
+        .get("x-failover-target")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        target,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+/// A pass-through primary and a backup with a fixed model, as a gateway's
+/// `*` route: one store, never rebuilt between cases.
+fn route(primary: &Models, backup: &Models, store: &Arc<MemoryHealthStore>) -> Failover<Models> {
+    builder(store)
+        .target(Target::new("primary", primary.clone()))
+        .target(Target::new("backup", backup.clone()).model("backup-model"))
+        .build()
+}
+
+fn builder(store: &Arc<MemoryHealthStore>) -> FailoverBuilder<Models> {
+    Failover::builder()
+        .health(store.clone())
+        .idle_timeout(Duration::from_secs(2))
+}
+
+fn cooling_keys(store: &MemoryHealthStore) -> Vec<String> {
+    store
+        .snapshot()
+        .into_iter()
+        .filter(|e| matches!(e.state, KeyState::Cooling { .. }))
+        .map(|e| e.key.to_string())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_models_failures_never_cool_another_and_request_errors_go_back_to_the_client() {
+    let primary = Models::new(&[
+        (
+            "a",
+            FakeProvider::new("a").always(Reply::status(429, RATE_429)),
+        ),
+        (
+            "b",
+            FakeProvider::new("b").then(Reply::status(500, SERVER_500)),
+        ),
+        ("c", FakeProvider::new("c").then(Reply::Refused)),
+        (
+            "d",
+            FakeProvider::new("d").then(Reply::tokens_then("d", 3, vec![Step::Stall])),
+        ),
+        (
+            "e",
+            FakeProvider::new("e").always(Reply::status(400, FILTER_400)),
+        ),
+    ]);
+    let backup = Models::new(&[("backup-model", FakeProvider::new("backup"))]);
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = route(&primary, &backup, &store);
+
+    // A: persistent 429s: retried, then cooled, then the backup answers.
+    let a = send(&failover, "a", true).await;
+    assert_eq!((a.status, a.target.as_str()), (StatusCode::OK, "backup"));
+    assert_eq!(primary.calls("a"), 3);
+    let backup_calls = backup.calls("backup-model");
+
+    // B: one 500, then the primary answers its retry.
+    let b = send(&failover, "b", true).await;
+    assert_eq!((b.status, b.target.as_str()), (StatusCode::OK, "primary"));
+    assert_eq!(primary.calls("b"), 2, "B reached the primary first");
+
+    // C: refused before headers once, then the primary answers.
+    let c = send(&failover, "c", true).await;
+    assert_eq!((c.status, c.target.as_str()), (StatusCode::OK, "primary"));
+    assert_eq!(primary.calls("c"), 2, "C reached the primary first");
+
+    // D: a stall after three tokens ends with a terminal chunk, from the
+    // primary.
+    let d = send(&failover, "d", true).await;
+    assert_eq!((d.status, d.target.as_str()), (StatusCode::OK, "primary"));
+    assert!(d.body.contains("d-2 "), "{}", d.body);
+    assert!(d.body.contains(r#""finish_reason":"error""#), "{}", d.body);
+    assert!(!d.body.contains("backup"), "nothing spliced: {}", d.body);
+    assert_eq!(primary.calls("d"), 1, "D reached the primary first");
+
+    // E: a content filter is the client's: the 400 goes back, no backup.
+    let e = send(&failover, "e", true).await;
+    assert_eq!(e.status, StatusCode::BAD_REQUEST, "{}", e.body);
+    assert!(e.body.contains("content_filter"), "{}", e.body);
+    assert_eq!(primary.calls("e"), 1, "E reached the primary first");
+
+    assert_eq!(
+        backup.calls("backup-model"),
+        backup_calls,
+        "the backup answered only A"
+    );
+    assert_eq!(cooling_keys(&store), ["primary/a"], "only model A cools");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_the_client_named_and_the_provider_does_not_know_is_a_404_for_that_client_only() {
+    let primary = Models::new(&[
+        (
+            "nope",
+            FakeProvider::new("nope").always(Reply::status(404, NO_MODEL_404)),
+        ),
+        ("gpt-x", FakeProvider::new("gpt-x")),
+    ]);
+    let backup = Models::new(&[("backup-model", FakeProvider::new("backup"))]);
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = route(&primary, &backup, &store);
+
+    let unknown = send(&failover, "nope", true).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    assert!(unknown.body.contains("model_not_found"), "{}", unknown.body);
+    assert!(unknown.body.contains("`nope`"), "the provider's message");
+    assert_eq!(
+        backup.calls("backup-model"),
+        0,
+        "never another model's answer"
+    );
+    assert!(cooling_keys(&store).is_empty(), "{:?}", store.snapshot());
+
+    let valid = send(&failover, "gpt-x", true).await;
+    assert_eq!(
+        (valid.status, valid.target.as_str()),
+        (StatusCode::OK, "primary")
+    );
+    assert_eq!(primary.calls("gpt-x"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_account_failure_cools_every_model_of_that_credential_and_no_other_provider() {
+    let primary = Models::new(&[
+        (
+            "a",
+            FakeProvider::new("a").always(Reply::status(429, QUOTA_429)),
+        ),
+        ("b", FakeProvider::new("b")),
+    ]);
+    let other = Models::new(&[
+        ("a", FakeProvider::new("other-a")),
+        ("b", FakeProvider::new("other-b")),
+    ]);
+    let store = Arc::new(MemoryHealthStore::default());
+    // Two pass-through providers.
+    let failover = builder(&store)
+        .target(Target::new("primary", primary.clone()))
+        .target(Target::new("other", other.clone()))
+        .build();
+
+    let a = send(&failover, "a", true).await;
+    assert_eq!((a.status, a.target.as_str()), (StatusCode::OK, "other"));
+    assert_eq!(primary.calls("a"), 1, "quota is never retried in place");
+
+    // Model B on the same credential: not tried, the account rests.
+    let b = send(&failover, "b", true).await;
+    assert_eq!((b.status, b.target.as_str()), (StatusCode::OK, "other"));
+    assert_eq!(primary.calls("b"), 0);
+    assert!(matches!(
+        store.availability(&HealthKey::model("primary", "b")),
+        Availability::Cooling(_)
+    ));
+    for model in ["a", "b"] {
+        assert_eq!(
+            store.availability(&HealthKey::model("other", model)),
+            Availability::Healthy
+        );
+    }
+    assert_eq!(cooling_keys(&store), ["primary/*"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_routes_that_share_a_provider_share_its_health() {
+    let primary = Models::new(&[(
+        "shared-model",
+        FakeProvider::new("shared")
+            .then(Reply::status(429, RATE_429).header("retry-after", "200"))
+            .always(Reply::stream("shared", 4)),
+    )]);
+    let backup = Models::new(&[("backup-model", FakeProvider::new("backup"))]);
+    let store = Arc::new(MemoryHealthStore::default());
+    let route = |client_model: &str| {
+        let _ = client_model;
+        builder(&store)
+            .target(Target::new("primary", primary.clone()).model("shared-model"))
+            .target(Target::new("backup", backup.clone()).model("backup-model"))
+            .build()
+    };
+    let (fast, smart) = (route("fast"), route("smart"));
+
+    // A hinted 429 through one route cools the key at once...
+    let first = send(&fast, "fast", true).await;
+    assert_eq!(first.target, "backup");
+    // ...and the other route sees it: it goes straight to the backup.
+    let second = send(&smart, "smart", true).await;
+    assert_eq!(second.target, "backup");
+    assert_eq!(primary.calls("shared-model"), 1);
+    assert_eq!(
+        smart
+            .health()
+            .availability(&HealthKey::model("primary", "shared-model")),
+        fast.health()
+            .availability(&HealthKey::model("primary", "shared-model")),
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_target_rests_the_soonest_is_probed_and_its_success_clears_it() {
+    let hinted = |secs: &str| Reply::status(429, RATE_429).header("retry-after", secs);
+    let a = Models::new(&[(
+        "gpt-x",
+        FakeProvider::new("a")
+            .then(hinted("200"))
+            .then(hinted("200"))
+            .always(Reply::stream("a", 4)),
+    )]);
+    let b = Models::new(&[("gpt-x", FakeProvider::new("b").always(hinted("400")))]);
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = builder(&store)
+        .target(Target::new("a", a.clone()))
+        .target(Target::new("b", b.clone()))
+        .build();
+
+    // Both fail with hints too long to wait for: the turn is spent.
+    let first = send(&failover, "gpt-x", true).await;
+    assert_eq!(
+        first.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        first.body
+    );
+    assert_eq!((a.calls("gpt-x"), b.calls("gpt-x")), (1, 1));
+
+    // Both rest now. The next turn probes a (it rests least); that probe
+    // fails too, and only then is the answer 503.
+    let probe_failed = send(&failover, "gpt-x", true).await;
+    assert_eq!(
+        probe_failed.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        probe_failed.body
+    );
+    assert!(
+        probe_failed.body.contains("no_available_target"),
+        "{}",
+        probe_failed.body
+    );
+    assert_eq!((a.calls("gpt-x"), b.calls("gpt-x")), (2, 1));
+
+    // Every target rests and the turn has budget: a is probed, answers, and
+    // its cooldown is cleared; b is left alone.
+    let second = send(&failover, "gpt-x", true).await;
+    assert_eq!(
+        (second.status, second.target.as_str()),
+        (StatusCode::OK, "a")
+    );
+    assert_eq!((a.calls("gpt-x"), b.calls("gpt-x")), (3, 1));
+    assert_eq!(
+        store.availability(&HealthKey::model("a", "gpt-x")),
+        Availability::Healthy
+    );
+    assert!(matches!(
+        store.availability(&HealthKey::model("b", "gpt-x")),
+        Availability::Cooling(_)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
+    let store = MemoryHealthStore::new(
+        CooldownPolicy::default().failures_within(3, Duration::from_secs(30)),
+    );
+    let key = HealthKey::model("p", "m");
+    let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    assert_eq!(store.failure(&key, report), None);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    // The first fell out of the window.
+    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.availability(&key), Availability::Healthy);
+    assert_eq!(store.failure(&key, report), Some(Duration::from_secs(5)));
+    assert!(matches!(store.availability(&key), Availability::Cooling(_)));
+    // A hint cools at once, capped by the policy's maximum.
+    let hinted = HealthKey::model("p", "hinted");
+    let capped = store.failure(&hinted, report.retry_after(Some(Duration::from_secs(3600))));
+    assert_eq!(capped, Some(Duration::from_secs(600)));
+}
+
+#[test]
+fn scope_rules_follow_the_table_and_take_overrides() {
+    let rules = ScopeRules::new();
+    assert_eq!(
+        rules.scope(FailureClass::QuotaExhausted, true),
+        Scope::Account
+    );
+    assert_eq!(rules.scope(FailureClass::Auth, false), Scope::Account);
+    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Model);
+    assert_eq!(
+        rules.scope(FailureClass::InvalidResponse, true),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ModelNotFound, true),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ModelNotFound, false),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ContentFiltered, false),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ContextLengthExceeded, false),
+        Scope::Request
+    );
+    let rules = rules.set(FailureClass::RateLimited, Scope::Account);
+    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Account);
+}
+
+/// What a key's state is, minus the clock.
+fn states(store: &MemoryHealthStore) -> HashMap<HealthKey, (&'static str, u32, u32)> {
+    store
+        .snapshot()
+        .into_iter()
+        .map(|e| (e.key, (e.state.as_str(), e.failure_streak, e.cooldowns)))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// No failure changes the state of a key outside its scope.
+    #[test]
+    fn no_failure_reaches_outside_its_scope(
+        failures in proptest::collection::vec(
+            (0..2usize, 0..3usize, 0..FailureClass::ALL.len(), any::<bool>(), proptest::option::of(1..900u64)),
+            1..40,
+        )
+    ) {
+        let store = MemoryHealthStore::default();
+        let rules = ScopeRules::new();
+        let providers = ["p0", "p1"];
+        let models = ["m0", "m1", "m2"];
+        for (provider, model, class, client_named, hint) in failures {
+            let key = HealthKey::model(providers[provider], models[model]);
+            let class = FailureClass::ALL[class];
+            let scope = rules.scope(class, client_named);
+            let before = states(&store);
+            store.failure(
+                &key,
+                FailureReport::new(class, scope).retry_after(hint.map(Duration::from_secs)),
+            );
+            let after = states(&store);
+            let mut keys: Vec<&HealthKey> = before.keys().chain(after.keys()).collect();
+            keys.dedup();
+            for other in keys {
+                if before.get(other) == after.get(other) {
+                    continue;
+                }
+                let allowed = match scope {
+                    Scope::Request => false,
+                    Scope::Model => *other == key,
+                    Scope::Account => *other == key.to_account(),
+                    _ => false,
+                };
+                prop_assert!(
+                    allowed,
+                    "{class} ({scope}) on {key} changed {other}: {:?} -> {:?}",
+                    before.get(other),
+                    after.get(other)
+                );
+            }
+        }
+    }
+}
