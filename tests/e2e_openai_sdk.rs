@@ -1,6 +1,8 @@
 //! The official OpenAI SDKs (Python `openai`, npm `openai`) as clients of
 //! the gateway over 127.0.0.1. `.ci/run` installs both under
-//! `target/sdk/`; without them these tests say so loudly and skip.
+//! `target/sdk/`. Without them these tests say so loudly and skip, except
+//! under `CI=true`, where a missing SDK fails the test: a CI run that
+//! skipped them would report `ok` for something it never checked.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
 
 #[path = "../examples/gateway/app.rs"]
@@ -104,7 +106,20 @@ struct Sdk {
     node_path: Option<PathBuf>,
 }
 
-fn skip(what: &str, why: &str) {
+/// Whether this is a CI run (`CI=true`, or `CI=1`), where every test must
+/// run: `.ci/run` decides the same way.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// An SDK is not there: under CI the test fails, locally it skips loudly.
+fn missing(what: &str, why: &str) {
+    if in_ci() {
+        panic!(
+            "!!!!!!!! FAILED: {what} cannot run: {why}. CI=true, so a missing SDK \
+             fails the run instead of skipping; .ci/run installs it under target/sdk/"
+        );
+    }
     eprintln!();
     eprintln!("!!!!!!!! SKIPPED: {what}: {why}");
     eprintln!("!!!!!!!! run .ci/run (or install it under target/sdk/) to run this test");
@@ -128,7 +143,7 @@ async fn python_sdk() -> Option<Sdk> {
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest_dir().join("target/sdk/venv/bin/python"));
     if !works(&program, &["-c", "import openai"], None).await {
-        skip(
+        missing(
             "the official Python openai SDK tests",
             &format!("{} cannot import openai", program.display()),
         );
@@ -148,7 +163,7 @@ async fn node_sdk() -> Option<Sdk> {
         .unwrap_or_else(|| manifest_dir().join("target/sdk/node/node_modules"));
     let program = PathBuf::from("node");
     if !works(&program, &["-e", "require('openai')"], Some(&node_path)).await {
-        skip(
+        missing(
             "the official npm openai SDK tests",
             &format!("node cannot require openai from {}", node_path.display()),
         );

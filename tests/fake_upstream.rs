@@ -16,7 +16,10 @@ use tower_llm_failover::testing::upstream::{ErrorFixture, FakeUpstream, Fault};
 
 /// Bound on any wait that should end at once; only reached on failure.
 const PATIENCE: Duration = Duration::from_secs(5);
-/// How long "nothing arrives" is watched for.
+/// How long "nothing arrives" is watched for. Only ever used after what
+/// must arrive has arrived (waited for with `PATIENCE`), to check that
+/// nothing more comes: a slow or starved machine can then only make such a
+/// check pass for a wrong reason, never fail for a right one.
 const QUIET: Duration = Duration::from_millis(60);
 
 fn client(fake: &FakeUpstream) -> UpstreamClient {
@@ -64,14 +67,29 @@ enum End {
     Clean,
     Error,
     Silent,
+    /// `read_events_until` saw what it waited for.
+    Enough,
 }
 
 /// Reads SSE `data:` payloads until the body ends, fails, or stays silent
 /// for `quiet`.
 async fn read_events(body: &mut Incoming, quiet: Duration) -> (Vec<String>, End) {
+    read_events_until(body, quiet, |_| false).await
+}
+
+/// Reads SSE `data:` payloads until `enough` holds for those read so far,
+/// or the body ends, fails, or stays silent for `quiet`.
+async fn read_events_until(
+    body: &mut Incoming,
+    quiet: Duration,
+    enough: impl Fn(&[String]) -> bool,
+) -> (Vec<String>, End) {
     let mut buffer = Vec::new();
     let mut events = Vec::new();
     let end = loop {
+        if enough(&events) {
+            break End::Enough;
+        }
         match tokio::time::timeout(quiet, body.frame()).await {
             Err(_) => break End::Silent,
             Ok(None) => break End::Clean,
@@ -329,9 +347,13 @@ async fn stall_after_n_tokens_goes_silent() {
     let response = chat(&fake, stream_request("fault:stall_after=2")).await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
-    let (events, end) = read_events(&mut body, QUIET).await;
-    assert_eq!(end, End::Silent);
+    // The two tokens, however long the machine takes to deliver them...
+    let (events, end) = read_events_until(&mut body, PATIENCE, |e| contents(e).len() >= 2).await;
+    assert_eq!(end, End::Enough);
     assert_eq!(contents(&events), tokens("p", 2));
+    // ...then silence with the connection open: no finish, no end, no error.
+    let (more, end) = read_events(&mut body, QUIET).await;
+    assert_eq!((more.len(), end), (0, End::Silent));
     // Still silent on a second look: nothing was on its way.
     let (more, end) = read_events(&mut body, QUIET).await;
     assert_eq!((more.len(), end), (0, End::Silent));
@@ -381,6 +403,15 @@ async fn malformed_chunk_at_n() {
     assert_eq!(events.last().unwrap(), "[DONE]");
 }
 
+/// Waits (bounded by `PATIENCE`) until `done` holds.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn no_response_never_answers_the_head() {
     let fake = FakeUpstream::start("p").await;
@@ -389,29 +420,54 @@ async fn no_response_never_answers_the_head() {
             stream_request("fault:no_response").to_string(),
         )))
         .unwrap();
-    let waited = tokio::time::timeout(QUIET, client(&fake).oneshot(request)).await;
-    assert!(waited.is_err(), "a head arrived");
-    // The request was read and counted all the same.
-    assert_eq!(fake.attempts(), 1);
+    let call = tokio::spawn(client(&fake).oneshot(request));
+    // The request is read and counted...
+    eventually("the fake reads the request", || fake.attempts() == 1).await;
     assert_eq!(fake.requests()[0].model(), Some("fault:no_response"));
+    // ...and after that, still no head.
+    tokio::time::sleep(QUIET).await;
+    assert!(!call.is_finished(), "a head arrived");
+    call.abort();
+    assert_eq!(fake.attempts(), 1);
 }
 
 #[tokio::test]
 async fn slow_first_token_delays_the_first_content_chunk() {
     let fake = FakeUpstream::start("p").await;
+
+    // The first content chunk is sent 200 ms after the role chunk, which is
+    // sent after our request: it cannot reach us sooner than 200 ms after we
+    // sent it, however the machine schedules us (a causal lower bound, not a
+    // race against a timer).
+    let sent = Instant::now();
     let response = chat(&fake, stream_request("fault:slow_first_token=200")).await;
     let mut body = response.into_body();
-    // The role chunk comes at once; then the wait.
-    let (events, end) = read_events(&mut body, QUIET).await;
-    assert_eq!(end, End::Silent);
-    assert_eq!(events.len(), 1);
-    assert!(content(&events[0]).is_none());
-    let silent_since = Instant::now();
-    let (events, end) = read_events(&mut body, PATIENCE).await;
+    let (events, end) = read_events_until(&mut body, PATIENCE, |e| !contents(e).is_empty()).await;
+    let first_content = sent.elapsed();
+    assert_eq!(end, End::Enough);
+    assert!(content(&events[0]).is_none(), "the role chunk first");
+    assert!(
+        first_content >= Duration::from_millis(200),
+        "first content after {first_content:?}"
+    );
+    let (rest, end) = read_events(&mut body, PATIENCE).await;
     assert_eq!(end, End::Clean);
+    let events = [events, rest].concat();
     assert_eq!(contents(&events), tokens("p", 8));
-    // At least the rest of the 200 ms the script waits, minus QUIET.
-    assert!(silent_since.elapsed() >= Duration::from_millis(100));
+    assert_eq!(events.last().unwrap(), "[DONE]");
+
+    // The role chunk is not held back with the first token: with a wait far
+    // beyond any scheduling delay it still arrives, alone, and then nothing.
+    let response = chat(&fake, stream_request("fault:slow_first_token=600000")).await;
+    let mut body = response.into_body();
+    let (events, end) = read_events_until(&mut body, PATIENCE, |e| !e.is_empty()).await;
+    assert_eq!(end, End::Enough);
+    assert_eq!(events.len(), 1);
+    let role: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
+    assert!(content(&events[0]).is_none());
+    let (more, end) = read_events(&mut body, QUIET).await;
+    assert_eq!((more.len(), end), (0, End::Silent));
 }
 
 #[tokio::test]
@@ -571,8 +627,8 @@ async fn dropping_the_fake_closes_the_port_and_its_connections() {
     let addr = fake.addr();
     let response = chat(&fake, stream_request("fault:stall_after=1")).await;
     let mut body = response.into_body();
-    let (events, end) = read_events(&mut body, QUIET).await;
-    assert_eq!((contents(&events).len(), end), (1, End::Silent));
+    let (events, end) = read_events_until(&mut body, PATIENCE, |e| !contents(e).is_empty()).await;
+    assert_eq!((contents(&events).len(), end), (1, End::Enough));
 
     drop(fake);
     // The stalled stream ends (its connection task is gone)...
