@@ -19,7 +19,7 @@ const ROUTES: &str = r#"
 [[routes]]
 model = "sdk-failover"
 targets = [
-  { provider = "primary", model = "primary-model#fault:status=429;error=quota" },
+  { provider = "primary-billing", model = "primary-model#fault:status=429;error=quota" },
   { provider = "backup", model = "backup-failover" },
 ]
 
@@ -75,14 +75,20 @@ max_retries_per_target = 0
 
 [[providers]]
 name = "primary"
-base_url = "{}"
+base_url = "{primary}"
+
+# The same upstream behind another credential: its quota failure cools that
+# credential only (account scope), not the routes below.
+[[providers]]
+name = "primary-billing"
+base_url = "{primary}"
 
 [[providers]]
 name = "backup"
 base_url = "{}"
 {ROUTES}"#,
-        primary.base_url(),
-        backup.base_url()
+        backup.base_url(),
+        primary = primary.base_url(),
     );
     let config = app::Config::from_toml(&config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();

@@ -151,10 +151,16 @@ base_url = "{primary}"
 name = "backup"
 base_url = "{backup}"
 
+# The primary again, behind a credential whose quota is spent: its failures
+# cool that credential (account scope), never the primary's other routes.
+[[providers]]
+name = "primary-billing"
+base_url = "{primary}"
+
 [[routes]]
 model = "demo-failover"
 targets = [
-  {{ provider = "primary", model = "primary-model#fault:status=429;error=quota" }},
+  {{ provider = "primary-billing", model = "primary-model#fault:status=429;error=quota" }},
   {{ provider = "backup", model = "backup-model" }},
 ]
 
