@@ -100,6 +100,7 @@ pub mod classify;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
+pub mod commit;
 pub mod dialect;
 pub mod failover;
 pub mod record;
@@ -108,3 +109,7 @@ pub mod stream;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod time;
+
+/// The boxed error the crate's bodies and type-erased services use.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,7 +13,7 @@ use crate::classify::Phase;
 
 use super::error::DeadlineExceeded;
 use super::turn::TurnBudget;
-use crate::stream::BoxError;
+use crate::BoxError;
 
 pin_project! {
     /// A response body that ends with a boxed [`DeadlineExceeded`] when the

@@ -130,6 +130,14 @@ fn contract_class(
         if class.is_some() {
             return class;
         }
+        // Our own class names, as a gateway's terminal event carries them:
+        // an inspector that re-reads it keeps the class.
+        if let Some(class) = FailureClass::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(code))
+        {
+            return Some(class);
+        }
     }
     if eq(b.metadata_error_type.as_ref(), "provider_overloaded") {
         return Some(Overloaded);

@@ -8,7 +8,7 @@ use tower_service::Service;
 use super::{Classifier, ClassifyLayer, Phase, ResponseFuture, UpstreamError};
 
 /// The boxed error type inner services' errors are converted through.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use crate::BoxError;
 
 /// Classifies the failures of an upstream HTTP service.
 ///

@@ -21,7 +21,7 @@ use super::target::Target;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
 use crate::classify::{Classification, FailureClass, Phase, UpstreamError};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 /// The request body the pooled hyper client is typed on: any caller body,
 /// boxed once per request.

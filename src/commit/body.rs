@@ -12,25 +12,23 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::failure::{FailureKind, classify};
-use super::layer::StreamConfig;
 use super::state::{StreamFailure, StreamIdentity, StreamPhase, StreamState};
-use crate::classify::Phase;
+use super::{BoxError, CommitWindow, InspectConfig};
+use crate::classify::{Classification, Phase};
 use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 
-/// Boxed body error.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 pin_project! {
-    /// Response body of [`StreamStateService`](super::StreamStateService).
+    /// A response body run through the commit machine (see the
+    /// [module docs](super)).
     ///
     /// Non-SSE bodies pass through untouched. An SSE body is scanned as it
     /// streams: complete events pass through as the original bytes (a frame
     /// holding only complete events is forwarded as the very same `Bytes`),
     /// an incomplete event is held back until its blank line arrives, and a
-    /// failure ends the stream with the dialect's terminal chunk instead of
-    /// the upstream's remaining bytes.
-    pub struct StreamStateBody<B, D> {
+    /// failure after commit ends the stream with the dialect's terminal
+    /// event instead of the upstream's remaining bytes.
+    pub struct CommitBody<B, D> {
         #[pin]
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
@@ -41,13 +39,16 @@ pin_project! {
         last_frame: Instant,
         // The turn's deadline, when the request carried a turn budget.
         deadline: Option<Pin<Box<Sleep>>>,
+        // While held back: the first-output deadline, then the end of the
+        // commit window's time limit.
+        hold_timer: Option<Pin<Box<Sleep>>>,
         inspector: Option<Inspector<D>>,
     }
 }
 
-impl<B, D> std::fmt::Debug for StreamStateBody<B, D> {
+impl<B, D> std::fmt::Debug for CommitBody<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamStateBody")
+        f.debug_struct("CommitBody")
             .field("inspected", &self.inspector.is_some())
             .finish_non_exhaustive()
     }
@@ -67,62 +68,80 @@ pub(crate) fn is_event_stream<B>(response: &Response<B>) -> bool {
         })
 }
 
-impl<B, D> StreamStateBody<B, D>
+/// Hold-back settings: nothing is released before the commit window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold {
+    pub(crate) window: CommitWindow,
+    /// No model output by then: the attempt failed (and may be rerouted).
+    pub(crate) first_output_by: Instant,
+    /// Held bytes past this commit what is held, or fail a bare preamble.
+    pub(crate) max_held_bytes: u64,
+}
+
+/// How a held-back body came out of its hold.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// The commit window was reached: the held frames go to the client.
+    Released,
+    /// The attempt failed before anything was released.
+    Failed {
+        failure: Classification,
+        output_events: u64,
+    },
+}
+
+impl<B, D> CommitBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
     D: Dialect,
 {
+    /// Wraps a response's body: inspected (and committed at the first
+    /// output) when it is an event stream, passed through otherwise.
     pub(crate) fn wrap_response(
         response: Response<B>,
-        config: &Arc<StreamConfig<D>>,
+        config: &Arc<InspectConfig<D>>,
         deadline: Option<Instant>,
     ) -> Response<Self> {
-        // Not a stream, or one a layer inside already inspects (the
-        // failover layer wraps its committed streams itself): leave it be.
-        if !is_event_stream(&response) || response.extensions().get::<StreamState>().is_some() {
+        if !is_event_stream(&response) {
             return response.map(|inner| Self {
                 inner,
                 idle: None,
                 last_frame: Instant::now(),
                 deadline: None,
+                hold_timer: None,
                 inspector: None,
             });
         }
         let (mut parts, inner) = response.into_parts();
-        // A terminal chunk may be added: the length is no longer known.
+        // A terminal event may be added: the length is no longer known.
         parts.headers.remove(CONTENT_LENGTH);
         let state = StreamState::new();
         parts.extensions.insert(state.clone());
-        let body = Self {
-            inner,
-            idle: config
-                .idle_timeout
-                .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
-            last_frame: Instant::now(),
-            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
-            inspector: Some(Inspector::new(Arc::clone(config), state)),
-        };
+        let body = Self::inspect(inner, config, state, None, false, deadline, None);
         Response::from_parts(parts, body)
     }
 
-    /// Wraps a stream body the caller already knows is SSE, sharing `state`.
-    /// `strip_usage` drops usage-only chunks (the client did not ask for
-    /// them); `on_end` runs once when the body is dropped, with the final
-    /// snapshot.
+    /// Inspects a body the caller knows is an event stream, sharing `state`.
+    /// `strip_usage` drops usage-only events (the client did not ask for
+    /// them). `hold`: release nothing before the commit window.
     pub(crate) fn inspect(
         inner: B,
-        config: &Arc<StreamConfig<D>>,
+        config: &Arc<InspectConfig<D>>,
         state: StreamState,
         provider: Option<Arc<str>>,
         strip_usage: bool,
         deadline: Option<Instant>,
-        on_end: Option<OnEnd>,
+        hold: Option<Hold>,
     ) -> Self {
         let mut inspector = Inspector::new(Arc::clone(config), state);
         inspector.strip_usage = strip_usage;
         inspector.provider = provider.or_else(|| config.provider.clone());
-        inspector.on_end = on_end;
+        let hold_timer = hold.map(|h| Box::pin(tokio::time::sleep_until(h.first_output_by)));
+        inspector.hold = hold.map(|settings| HoldState {
+            settings,
+            output_bytes: 0,
+        });
         Self {
             inner,
             idle: config
@@ -130,7 +149,43 @@ where
                 .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
             last_frame: Instant::now(),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            hold_timer,
             inspector: Some(inspector),
+        }
+    }
+
+    /// Runs `on_end` once when the body is dropped, with the final snapshot.
+    pub(crate) fn on_end(self: Pin<&mut Self>, on_end: OnEnd) {
+        if let Some(inspector) = self.project().inspector {
+            inspector.on_end = Some(on_end);
+        }
+    }
+
+    /// When the first model output arrived, if it did.
+    pub(crate) fn first_output_at(&self) -> Option<Instant> {
+        self.inspector.as_ref().and_then(|i| i.first_output_at)
+    }
+
+    /// Drives a held-back body until its commit window is reached or it
+    /// fails. Nothing is handed out meanwhile.
+    pub(crate) fn poll_release(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Release> {
+        let mut this = self;
+        loop {
+            let Some(inspector) = this.as_mut().project().inspector.as_mut() else {
+                return Poll::Ready(Release::Released);
+            };
+            if let Some((failure, output_events)) = inspector.rejected.take() {
+                return Poll::Ready(Release::Failed {
+                    failure,
+                    output_events,
+                });
+            }
+            if inspector.hold.is_none() || inspector.ended {
+                return Poll::Ready(Release::Released);
+            }
+            if this.as_mut().poll_progress(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
     }
 }
@@ -146,7 +201,7 @@ enum Decision {
 }
 
 struct Inspector<D> {
-    config: Arc<StreamConfig<D>>,
+    config: Arc<InspectConfig<D>>,
     scanner: SseScanner,
     state: StreamState,
     /// Bytes of an incomplete event, not yet forwarded or dropped. They
@@ -167,10 +222,22 @@ struct Inspector<D> {
     on_end: Option<OnEnd>,
     /// The provider classifier overrides match on.
     provider: Option<Arc<str>>,
+    /// Set while nothing may be released (before the commit window).
+    hold: Option<HoldState>,
+    /// A failure before release, for the failover loop to take.
+    rejected: Option<(Classification, u64)>,
+    /// When the first model output arrived (held or not).
+    first_output_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct HoldState {
+    settings: Hold,
+    output_bytes: u64,
 }
 
 impl<D: Dialect> Inspector<D> {
-    fn new(config: Arc<StreamConfig<D>>, state: StreamState) -> Self {
+    fn new(config: Arc<InspectConfig<D>>, state: StreamState) -> Self {
         let provider = config.provider.clone();
         let scanner = SseScanner::new()
             .max_line_bytes(config.max_line_bytes)
@@ -192,6 +259,9 @@ impl<D: Dialect> Inspector<D> {
             strip_usage: false,
             on_end: None,
             provider,
+            hold: None,
+            rejected: None,
+            first_output_at: None,
         }
     }
 
@@ -208,9 +278,14 @@ impl<D: Dialect> Inspector<D> {
             finished,
             done,
             strip_usage,
+            hold,
+            first_output_at,
             ..
         } = self;
         decisions.clear();
+        // Output events held back until the commit window, released in the
+        // middle of this frame: a failure after them is post-commit.
+        let mut released_after: Option<u64> = None;
         scanner.feed(&chunk, |item| {
             if pending_failure.is_some() || *done {
                 return;
@@ -232,7 +307,14 @@ impl<D: Dialect> Inspector<D> {
                     match chunk.kind {
                         ChunkKind::Output => {
                             *output_events += 1;
-                            state.add_output_event();
+                            if first_output_at.is_none() {
+                                *first_output_at = Some(Instant::now());
+                            }
+                            if let Some(hold) = hold {
+                                hold.output_bytes += event.data().len() as u64;
+                            } else {
+                                state.add_output_event();
+                            }
                             decisions.push(Decision::Forward(event.range().end));
                         }
                         ChunkKind::Preamble
@@ -265,6 +347,17 @@ impl<D: Dialect> Inspector<D> {
                             }
                         }
                     }
+                    // The commit point is an event in stream order: what
+                    // comes after it, even in the same frame, is committed.
+                    if let Some(h) = hold.as_ref()
+                        && pending_failure.is_none()
+                        && (*finished
+                            || *done
+                            || h.settings.window.reached(*output_events, h.output_bytes))
+                    {
+                        *hold = None;
+                        released_after = Some(*output_events);
+                    }
                 }
                 SseItem::Skipped { range } => decisions.push(Decision::Forward(range.end)),
                 SseItem::Error(error) if !error.is_fatal() => {
@@ -280,16 +373,57 @@ impl<D: Dialect> Inspector<D> {
                 }
             }
         });
+        if let Some(held_events) = released_after {
+            for _ in 0..held_events {
+                self.state.add_output_event();
+            }
+        }
         self.apply_decisions(chunk, base);
+        if self.pending_failure.is_none() && !self.done {
+            self.check_hold();
+        }
         if self.pending_failure.is_some() {
             self.held.clear();
             self.fail_pending();
         } else if self.done {
             self.held.clear();
+            self.release();
             self.state.set_phase(StreamPhase::Finished);
             self.end("finished");
         } else if self.finished && self.state.phase() != StreamPhase::Finished {
             self.state.set_phase(StreamPhase::Finished);
+        }
+    }
+
+    /// While held back (the window is checked per event, in `on_data`):
+    /// releases at the memory cap once output is held; a bare preamble over
+    /// the cap fails.
+    fn check_hold(&mut self) {
+        let Some(hold) = &self.hold else {
+            return;
+        };
+        let queued: u64 = self
+            .out
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum::<u64>()
+            + self.held.iter().map(|b| b.len() as u64).sum::<u64>();
+        if queued > hold.settings.max_held_bytes {
+            if self.output_events > 0 {
+                return self.release();
+            }
+            self.pending_failure = Some(FailureKind::HeldOversize);
+        }
+    }
+
+    /// Ends the hold: what is queued goes to the client, and the output
+    /// events held so far count as sent.
+    fn release(&mut self) {
+        if self.hold.take().is_none() {
+            return;
+        }
+        for _ in 0..self.output_events {
+            self.state.add_output_event();
         }
     }
 
@@ -355,6 +489,7 @@ impl<D: Dialect> Inspector<D> {
             return self.end("finished");
         }
         if self.finished {
+            self.release();
             // Finished without the end marker: the answer is whole.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
@@ -385,7 +520,7 @@ impl<D: Dialect> Inspector<D> {
             .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
             .sum();
         let bytes_sent = self.state.bytes_flushed() + queued;
-        let phase = if self.output_events > 0 {
+        let phase = if self.output_events > 0 && self.hold.is_none() {
             Phase::Committed
         } else {
             Phase::Preamble
@@ -396,6 +531,14 @@ impl<D: Dialect> Inspector<D> {
             self.provider.as_deref(),
             phase,
         );
+        if self.hold.is_some() {
+            // Nothing was released: the failover loop may still reroute.
+            self.out.clear();
+            self.held.clear();
+            self.rejected = Some((classification, self.output_events));
+            self.ended = true;
+            return;
+        }
         let failure = StreamFailure {
             class: classification.class,
             phase,
@@ -521,7 +664,99 @@ fn update_identity(local: &mut StreamIdentity, state: &StreamState, seen: &Chunk
     }
 }
 
-impl<B, D> Body for StreamStateBody<B, D>
+impl<B, D> CommitBody<B, D>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    D: Dialect,
+{
+    /// One step: reads one upstream frame, or fires a timer. Pending when
+    /// neither is ready. Only called with an inspector.
+    fn poll_progress(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        let Some(inspector) = this.inspector.as_mut() else {
+            return Poll::Ready(());
+        };
+        let had_output = inspector.output_events > 0;
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(_))) if this.deadline.as_ref().is_some_and(|d| d.is_elapsed()) => {
+                inspector.fail(FailureKind::Deadline);
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.idle.is_some() {
+                    *this.last_frame = Instant::now();
+                }
+                match frame.into_data() {
+                    Ok(data) => inspector.on_data(data),
+                    // Trailers pass through untouched.
+                    Err(frame) => inspector.out.push_back(frame),
+                }
+            }
+            Poll::Ready(Some(Err(error))) => inspector.fail(FailureKind::Body(error.into())),
+            Poll::Ready(None) => inspector.on_eof(),
+            Poll::Pending => {
+                if let Some(deadline) = this.deadline.as_mut()
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    inspector.fail(FailureKind::Deadline);
+                    return Poll::Ready(());
+                }
+                if let Some(timer) = this.hold_timer.as_mut()
+                    && inspector.hold.is_some()
+                    && timer.as_mut().poll(cx).is_ready()
+                {
+                    if inspector.output_events == 0 {
+                        inspector.fail(FailureKind::FirstOutput);
+                    } else {
+                        // The commit window's time limit: release.
+                        inspector.release();
+                    }
+                    return Poll::Ready(());
+                }
+                if let Some(idle) = this.idle.as_mut()
+                    && idle.as_mut().poll(cx).is_ready()
+                {
+                    let timeout = inspector.config.idle_timeout.unwrap_or_default();
+                    let due = this
+                        .last_frame
+                        .checked_add(timeout)
+                        .unwrap_or(*this.last_frame);
+                    if Instant::now() >= due {
+                        inspector.fail(FailureKind::Idle(timeout));
+                        return Poll::Ready(());
+                    }
+                    // Frames came since it was armed: wait out the rest.
+                    idle.as_mut().reset(due);
+                    if idle.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                }
+                return Poll::Pending;
+            }
+        }
+        // The first output while held back: the first-output deadline is
+        // met, and the commit window's time limit (if any) starts.
+        if !had_output && inspector.output_events > 0 {
+            let after = inspector
+                .hold
+                .as_ref()
+                .and_then(|h| h.settings.window.after_first_output);
+            match after {
+                Some(after) => {
+                    let at = crate::time::later(Instant::now(), after);
+                    match this.hold_timer.as_mut() {
+                        Some(timer) => timer.as_mut().reset(at),
+                        None => *this.hold_timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    }
+                }
+                None => *this.hold_timer = None,
+            }
+        }
+        Poll::Ready(())
+    }
+}
+
+impl<B, D> Body for CommitBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -531,17 +766,24 @@ where
     type Error = BoxError;
 
     fn poll_frame(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
-        let Some(inspector) = this.inspector.as_mut() else {
-            return this
+        if self.inspector.is_none() {
+            return self
+                .project()
                 .inner
                 .poll_frame(cx)
                 .map(|frame| frame.map(|result| result.map_err(Into::into)));
-        };
+        }
+        // A held-back body is released before anything is handed out.
+        if let Release::Failed { failure, .. } = std::task::ready!(self.as_mut().poll_release(cx)) {
+            return Poll::Ready(Some(Err(failure.to_string().into())));
+        }
         loop {
+            let Some(inspector) = self.as_mut().project().inspector.as_mut() else {
+                return Poll::Ready(None);
+            };
             if let Some(frame) = inspector.out.pop_front() {
                 if let Some(data) = frame.data_ref() {
                     inspector.state.add_flushed(data.len() as u64);
@@ -551,54 +793,7 @@ where
             if inspector.ended {
                 return Poll::Ready(None);
             }
-            match this.inner.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(Ok(_)))
-                    if this.deadline.as_ref().is_some_and(|d| d.is_elapsed()) =>
-                {
-                    inspector.fail(FailureKind::Deadline);
-                }
-                Poll::Ready(Some(Ok(frame))) => {
-                    if this.idle.is_some() {
-                        *this.last_frame = Instant::now();
-                    }
-                    match frame.into_data() {
-                        Ok(data) => inspector.on_data(data),
-                        // Trailers pass through untouched.
-                        Err(frame) => inspector.out.push_back(frame),
-                    }
-                }
-                Poll::Ready(Some(Err(error))) => {
-                    inspector.fail(FailureKind::Body(error.into()));
-                }
-                Poll::Ready(None) => inspector.on_eof(),
-                Poll::Pending => {
-                    if let Some(deadline) = this.deadline.as_mut()
-                        && deadline.as_mut().poll(cx).is_ready()
-                    {
-                        inspector.fail(FailureKind::Deadline);
-                        continue;
-                    }
-                    if let Some(idle) = this.idle.as_mut()
-                        && idle.as_mut().poll(cx).is_ready()
-                    {
-                        let timeout = inspector.config.idle_timeout.unwrap_or_default();
-                        let due = this
-                            .last_frame
-                            .checked_add(timeout)
-                            .unwrap_or(*this.last_frame);
-                        if Instant::now() >= due {
-                            inspector.fail(FailureKind::Idle(timeout));
-                            continue;
-                        }
-                        // Frames came since it was armed: wait out the rest.
-                        idle.as_mut().reset(due);
-                        if idle.as_mut().poll(cx).is_ready() {
-                            continue;
-                        }
-                    }
-                    return Poll::Pending;
-                }
-            }
+            std::task::ready!(self.as_mut().poll_progress(cx));
         }
     }
 

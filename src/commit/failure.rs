@@ -12,7 +12,7 @@ use crate::classify::{Classification, Classifier, Phase};
 pub(crate) enum FailureKind {
     /// The upstream body returned an error (reset, cut connection, or a
     /// deadline error of a budget layer inside).
-    Body(super::body::BoxError),
+    Body(super::BoxError),
     /// The turn's deadline passed mid-stream.
     Deadline,
     /// An in-band error event.
@@ -25,6 +25,10 @@ pub(crate) enum FailureKind {
     TooManyMalformed,
     /// A line or event over its cap.
     Oversize(String),
+    /// No model output before the first-output deadline (held back).
+    FirstOutput,
+    /// A held-back preamble, with no output yet, over its memory cap.
+    HeldOversize,
 }
 
 pub(crate) fn classify(
@@ -64,6 +68,10 @@ pub(crate) fn classify(
         }
         FailureKind::Oversize(error) => Classification::oversize(phase, "event")
             .with_message(format!("the upstream stream is malformed: {error}")),
+        // A silent upstream is never waited on twice within one turn.
+        FailureKind::FirstOutput => Classification::timeout(phase, "the first output")
+            .with_recovery(crate::classify::Recovery::Reroute),
+        FailureKind::HeldOversize => Classification::oversize(phase, "held-back preamble"),
     };
     classifier.apply_overrides(provider, classification)
 }

@@ -1,7 +1,6 @@
 //! One upstream attempt: send, classify, and hold the answer back until it
 //! commits (or fails, which the turn may still reroute invisibly).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,16 +13,16 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::body::{BoxError, FailoverBody, Prepend};
+use super::body::FailoverBody;
 use super::health::{FailureReport, SuccessReport};
 use super::later;
 use super::service::Shared;
+use crate::BoxError;
 use crate::budget::{Cost, TurnBudget};
 use crate::classify::{Classification, Classify, Phase};
-use crate::dialect::{ChunkKind, Dialect, OpenAiChat, Usage};
+use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamState};
+use crate::dialect::Usage;
 use crate::record::{AttemptRecord, Decision, RunRecord};
-use crate::sse::{SseItem, SseScanner};
-use crate::stream::{StreamState, StreamStateBody};
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B> {
@@ -106,7 +105,7 @@ where
         Ok(Ok(response)) => response,
     };
     let status = response.status();
-    if plan.stream && crate::stream::is_event_stream(&response) {
+    if plan.stream && crate::commit::is_event_stream(&response) {
         return hold_until_commit(shared, plan, budget, run, response, started, started_wall).await;
     }
 
@@ -194,7 +193,7 @@ fn failed<B>(failure: Classification, output_events: u64) -> Outcome<B> {
     }
 }
 
-/// Reads frames of a streamed answer, holding them back, until the commit
+/// Holds a streamed answer back in the commit machine until the commit
 /// window is reached (release the response) or the attempt fails.
 async fn hold_until_commit<S, B>(
     shared: &Arc<Shared<S>>,
@@ -210,134 +209,31 @@ where
     B::Error: Into<BoxError>,
 {
     let target = &shared.targets[plan.index];
-    let provider = Some(&*target.provider);
     let (mut parts, body) = response.into_parts();
-    // Boxed so any body type can be read frame by frame here and then
-    // handed on to the client.
-    let mut body = Box::pin(body);
-    let mut scanner = SseScanner::new()
-        .max_line_bytes(shared.stream.max_line_bytes)
-        .max_event_bytes(shared.stream.max_event_bytes);
-    let mut held: VecDeque<Bytes> = VecDeque::new();
-    let mut held_bytes = 0u64;
-    let mut output_events = 0u64;
-    let mut output_bytes = 0u64;
-    let mut first_output: Option<Instant> = None;
-    let first_output_deadline = later(started, shared.timeouts.first_output).min(budget.deadline());
-
-    loop {
-        let now = Instant::now();
-        let wait_until = match first_output {
-            None => first_output_deadline.min(later(now, shared.timeouts.idle)),
-            Some(first) => {
-                let mut until = later(now, shared.timeouts.idle).min(budget.deadline());
-                if let Some(window) = shared.commit.after_first_output {
-                    until = until.min(later(first, window));
-                }
-                until
-            }
-        };
-        let frame = match tokio::time::timeout_at(wait_until, body.as_mut().frame()).await {
-            Err(_) => {
-                if let (Some(first), Some(window)) =
-                    (first_output, shared.commit.after_first_output)
-                    && Instant::now() >= later(first, window)
-                {
-                    break; // the time window is over: release
-                }
-                let what = if first_output.is_none() {
-                    "the first output"
-                } else {
-                    "the next chunk"
-                };
-                let failure = Classification::timeout(Phase::Preamble, what)
-                    .with_recovery(crate::classify::Recovery::Reroute);
-                return failed(failure, output_events);
-            }
-            Ok(None) => {
-                // A finish reason or [DONE] commits at once, so an end here
-                // came before either: a truncated answer.
-                return failed(Classification::truncated(Phase::Preamble), output_events);
-            }
-            Ok(Some(Err(error))) => {
-                let error: BoxError = error.into();
-                let failure = shared
-                    .classifier
-                    .classify_transport(provider, error.as_ref(), true)
-                    .with_phase(Phase::Preamble);
-                return failed(failure, output_events);
-            }
-            Ok(Some(Ok(frame))) => frame,
-        };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers on an SSE stream carry nothing for us
-        };
-        let mut failure: Option<Classification> = None;
-        let mut finished = false;
-        scanner.feed(&data, |item| {
-            if failure.is_some() {
-                return;
-            }
-            match item {
-                SseItem::Event(event) => {
-                    let chunk = OpenAiChat.inspect(&event);
-                    match chunk.kind {
-                        ChunkKind::Output => {
-                            output_events += 1;
-                            output_bytes += event.data().len() as u64;
-                            if first_output.is_none() {
-                                first_output = Some(Instant::now());
-                            }
-                        }
-                        ChunkKind::Error => {
-                            let name = event.event().and_then(|e| std::str::from_utf8(e).ok());
-                            failure = Some(shared.classifier.classify_in_band(
-                                provider,
-                                name,
-                                event.data(),
-                                Phase::Preamble,
-                            ));
-                        }
-                        ChunkKind::Malformed => {
-                            failure = Some(Classification::malformed_chunk(
-                                Phase::Preamble,
-                                "a chunk before commit does not parse",
-                            ));
-                        }
-                        ChunkKind::Done => finished = true,
-                        ChunkKind::Preamble => {}
-                    }
-                    if chunk.finish_reason.is_some() {
-                        finished = true;
-                    }
-                }
-                SseItem::Skipped { .. } => {}
-                SseItem::Error(error) => {
-                    failure = Some(Classification::malformed_chunk(
-                        Phase::Preamble,
-                        &error.to_string(),
-                    ));
-                }
-            }
-        });
-        if let Some(failure) = failure {
-            return failed(failure, output_events);
-        }
-        held_bytes += data.len() as u64;
-        held.push_back(data);
-        if finished || shared.commit.reached(output_events, output_bytes) {
-            break;
-        }
-        if held_bytes > shared.max_held_bytes {
-            if output_events > 0 {
-                break; // memory cap reached: commit what is held
-            }
-            return failed(
-                Classification::oversize(Phase::Preamble, "held-back preamble"),
-                output_events,
-            );
-        }
+    let state = StreamState::new();
+    let hold = Hold {
+        window: shared.commit,
+        first_output_by: later(started, shared.timeouts.first_output).min(budget.deadline()),
+        max_held_bytes: shared.max_held_bytes,
+    };
+    let mut body = Box::pin(CommitBody::inspect(
+        body,
+        &shared.stream,
+        state.clone(),
+        Some(Arc::clone(&target.provider)),
+        plan.strip_usage,
+        Some(budget.deadline()),
+        Some(hold),
+    ));
+    match std::future::poll_fn(|cx| body.as_mut().poll_release(cx)).await {
+        Release::Released => {}
+        Release::Failed {
+            failure,
+            output_events,
+        } => return failed(failure, output_events),
     }
+    let first_output = body.first_output_at();
+    let output_events = state.output_events();
 
     // Commit: the held bytes and the rest of the upstream go to the client,
     // through the stream inspector that ends a later failure cleanly.
@@ -362,7 +258,6 @@ where
         message: None,
         decision: Decision::Committed,
     });
-    let state = StreamState::new();
     let on_end = {
         let run = run.clone();
         let health = Arc::clone(&shared.health);
@@ -372,7 +267,7 @@ where
         let budget = budget.clone();
         let pricing = target.pricing;
         let prompt_tokens = plan.prompt_tokens;
-        Box::new(move |snapshot: &crate::stream::StreamSnapshot| {
+        Box::new(move |snapshot: &crate::commit::StreamSnapshot| {
             let (usage, estimated) = match snapshot.usage {
                 Some(usage) => (usage, false),
                 // No usage reported: one output event is about one token.
@@ -421,19 +316,11 @@ where
                     record.message = Some(failure.message.clone());
                 }
             });
-        }) as crate::stream::OnEnd
+        }) as OnEnd
     };
     parts.headers.remove(CONTENT_LENGTH);
-    parts.extensions.insert(state.clone());
-    let body = StreamStateBody::inspect(
-        Prepend::new(held, body),
-        &shared.stream,
-        state,
-        Some(Arc::clone(&target.provider)),
-        plan.strip_usage,
-        Some(budget.deadline()),
-        Some(on_end),
-    );
+    parts.extensions.insert(state);
+    body.as_mut().on_end(on_end);
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
         whole: false,

@@ -1,4 +1,3 @@
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -6,63 +5,17 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::commit::CommitBody;
 use crate::dialect::OpenAiChat;
-use crate::stream::StreamStateBody;
 
-pub use crate::stream::BoxError;
-
-/// An upstream body with the bytes held back before commit in front.
-pub struct Prepend<B> {
-    held: VecDeque<Bytes>,
-    inner: Pin<Box<B>>,
-}
-
-impl<B> Prepend<B> {
-    pub(crate) fn new(held: VecDeque<Bytes>, inner: Pin<Box<B>>) -> Self {
-        Self { held, inner }
-    }
-}
-
-impl<B> std::fmt::Debug for Prepend<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepend")
-            .field("held_frames", &self.held.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B> Body for Prepend<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Some(bytes) = this.held.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(bytes))));
-        }
-        this.inner
-            .as_mut()
-            .poll_frame(cx)
-            .map(|frame| frame.map(|result| result.map_err(Into::into)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.held.is_empty() && self.inner.is_end_stream()
-    }
-}
+use crate::BoxError;
 
 pin_project! {
     /// The response body of [`Failover`](super::Failover): a whole JSON body
-    /// (a non-streaming answer or an error), or a committed stream (the held
-    /// preamble and output, then the rest of the upstream, inspected so a
-    /// later failure ends it cleanly).
+    /// (a non-streaming answer or an error), or a committed stream: the
+    /// [commit machine](crate::commit)'s body that held the preamble back,
+    /// releasing it and then the rest of the upstream, so a later failure
+    /// ends it cleanly.
     pub struct FailoverBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -73,7 +26,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Full { bytes: Option<Bytes> },
-        Stream { #[pin] body: StreamStateBody<Prepend<B>, OpenAiChat> },
+        Stream { body: Pin<Box<CommitBody<B, OpenAiChat>>> },
     }
 }
 
@@ -84,7 +37,7 @@ impl<B> FailoverBody<B> {
         }
     }
 
-    pub(crate) fn stream(body: StreamStateBody<Prepend<B>, OpenAiChat>) -> Self {
+    pub(crate) fn stream(body: Pin<Box<CommitBody<B, OpenAiChat>>>) -> Self {
         Self {
             kind: Kind::Stream { body },
         }
@@ -122,7 +75,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            KindProj::Stream { body } => body.poll_frame(cx),
+            KindProj::Stream { body } => body.as_mut().poll_frame(cx),
         }
     }
 

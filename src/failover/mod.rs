@@ -104,7 +104,6 @@
 
 mod attempt;
 mod body;
-mod commit;
 mod health;
 mod layer;
 mod requirements;
@@ -113,18 +112,10 @@ mod service;
 mod target;
 mod turn;
 
-pub use body::{BoxError, FailoverBody, Prepend};
+pub use body::FailoverBody;
 
-/// `at + duration`, saturating far in the future instead of panicking on a
-/// huge configured duration.
-pub(crate) fn later(
-    at: tokio::time::Instant,
-    duration: std::time::Duration,
-) -> tokio::time::Instant {
-    at.checked_add(duration)
-        .unwrap_or_else(|| at + std::time::Duration::from_secs(60 * 60 * 24 * 365 * 30))
-}
-pub use commit::CommitWindow;
+pub use crate::commit::CommitWindow;
+pub(crate) use crate::time::later;
 pub use health::{
     Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
     KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,

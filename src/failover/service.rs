@@ -11,13 +11,14 @@ use http_body::Body;
 use http_body_util::Full;
 use tower_service::Service;
 
-use super::body::{BoxError, FailoverBody};
-use super::commit::CommitWindow;
+use super::body::FailoverBody;
 use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
+use crate::BoxError;
 use crate::budget::TurnLimits;
 use crate::classify::{Classifier, Classify};
+use crate::commit::{CommitWindow, InspectConfig};
 use crate::dialect::OpenAiChat;
 use crate::stream::StreamStateLayer;
 
@@ -45,7 +46,7 @@ pub(crate) struct Shared<S> {
     pub(crate) max_held_bytes: u64,
     pub(crate) max_retries_per_target: u32,
     pub(crate) default_output_tokens: u64,
-    pub(crate) stream: Arc<crate::stream::layer::StreamConfig<OpenAiChat>>,
+    pub(crate) stream: Arc<InspectConfig<OpenAiChat>>,
 }
 
 /// Zero-token failover across targets: a Tower service for OpenAI-style

@@ -16,11 +16,12 @@ use serde_json::Value;
 use tower_service::Service;
 
 use super::attempt::{self, AttemptPlan, Outcome};
-use super::body::{BoxError, FailoverBody};
+use super::body::FailoverBody;
 use super::health::{Admitted, Availability, Scope};
 use super::requirements::{RequestError, Requirements};
 use super::select::{Candidate, Selector};
 use super::service::Shared;
+use crate::BoxError;
 use crate::budget::{BudgetExhausted, RetryDelay, TurnBudget};
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::Usage;

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::StreamStateBody;
-use super::layer::StreamConfig;
+use crate::commit::{BoxError, InspectConfig};
 use crate::dialect::Dialect;
 
 pin_project! {
@@ -18,13 +18,13 @@ pin_project! {
     pub struct ResponseFuture<F, D> {
         #[pin]
         inner: F,
-        config: Arc<StreamConfig<D>>,
+        config: Arc<InspectConfig<D>>,
         deadline: Option<Instant>,
     }
 }
 
 impl<F, D> ResponseFuture<F, D> {
-    pub(crate) fn new(inner: F, config: Arc<StreamConfig<D>>, deadline: Option<Instant>) -> Self {
+    pub(crate) fn new(inner: F, config: Arc<InspectConfig<D>>, deadline: Option<Instant>) -> Self {
         Self {
             inner,
             config,
@@ -45,7 +45,7 @@ impl<F, D, B, E> Future for ResponseFuture<F, D>
 where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body<Data = Bytes>,
-    B::Error: Into<super::body::BoxError>,
+    B::Error: Into<BoxError>,
     D: Dialect,
 {
     type Output = Result<Response<StreamStateBody<B, D>>, E>;

@@ -6,31 +6,15 @@ use tower_layer::Layer;
 
 use super::StreamStateService;
 use crate::classify::Classifier;
+use crate::commit::InspectConfig;
 use crate::dialect::{OpenAiChat, TerminalMode};
-use crate::sse::{DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES};
-
-/// Default number of malformed chunks dropped before the stream is failed.
-pub const DEFAULT_MAX_MALFORMED: u64 = 3;
-
-#[derive(Debug, Clone)]
-pub(crate) struct StreamConfig<D> {
-    pub(crate) dialect: D,
-    pub(crate) terminal_mode: TerminalMode,
-    pub(crate) finish_reason: Cow<'static, str>,
-    pub(crate) idle_timeout: Option<Duration>,
-    pub(crate) max_malformed: u64,
-    pub(crate) max_line_bytes: usize,
-    pub(crate) max_event_bytes: usize,
-    pub(crate) classifier: Classifier,
-    pub(crate) provider: Option<Arc<str>>,
-}
 
 /// Wraps a service's `text/event-stream` responses in a
 /// [`StreamStateBody`](super::StreamStateBody) that tracks the commit point
 /// and ends failed streams cleanly. See the [module docs](super).
 #[derive(Debug, Clone)]
 pub struct StreamStateLayer<D = OpenAiChat> {
-    config: StreamConfig<D>,
+    config: InspectConfig<D>,
 }
 
 impl Default for StreamStateLayer {
@@ -45,17 +29,7 @@ impl StreamStateLayer {
     /// timeout, three malformed chunks tolerated, 1 MiB line and event caps.
     pub fn new() -> Self {
         Self {
-            config: StreamConfig {
-                dialect: OpenAiChat,
-                terminal_mode: TerminalMode::default(),
-                finish_reason: Cow::Borrowed("error"),
-                idle_timeout: None,
-                max_malformed: DEFAULT_MAX_MALFORMED,
-                max_line_bytes: DEFAULT_MAX_LINE_BYTES,
-                max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
-                classifier: Classifier::default(),
-                provider: None,
-            },
+            config: InspectConfig::new(OpenAiChat),
         }
     }
 }
@@ -63,23 +37,12 @@ impl StreamStateLayer {
 impl<D> StreamStateLayer<D> {
     /// Uses another wire dialect.
     pub fn dialect<D2>(self, dialect: D2) -> StreamStateLayer<D2> {
-        let c = self.config;
         StreamStateLayer {
-            config: StreamConfig {
-                dialect,
-                terminal_mode: c.terminal_mode,
-                finish_reason: c.finish_reason,
-                idle_timeout: c.idle_timeout,
-                max_malformed: c.max_malformed,
-                max_line_bytes: c.max_line_bytes,
-                max_event_bytes: c.max_event_bytes,
-                classifier: c.classifier,
-                provider: c.provider,
-            },
+            config: self.config.with_dialect(dialect),
         }
     }
 
-    pub(crate) fn config(&self) -> &StreamConfig<D> {
+    pub(crate) fn config(&self) -> &InspectConfig<D> {
         &self.config
     }
 

@@ -60,16 +60,17 @@
 //! # }
 //! ```
 
-mod body;
-mod failure;
 mod future;
-pub(crate) mod layer;
+mod layer;
 mod service;
-mod state;
 
-pub use body::{BoxError, StreamStateBody};
-pub(crate) use body::{OnEnd, is_event_stream};
+pub use crate::commit::{
+    DEFAULT_MAX_MALFORMED, StreamFailure, StreamIdentity, StreamPhase, StreamSnapshot, StreamState,
+};
 pub use future::ResponseFuture;
-pub use layer::{DEFAULT_MAX_MALFORMED, StreamStateLayer};
+pub use layer::StreamStateLayer;
 pub use service::StreamStateService;
-pub use state::{StreamFailure, StreamIdentity, StreamPhase, StreamSnapshot, StreamState};
+
+/// The body of [`StreamStateService`]'s responses: the
+/// [commit machine](crate::commit)'s body, committing at the first output.
+pub type StreamStateBody<B, D> = crate::commit::CommitBody<B, D>;

@@ -7,19 +7,19 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::layer::StreamConfig;
 use crate::budget::TurnBudget;
+use crate::commit::{BoxError, InspectConfig};
 use crate::dialect::Dialect;
 
 /// The service [`StreamStateLayer`](super::StreamStateLayer) produces.
 #[derive(Debug, Clone)]
 pub struct StreamStateService<S, D> {
     inner: S,
-    config: Arc<StreamConfig<D>>,
+    config: Arc<InspectConfig<D>>,
 }
 
 impl<S, D> StreamStateService<S, D> {
-    pub(crate) fn new(inner: S, config: Arc<StreamConfig<D>>) -> Self {
+    pub(crate) fn new(inner: S, config: Arc<InspectConfig<D>>) -> Self {
         Self { inner, config }
     }
 
@@ -43,7 +43,7 @@ impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for StreamStateService<S,
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
-    ResBody::Error: Into<super::body::BoxError>,
+    ResBody::Error: Into<BoxError>,
     D: Dialect,
 {
     type Response = Response<super::StreamStateBody<ResBody, D>>;
