@@ -437,3 +437,103 @@ fn bad_proxy_urls_fail_the_build() {
         );
     }
 }
+
+/// Set (to the upstream's base URL) in the child processes of the
+/// environment tests.
+const CHILD_MARK: &str = "TOWER_LLM_FAILOVER_ENV_CHILD";
+
+/// The child half of the environment tests: builds a client in a process
+/// whose environment the parent chose (a test cannot set variables in its
+/// own process), and streams one answer. A no-op in a normal run.
+#[tokio::test]
+async fn env_child() {
+    let Some(base_url) = std::env::var_os(CHILD_MARK) else {
+        return;
+    };
+    let builder = UpstreamClient::builder(base_url.into_string().unwrap()).connect_timeout(LIMIT);
+    let builder = match std::env::var_os("TOWER_LLM_FAILOVER_CA_FILE") {
+        // Proxy from the environment, test CA from a file.
+        Some(ca_file) => builder.ca_file(ca_file).proxy_from_env(),
+        // Only the platform's store, which SSL_CERT_FILE points at.
+        None => builder.webpki_roots(false).native_roots(true),
+    };
+    let client = builder.build().unwrap();
+    assert_whole_answer(&read_all(send(&client).await.unwrap()).await, "tls");
+}
+
+/// Runs `env_child` with `vars` set and every proxy variable cleared.
+fn run_child(
+    base_url: String,
+    vars: Vec<(&'static str, String)>,
+) -> tokio::task::JoinHandle<std::process::Output> {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args(["env_child", "--exact", "--test-threads=1"])
+        .env(CHILD_MARK, base_url);
+    for var in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
+        "REQUEST_METHOD",
+        "TOWER_LLM_FAILOVER_CA_FILE",
+    ] {
+        child.env_remove(var);
+    }
+    child.envs(vars);
+    tokio::task::spawn_blocking(move || child.output().unwrap())
+}
+
+#[tokio::test]
+async fn native_roots_trust_the_platform_store() {
+    let pki = pki();
+    let upstream = tls_upstream(&pki, &["127.0.0.1"], &[]).await;
+    let ca_file = pki.ca_file.display().to_string();
+    let child = run_child(
+        upstream.base_url(),
+        vec![("SSL_CERT_FILE", ca_file), ("SSL_CERT_DIR", String::new())],
+    );
+    let output = tokio::time::timeout(Duration::from_secs(60), child)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(upstream.attempts(), 1);
+}
+
+#[tokio::test]
+async fn proxy_from_env_follows_https_proxy_and_no_proxy() {
+    let pki = pki();
+    let upstream = tls_upstream(&pki, &["127.0.0.1"], &[]).await;
+    let proxy = Proxy::start(ProxyMode::Tunnel).await;
+    let ca_file = pki.ca_file.display().to_string();
+    let run = |no_proxy: &str| {
+        run_child(
+            upstream.base_url(),
+            vec![
+                ("TOWER_LLM_FAILOVER_CA_FILE", ca_file.clone()),
+                ("HTTPS_PROXY", proxy.url()),
+                ("NO_PROXY", no_proxy.to_owned()),
+            ],
+        )
+    };
+    let output = tokio::time::timeout(Duration::from_secs(60), run(""))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(proxy.connect_count(), 1);
+    assert_eq!(upstream.attempts(), 1);
+
+    let output = tokio::time::timeout(Duration::from_secs(60), run("127.0.0.1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(proxy.connect_count(), 1, "NO_PROXY bypasses the proxy");
+    assert_eq!(upstream.attempts(), 2);
+}
