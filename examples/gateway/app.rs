@@ -19,7 +19,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
     Budget, BudgetError, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
 };
-use tower_llm_failover::client::{Auth, UpstreamClient};
+use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{OpenAiChat, TerminalMode};
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
@@ -145,6 +145,70 @@ pub(crate) struct ProviderConfig {
     #[serde(default)]
     pub(crate) auth: Option<String>,
     pub(crate) connect_timeout_ms: Option<u64>,
+    // Upstream TLS trust, client certificate and egress proxy.
+    /// PEM bundle of CAs trusted for this provider, added to the roots.
+    pub(crate) ca_file: Option<String>,
+    /// Trust the Mozilla roots compiled in (default true); false with
+    /// `ca_file` trusts only that bundle.
+    pub(crate) webpki_roots: Option<bool>,
+    /// Trust the platform's store too (default false).
+    pub(crate) native_roots: Option<bool>,
+    /// PEM certificate chain presented to the provider (mTLS).
+    pub(crate) client_cert_file: Option<String>,
+    /// PEM private key of `client_cert_file`.
+    pub(crate) client_key_file: Option<String>,
+    /// HTTP CONNECT proxy, `http://[user:password@]host:port`.
+    pub(crate) proxy_url: Option<String>,
+    /// Hosts that bypass `proxy_url` (NO_PROXY syntax).
+    pub(crate) no_proxy: Option<String>,
+    /// Take the proxy from HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
+    #[serde(default)]
+    pub(crate) proxy_from_env: bool,
+    /// Offer HTTP/2 by ALPN (default true).
+    pub(crate) http2: Option<bool>,
+}
+
+impl ProviderConfig {
+    /// Applies the TLS and proxy keys to a client builder.
+    fn apply_connection(
+        &self,
+        mut builder: UpstreamClientBuilder,
+    ) -> Result<UpstreamClientBuilder, String> {
+        if let Some(path) = &self.ca_file {
+            builder = builder.ca_file(path);
+        }
+        if let Some(on) = self.webpki_roots {
+            builder = builder.webpki_roots(on);
+        }
+        if let Some(on) = self.native_roots {
+            builder = builder.native_roots(on);
+        }
+        match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => builder = builder.client_cert_files(cert, key),
+            (None, None) => {}
+            _ => return Err("client_cert_file and client_key_file go together".to_owned()),
+        }
+        match (&self.proxy_url, self.proxy_from_env) {
+            (Some(_), true) => {
+                return Err("proxy_url and proxy_from_env exclude each other".to_owned());
+            }
+            (Some(url), false) => {
+                builder = builder.proxy(url.clone());
+                if let Some(list) = &self.no_proxy {
+                    builder = builder.no_proxy(list.clone());
+                }
+            }
+            (None, true) => builder = builder.proxy_from_env(),
+            (None, false) if self.no_proxy.is_some() => {
+                return Err("no_proxy needs proxy_url".to_owned());
+            }
+            (None, false) => {}
+        }
+        if let Some(on) = self.http2 {
+            builder = builder.http2(on);
+        }
+        Ok(builder)
+    }
 }
 
 /// `[[routes]]`.
@@ -268,6 +332,9 @@ impl Gateway {
             if let Some(ms) = provider.connect_timeout_ms {
                 builder = builder.connect_timeout(Duration::from_millis(ms));
             }
+            let builder = provider
+                .apply_connection(builder)
+                .map_err(|e| format!("provider {}: {e}", provider.name))?;
             let client = builder
                 .build()
                 .map_err(|e| format!("provider {}: {e}", provider.name))?;

@@ -33,6 +33,17 @@ struct Seen {
     parse: bool,
     user: bool,
     io_kind: Option<io::ErrorKind>,
+    /// A TLS or proxy check that failed: the upstream's application never
+    /// saw the request.
+    check: Option<Check>,
+}
+
+/// Which connection check failed, for the note and the message.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "client"), allow(dead_code))]
+struct Check {
+    note: &'static str,
+    what: &'static str,
 }
 
 /// Classifies a transport error; see [`Classifier::classify_transport`].
@@ -58,6 +69,10 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
             }
             // io::Error::source skips the wrapped error itself; get_ref does not.
             if let Some(inner) = io_err.get_ref() {
+                #[cfg(feature = "client")]
+                if io_err.kind() == io::ErrorKind::InvalidData && seen.check.is_none() {
+                    seen.check = alert_text_check(&inner.to_string());
+                }
                 stack.push(inner);
             }
             continue;
@@ -72,7 +87,14 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
         }
     }
 
-    let before_send = seen.connect_stage || seen.io_kind.is_some_and(is_before_send);
+    // A failed TLS or proxy check refuses the connection before the
+    // upstream's application sees a request (with TLS 1.3 the server's
+    // refusal of a client certificate arrives after the client's side of
+    // the handshake, while the request is being sent). Once a head came
+    // back, the connection had been accepted.
+    let check_refused = seen.check.is_some() && !head_received;
+    let before_send =
+        seen.connect_stage || check_refused || seen.io_kind.is_some_and(is_before_send);
     let phase = if before_send {
         Phase::BeforeSend
     } else if head_received {
@@ -90,11 +112,17 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
     } else {
         FailureClass::Connect
     };
-    let note = match (class, phase) {
-        (FailureClass::Connect, Phase::BeforeSend) => "connect_failed",
-        (FailureClass::Connect, _) => "connection_lost",
-        (FailureClass::Timeout, _) => "transport_timeout",
+    let note = match (class, phase, seen.check) {
+        (FailureClass::Connect, _, Some(check)) => check.note,
+        (FailureClass::Connect, Phase::BeforeSend, None) => "connect_failed",
+        (FailureClass::Connect, _, None) => "connection_lost",
+        (FailureClass::Timeout, _, _) => "transport_timeout",
         _ => "transport_error",
+    };
+    let text = match seen.check {
+        // Which check failed comes first: the message is bounded.
+        Some(check) => format!("{}: {text}", check.what),
+        None => text,
     };
     Classification::new(class, phase)
         .with_message(text)
@@ -121,6 +149,114 @@ fn inspect_client(e: &(dyn Error + 'static), seen: &mut Seen) {
             seen.user = true;
         }
     }
+    if seen.check.is_none() {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            seen.check = tls_check(tls);
+        } else if let Some(proxy) = e.downcast_ref::<crate::client::ProxyError>() {
+            seen.check = Some(proxy_check(proxy));
+        }
+    }
+}
+
+/// The TLS failures that mean "this connection was refused at the
+/// handshake": the server's application never saw a request.
+#[cfg(feature = "client")]
+fn tls_check(error: &rustls::Error) -> Option<Check> {
+    use rustls::{CertificateError as Cert, Error as E};
+    let check = |note, what| Some(Check { note, what });
+    match error {
+        E::InvalidCertificate(cert) => match cert {
+            Cert::UnknownIssuer => check(
+                "tls_unknown_ca",
+                "TLS: the upstream's certificate is signed by an unknown CA (not in the trusted roots)",
+            ),
+            Cert::NotValidForName | Cert::NotValidForNameContext { .. } => check(
+                "tls_name_mismatch",
+                "TLS: the upstream's certificate does not match the host name",
+            ),
+            Cert::Expired
+            | Cert::ExpiredContext { .. }
+            | Cert::NotValidYet
+            | Cert::NotValidYetContext { .. } => check(
+                "tls_certificate_expired",
+                "TLS: the upstream's certificate is expired or not yet valid",
+            ),
+            _ => check(
+                "tls_bad_certificate",
+                "TLS: the upstream's certificate is invalid",
+            ),
+        },
+        E::NoCertificatesPresented => check(
+            "tls_bad_certificate",
+            "TLS: the upstream presented no certificate",
+        ),
+        E::AlertReceived(alert) => alert_check(&format!("{alert:?}")),
+        E::PeerIncompatible(_) | E::NoApplicationProtocol => check(
+            "tls_handshake_failed",
+            "TLS: no protocol version, cipher suite or ALPN protocol in common with the upstream",
+        ),
+        _ => None,
+    }
+}
+
+/// A TLS alert the upstream sent, by its rustls name. HTTP/2 keeps only
+/// the text of an io error (`received fatal alert: CertificateRequired`),
+/// so the name is what both paths share.
+#[cfg(feature = "client")]
+fn alert_check(name: &str) -> Option<Check> {
+    let check = |note, what| Some(Check { note, what });
+    match name {
+        "CertificateRequired" => check(
+            "tls_client_certificate_required",
+            "TLS: the upstream requires a client certificate (mTLS) and none was sent",
+        ),
+        "BadCertificate"
+        | "UnsupportedCertificate"
+        | "CertificateRevoked"
+        | "CertificateExpired"
+        | "CertificateUnknown"
+        | "UnknownCA"
+        | "AccessDenied" => check(
+            "tls_client_certificate_rejected",
+            "TLS: the upstream rejected the client certificate",
+        ),
+        "HandshakeFailure"
+        | "ProtocolVersion"
+        | "InsufficientSecurity"
+        | "NoApplicationProtocol" => check(
+            "tls_handshake_refused",
+            "TLS: the upstream refused the handshake",
+        ),
+        _ => None,
+    }
+}
+
+/// The text of an io error whose rustls error was flattened to a string.
+#[cfg(feature = "client")]
+fn alert_text_check(text: &str) -> Option<Check> {
+    alert_check(text.strip_prefix("received fatal alert: ")?.trim())
+}
+
+#[cfg(feature = "client")]
+fn proxy_check(error: &crate::client::ProxyError) -> Check {
+    use crate::client::ProxyError as P;
+    let (note, what) = match error {
+        P::Unreachable { .. } => ("proxy_unreachable", "egress proxy: cannot connect to it"),
+        P::Refused { .. } => (
+            "proxy_refused",
+            "egress proxy: it refused to open a tunnel to the upstream",
+        ),
+        P::AuthRequired { .. } => (
+            "proxy_auth_required",
+            "egress proxy: it wants credentials (407)",
+        ),
+        P::UnsupportedScheme { .. } => (
+            "proxy_unsupported",
+            "egress proxy: only http:// CONNECT proxies are supported",
+        ),
+        _ => ("proxy_failed", "egress proxy: the CONNECT tunnel broke off"),
+    };
+    Check { note, what }
 }
 
 /// For error types we cannot downcast (other clients, tower's own

@@ -1,7 +1,8 @@
 //! `UpstreamClientBuilder`: base URL, credential and connection settings.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -10,8 +11,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::proxy::{ProxySetting, UpstreamConnector};
 use super::service::Shared;
 use super::target::Target;
+use super::tls::TlsOptions;
 use super::{
     Auth, ClientError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_STRIP_PREFIX,
     UpstreamClient,
@@ -28,6 +31,8 @@ pub struct UpstreamClientBuilder {
     strip_prefix: Option<String>,
     strip_headers: Vec<HeaderName>,
     http2: bool,
+    tls: TlsOptions,
+    proxy: ProxySetting,
 }
 
 impl UpstreamClientBuilder {
@@ -41,6 +46,8 @@ impl UpstreamClientBuilder {
             strip_prefix: Some(DEFAULT_STRIP_PREFIX.to_owned()),
             strip_headers: Vec::new(),
             http2: true,
+            tls: TlsOptions::default(),
+            proxy: ProxySetting::Direct,
         }
     }
 
@@ -99,7 +106,83 @@ impl UpstreamClientBuilder {
         self
     }
 
-    /// Builds the client. Needs no runtime; requests need Tokio.
+    /// Adds the CA certificates of a PEM bundle to the trusted roots (a
+    /// private CA for an internal model server). Repeatable. The file is
+    /// read by [`build`](Self::build); to trust *only* these CAs, also turn
+    /// off [`webpki_roots`](Self::webpki_roots).
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca_files.push(path.into());
+        self
+    }
+
+    /// Whether the Mozilla roots compiled into the crate (webpki-roots) are
+    /// trusted (default on).
+    pub fn webpki_roots(mut self, enabled: bool) -> Self {
+        self.tls.webpki_roots = enabled;
+        self
+    }
+
+    /// Whether the platform's trust store is trusted too (default off).
+    /// Read by [`build`](Self::build) through rustls-native-certs, which
+    /// honours `SSL_CERT_FILE` and `SSL_CERT_DIR`; a store with no usable
+    /// certificate is [`ClientError::NativeRoots`].
+    pub fn native_roots(mut self, enabled: bool) -> Self {
+        self.tls.native_roots = enabled;
+        self
+    }
+
+    /// Presents a client certificate (mTLS): a PEM certificate chain (leaf
+    /// first) and its PEM private key (PKCS#8, PKCS#1 or SEC1). Both files
+    /// are read by [`build`](Self::build); their contents never appear in
+    /// an error.
+    pub fn client_cert_files(
+        mut self,
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client_identity = Some((cert_file.into(), key_file.into()));
+        self
+    }
+
+    /// Sends every request through the HTTP CONNECT proxy at `url`
+    /// (`http://host:port`, optionally `http://user:password@host:port`,
+    /// sent as `Proxy-Authorization: Basic` on the CONNECT only and never
+    /// logged). Both http and https targets are tunnelled; TLS runs inside
+    /// the tunnel, end to end with the upstream.
+    pub fn proxy(mut self, url: impl Into<String>) -> Self {
+        let no_proxy = match &mut self.proxy {
+            ProxySetting::Url { no_proxy, .. } => std::mem::take(no_proxy),
+            _ => String::new(),
+        };
+        self.proxy = ProxySetting::Url {
+            url: url.into(),
+            no_proxy,
+        };
+        self
+    }
+
+    /// Hosts that bypass the [`proxy`](Self::proxy), in the `NO_PROXY`
+    /// syntax: comma-separated host names (matching subdomains too), IP
+    /// addresses, CIDR blocks, or `*`. Call after `proxy`.
+    pub fn no_proxy(mut self, list: impl Into<String>) -> Self {
+        if let ProxySetting::Url { no_proxy, .. } = &mut self.proxy {
+            *no_proxy = list.into();
+        }
+        self
+    }
+
+    /// Takes the proxy from the environment as curl does: `HTTPS_PROXY`
+    /// for https targets, `HTTP_PROXY` for http ones, `ALL_PROXY` for
+    /// both, `NO_PROXY` for exceptions (lowercase forms too), read by
+    /// [`build`](Self::build). Replaces [`proxy`](Self::proxy). Without
+    /// this call the environment is ignored.
+    pub fn proxy_from_env(mut self) -> Self {
+        self.proxy = ProxySetting::Env;
+        self
+    }
+
+    /// Builds the client: reads the CA and client certificate files and
+    /// checks the proxy URL. Needs no runtime; requests need Tokio.
     pub fn build(self) -> Result<UpstreamClient, ClientError> {
         let target = Target::parse(&self.base_url, self.strip_prefix.as_deref())?;
         let credential = self.auth.to_header()?;
@@ -125,49 +208,26 @@ impl UpstreamClientBuilder {
 }
 
 impl UpstreamClientBuilder {
-    /// The connector `build` uses: TCP_NODELAY, the connect timeout, rustls.
-    fn connector(&self) -> Result<HttpsConnector<HttpConnector>, ClientError> {
+    /// The connector `build` uses: TCP_NODELAY, the connect timeout, the
+    /// proxy tunnel when one applies, rustls with the trust options.
+    fn connector(&self) -> Result<HttpsConnector<UpstreamConnector>, ClientError> {
         let mut http = HttpConnector::new();
         // Streams are many small writes: without this, Nagle's algorithm and
         // delayed ACKs hold each stream's tail for ~40 ms.
         http.set_nodelay(true);
         http.enforce_http(false);
         http.set_connect_timeout(self.connect_timeout);
-        https_connector(http, self.http2)
-    }
-}
-
-/// rustls with the ring provider picked explicitly (the process default
-/// panics when another crate in the build also enables aws-lc-rs) and the
-/// webpki roots compiled in, built once per process.
-fn tls_config() -> Result<rustls::ClientConfig, ClientError> {
-    static CONFIG: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            use hyper_rustls::ConfigBuilderExt as _;
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map(|b| b.with_webpki_roots().with_no_client_auth())
-            .map_err(|e| e.to_string())
+        let tcp = UpstreamConnector::new(http, self.proxy.matcher()?);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.tls.client_config()?)
+            .https_or_http();
+        // ALPN offers h2 then http/1.1: a server without HTTP/2 gets 1.1.
+        Ok(if self.http2 {
+            builder.enable_all_versions().wrap_connector(tcp)
+        } else {
+            builder.enable_http1().wrap_connector(tcp)
         })
-        .clone()
-        .map_err(ClientError::Tls)
-}
-
-fn https_connector(
-    http: HttpConnector,
-    http2: bool,
-) -> Result<HttpsConnector<HttpConnector>, ClientError> {
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls_config()?)
-        .https_or_http();
-    Ok(if http2 {
-        builder.enable_all_versions().wrap_connector(http)
-    } else {
-        builder.enable_http1().wrap_connector(http)
-    })
+    }
 }
 
 impl fmt::Debug for UpstreamClientBuilder {
@@ -183,6 +243,8 @@ impl fmt::Debug for UpstreamClientBuilder {
             .field("strip_prefix", &self.strip_prefix)
             .field("strip_headers", &self.strip_headers)
             .field("http2", &self.http2)
+            .field("tls", &self.tls)
+            .field("proxy", &self.proxy)
             .finish()
     }
 }
@@ -209,10 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_config_builds_offline_and_is_shared() {
-        let a = tls_config().unwrap();
-        let b = tls_config().unwrap();
-        assert_eq!(a.alpn_protocols, b.alpn_protocols);
+    fn tls_config_builds_offline() {
         assert!(
             UpstreamClient::builder("https://api.openai.com/v1")
                 .http2(false)

@@ -2,6 +2,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::path::PathBuf;
 
 use crate::classify::UpstreamError;
 
@@ -31,6 +32,47 @@ pub enum ClientError {
     /// The TLS configuration could not be built.
     #[error("TLS setup failed: {0}")]
     Tls(String),
+    /// A CA bundle (`ca_file`) could not be read or holds no usable CA
+    /// certificate.
+    #[error("CA file {}: {reason}", path.display())]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never its contents).
+        reason: String,
+    },
+    /// The client certificate chain (`client_cert_file`) could not be read.
+    #[error("client certificate file {}: {reason}", path.display())]
+    ClientCertificate {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never its contents).
+        reason: String,
+    },
+    /// The client private key (`client_key_file`) could not be read, or
+    /// does not belong to the certificate.
+    #[error("client key file {}: {reason}", path.display())]
+    ClientKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never its contents).
+        reason: String,
+    },
+    /// The platform's trust store was asked for and holds nothing usable.
+    #[error("native roots: {0}")]
+    NativeRoots(String),
+    /// The trust options leave no root at all (webpki roots off, no native
+    /// roots, no CA file): no server could ever be verified.
+    #[error("no trust roots: enable the webpki or native roots, or give a CA file")]
+    NoTrustRoots,
+    /// The proxy URL is not `http://host:port` (the URL itself is not
+    /// echoed: it may carry credentials).
+    #[error("invalid proxy URL: {0}")]
+    InvalidProxyUrl(String),
+    /// The proxy URL's scheme is not `http`: only HTTP CONNECT proxies
+    /// reached over plain TCP are supported.
+    #[error("proxy URL scheme must be http, got {0:?}")]
+    UnsupportedProxyScheme(String),
 }
 
 /// Why a request did not get a response head from the upstream.

@@ -4,9 +4,47 @@
 //! [`UpstreamClient`] is the innermost service of a gateway stack (budget →
 //! failover → classify → **upstream client**). It is a pooled
 //! `hyper_util::client::legacy::Client` speaking HTTP/1.1, and HTTP/2 where
-//! an https server picks it by ALPN, over rustls (ring, webpki roots
-//! compiled in: no OpenSSL, no system trust store, nothing fetched at build
-//! time). Plain `http://` needs no TLS.
+//! an https server picks it by ALPN, over rustls (ring, no OpenSSL).
+//! Plain `http://` needs no TLS.
+//!
+//! # TLS
+//!
+//! By default the Mozilla roots compiled in (webpki-roots) are trusted and
+//! no client certificate is sent. The builder adds:
+//!
+//! - [`ca_file`](UpstreamClientBuilder::ca_file): a PEM bundle of private
+//!   CAs, added to the roots; with
+//!   [`webpki_roots(false)`](UpstreamClientBuilder::webpki_roots) it
+//!   replaces them;
+//! - [`native_roots(true)`](UpstreamClientBuilder::native_roots): the
+//!   platform's trust store (rustls-native-certs) as well;
+//! - [`client_cert_files`](UpstreamClientBuilder::client_cert_files): a
+//!   certificate chain and key for servers that require mTLS.
+//!
+//! Files are read once, by `build`, and a bad one is a typed
+//! [`ClientError`] naming the path (never the contents).
+//!
+//! ALPN offers `h2` then `http/1.1`: an upstream speaking HTTP/2 gets one
+//! connection per origin, which every concurrent request shares once it is
+//! open; one without gets HTTP/1.1 and a pool of connections. (Requests
+//! that start together before the first connection to an origin is up may
+//! each open one; hyper-util keeps a single HTTP/2 connection and drops the
+//! rest.)
+//!
+//! # Egress proxies
+//!
+//! [`proxy`](UpstreamClientBuilder::proxy) sends every request through an
+//! HTTP CONNECT proxy (`http://[user:password@]host:port`), except the
+//! hosts [`no_proxy`](UpstreamClientBuilder::no_proxy) lists;
+//! [`proxy_from_env`](UpstreamClientBuilder::proxy_from_env) reads
+//! `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` / `NO_PROXY` instead. The
+//! environment is never read unless asked. hyper-util's own matcher and
+//! [`Tunnel`](hyper_util::client::legacy::connect::proxy::Tunnel)
+//! connector do the work: http and https targets alike go through one
+//! CONNECT per connection, and TLS runs inside the tunnel, end to end with
+//! the upstream. Proxy credentials go only into the CONNECT's
+//! `Proxy-Authorization`; errors and `Debug` output name the proxy by
+//! `host:port`.
 //!
 //! # The URL join rule
 //!
@@ -53,6 +91,26 @@
 //! `source()`, so [`Classifier::classify_transport`] sees `is_connect()` and
 //! the io error below it: a refused connection is `Connect` before send.
 //!
+//! A failed connection check is `Connect` before send too, so failover
+//! reroutes it like any connect failure, and its note and message say
+//! which check failed:
+//!
+//! | failure | note |
+//! |---|---|
+//! | server certificate from an unknown CA | `tls_unknown_ca` |
+//! | server certificate for another host name | `tls_name_mismatch` |
+//! | server certificate expired or not yet valid | `tls_certificate_expired` |
+//! | any other invalid server certificate | `tls_bad_certificate` |
+//! | server requires a client certificate, none sent | `tls_client_certificate_required` |
+//! | server rejects the client certificate | `tls_client_certificate_rejected` |
+//! | server refuses the handshake, or nothing in common | `tls_handshake_refused`, `tls_handshake_failed` |
+//! | proxy answers the CONNECT with an error status | `proxy_refused` |
+//! | proxy answers 407 | `proxy_auth_required` |
+//! | proxy cannot be reached | `proxy_unreachable` |
+//! | proxy breaks off, or is not `http://` | `proxy_failed`, `proxy_unsupported` |
+//!
+//! The proxy failures are [`ProxyError`]s in the chain.
+//!
 //! # Example
 //!
 //! ```
@@ -93,8 +151,10 @@ mod builder;
 mod error;
 mod future;
 mod headers;
+mod proxy;
 mod service;
 mod target;
+mod tls;
 
 use std::time::Duration;
 
@@ -102,6 +162,7 @@ pub use self::auth::Auth;
 pub use self::builder::UpstreamClientBuilder;
 pub use self::error::{ClientError, SendError};
 pub use self::future::ResponseFuture;
+pub use self::proxy::ProxyError;
 pub use self::service::UpstreamClient;
 
 /// Default TCP connect timeout.

@@ -14,9 +14,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
 
+use super::proxy::UpstreamConnector;
 use super::target::Target;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
 use crate::classify::{Classification, FailureClass, Phase, UpstreamError};
@@ -52,7 +52,7 @@ pub(crate) struct Shared {
 /// or use `oneshot(request)`, which infers it from the request.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    client: Client<HttpsConnector<UpstreamConnector>, UpstreamBody>,
     shared: Arc<Shared>,
 }
 
@@ -65,7 +65,7 @@ impl UpstreamClient {
     }
 
     pub(crate) fn from_parts(
-        client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+        client: Client<HttpsConnector<UpstreamConnector>, UpstreamBody>,
         shared: Arc<Shared>,
     ) -> Self {
         Self { client, shared }

@@ -59,6 +59,16 @@
 //! until replaced); `null` clears it. A model-name fault wins over the
 //! armed one and does not use it up.
 //!
+//! # TLS
+//!
+//! [`FakeUpstreamBuilder::tls`] serves HTTPS instead, with the rustls
+//! server config given (certificates, client certificate checks): HTTP/2
+//! when the client picks `h2` by ALPN, HTTP/1.1 otherwise. The base URL is
+//! then `https://127.0.0.1:PORT/v1`, so the certificate needs the IP
+//! address `127.0.0.1` among its subject alternative names.
+//! [`FakeUpstream::connections`] counts accepted connections (whatever
+//! became of their handshake), to check connection reuse.
+//!
 //! # Example
 //!
 //! ```
@@ -94,15 +104,16 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 use super::chunks;
 use super::{ScriptedBody, Step};
@@ -453,6 +464,8 @@ struct State {
     api_key: Option<String>,
     models: Vec<String>,
     attempts: AtomicUsize,
+    /// Accepted TCP connections.
+    connections: AtomicUsize,
     requests: Mutex<Vec<SeenRequest>>,
     armed: Mutex<Option<Armed>>,
 }
@@ -496,9 +509,19 @@ pub struct FakeUpstreamBuilder {
     fault: Option<Fault>,
     api_key: Option<String>,
     models: Vec<String>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl FakeUpstreamBuilder {
+    /// Serves HTTPS with this rustls server config (see [TLS](self#tls)).
+    /// When the config offers no ALPN protocol, the fake offers `h2` and
+    /// `http/1.1`; set `alpn_protocols` to `[b"http/1.1"]` for an
+    /// HTTP/1.1-only server.
+    pub fn tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
     /// The loopback port (default 0: a free one).
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
@@ -545,6 +568,14 @@ impl FakeUpstreamBuilder {
     pub async fn start(self) -> io::Result<FakeUpstream> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, self.port)).await?;
         let addr = listener.local_addr()?;
+        let tls = self.tls.map(|config| {
+            let mut config = Arc::unwrap_or_clone(config);
+            if config.alpn_protocols.is_empty() {
+                config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            }
+            TlsAcceptor::from(Arc::new(config))
+        });
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let state = Arc::new(State {
             name: self.name.into(),
             tokens: self.tokens,
@@ -552,6 +583,7 @@ impl FakeUpstreamBuilder {
             api_key: self.api_key,
             models: self.models,
             attempts: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
             requests: Mutex::new(Vec::new()),
             armed: Mutex::new(None),
         });
@@ -563,9 +595,10 @@ impl FakeUpstreamBuilder {
             None,
         );
         let (shutdown, watch) = watch::channel(());
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), watch));
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&state), watch, tls));
         Ok(FakeUpstream {
             addr,
+            scheme,
             state,
             _shutdown: shutdown,
             accept,
@@ -577,6 +610,7 @@ impl FakeUpstreamBuilder {
 /// docs](self). Dropping it closes the listener and every connection.
 pub struct FakeUpstream {
     addr: SocketAddr,
+    scheme: &'static str,
     state: Arc<State>,
     /// Dropped with the fake: every connection task watches it and ends.
     _shutdown: watch::Sender<()>,
@@ -608,6 +642,7 @@ impl FakeUpstream {
             fault: None,
             api_key: None,
             models: vec!["fake-model".to_owned()],
+            tls: None,
         }
     }
 
@@ -621,9 +656,16 @@ impl FakeUpstream {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT/v1`, the base URL an OpenAI client takes.
+    /// `http://127.0.0.1:PORT/v1` (`https://` when serving TLS), the base
+    /// URL an OpenAI client takes.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("{}://{}/v1", self.scheme, self.addr)
+    }
+
+    /// TCP connections accepted so far (a TLS handshake may still have
+    /// failed on them).
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Chat completion requests seen so far, whatever their outcome.
@@ -681,12 +723,21 @@ impl fmt::Debug for FakeUpstream {
         f.debug_struct("FakeUpstream")
             .field("name", &self.state.name)
             .field("addr", &self.addr)
+            .field("scheme", &self.scheme)
             .field("attempts", &self.attempts())
             .finish_non_exhaustive()
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, shutdown: watch::Receiver<()>) {
+/// The longest a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    shutdown: watch::Receiver<()>,
+    tls: Option<TlsAcceptor>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -696,29 +747,62 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, shutdown: watch::
                 continue;
             }
         };
+        state.connections.fetch_add(1, Ordering::SeqCst);
         // Many small writes per stream: no Nagle delay on our side either.
         let _ = stream.set_nodelay(true);
         let reset = Arc::new(AtomicBool::new(false));
-        let io = TokioIo::new(ConnIo {
+        let io = ConnIo {
             stream,
             reset: Arc::clone(&reset),
-        });
+        };
         let state = Arc::clone(&state);
         let mut shutdown = shutdown.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let state = Arc::clone(&state);
-                let reset = Arc::clone(&reset);
-                async move { Ok::<_, Infallible>(handle(&state, reset, request).await) }
-            });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(io, service);
+            let serving = async move {
+                match tls {
+                    None => serve(TokioIo::new(io), state, reset, false).await,
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(io));
+                        // A failed handshake (the client distrusts us, or
+                        // we it) just ends the connection.
+                        let Ok(Ok(stream)) = handshake.await else {
+                            return;
+                        };
+                        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                        serve(TokioIo::new(stream), state, reset, h2).await;
+                    }
+                }
+            };
             tokio::select! {
-                _ = connection => {}
+                _ = serving => {}
                 _ = shutdown.changed() => {}
             }
         });
+    }
+}
+
+/// Serves one connection, HTTP/1.1 or HTTP/2, until it ends.
+async fn serve<I>(io: I, state: Arc<State>, reset: Arc<AtomicBool>, h2: bool)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = service_fn(move |request| {
+        let state = Arc::clone(&state);
+        let reset = Arc::clone(&reset);
+        async move { Ok::<_, Infallible>(handle(&state, reset, request).await) }
+    });
+    if h2 {
+        let _ = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(io, service)
+            .await;
+    } else {
+        let _ = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .serve_connection(io, service)
+            .await;
     }
 }
 
@@ -1416,6 +1500,7 @@ mod tests {
             api_key: None,
             models: vec![],
             attempts: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
             requests: Mutex::new(vec![]),
             armed: Mutex::new(None),
         };
