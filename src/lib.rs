@@ -103,6 +103,7 @@ pub mod client;
 pub mod commit;
 pub mod dialect;
 pub mod failover;
+mod failure;
 pub mod record;
 pub mod sse;
 pub mod stream;

@@ -170,7 +170,9 @@ async fn invalid_utf8() {
         (c.class, c.note),
         (FailureClass::InvalidResponse, Some("no_error_in_event"))
     );
-    let c = classifier.validate_completion(None, b"\xff{}").unwrap_err();
+    let c = classifier
+        .validate_body(&tower_llm_failover::dialect::OpenAiChat, None, b"\xff{}")
+        .unwrap_err();
     assert_eq!(
         (c.class, c.note),
         (FailureClass::InvalidResponse, Some("invalid_json"))

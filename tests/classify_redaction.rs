@@ -45,7 +45,13 @@ fn assert_no_secret(error: &UpstreamError, secret: &str) {
         ("error Display", error.to_string()),
         (
             "openai body",
-            String::from_utf8(error.to_openai_error().1.to_vec()).unwrap(),
+            String::from_utf8(
+                error
+                    .to_error(&tower_llm_failover::dialect::OpenAiChat)
+                    .1
+                    .to_vec(),
+            )
+            .unwrap(),
         ),
     ] {
         assert!(!text.contains(tail), "{what} leaks the key: {text}");

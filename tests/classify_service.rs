@@ -181,7 +181,7 @@ async fn inner_errors_keep_their_source() {
 }
 
 fn openai_json(c: Classification) -> (StatusCode, serde_json::Value) {
-    let (status, body) = UpstreamError::new(c).to_openai_error();
+    let (status, body) = UpstreamError::new(c).to_error(&tower_llm_failover::dialect::OpenAiChat);
     (status, serde_json::from_slice(&body).unwrap())
 }
 
@@ -291,7 +291,7 @@ fn openai_error_shape_and_status() {
     }
 
     let response = UpstreamError::new(Classification::new(FailureClass::Timeout, Phase::Head))
-        .to_openai_response();
+        .to_response(&tower_llm_failover::dialect::OpenAiChat);
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(response.headers()["content-type"], "application/json");
 }

@@ -15,6 +15,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::classify::{
     Classification, Classifier, ClassifyLayer, FailureClass, Phase, Recovery, UpstreamError,
 };
+use tower_llm_failover::dialect::OpenAiChat;
 
 use FailureClass::*;
 use Recovery::*;
@@ -889,14 +890,14 @@ fn row_8_our_own_timeout() {
 fn row_19_invalid_completions() {
     let classifier = Classifier::new();
     let ok = br#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
-    assert_eq!(classifier.validate_completion(None, ok), Ok(()));
+    assert!(classifier.validate_body(&OpenAiChat, None, ok).is_ok());
 
     let cases: &[(&[u8], FailureClass, Option<&str>)] = &[
         (b"{\"id\":\"c\",\"choices\":[", InvalidResponse, Some("invalid_json")),
         (b"not json at all", InvalidResponse, Some("invalid_json")),
-        (br#"{"id":"c","object":"chat.completion"}"#, InvalidResponse, Some("no_choices")),
-        (br#"{"id":"c","choices":[]}"#, InvalidResponse, Some("no_choices")),
-        (br#"{"id":"c","choices":null}"#, InvalidResponse, Some("no_choices")),
+        (br#"{"id":"c","object":"chat.completion"}"#, InvalidResponse, Some("no_answer")),
+        (br#"{"id":"c","choices":[]}"#, InvalidResponse, Some("no_answer")),
+        (br#"{"id":"c","choices":null}"#, InvalidResponse, Some("no_answer")),
         (br#"[1,2]"#, InvalidResponse, Some("unexpected_json")),
         // Gemini compat: unwrap the array, then classify the inner error.
         (
@@ -912,16 +913,21 @@ fn row_19_invalid_completions() {
     ];
     for (body, class, note) in cases {
         let c = classifier
-            .validate_completion(Some("fake"), body)
+            .validate_body(&OpenAiChat, Some("fake"), body)
             .expect_err(&String::from_utf8_lossy(body));
         assert_eq!(c.class, *class, "{}", String::from_utf8_lossy(body));
         assert_eq!(c.phase, Phase::Preamble);
         assert_eq!(c.note, *note);
     }
     // `"error": null` is no error.
-    assert_eq!(
-        classifier.validate_completion(None, br#"{"error":null,"choices":[{"index":0}]}"#),
-        Ok(())
+    assert!(
+        classifier
+            .validate_body(
+                &OpenAiChat,
+                None,
+                br#"{"error":null,"choices":[{"index":0}]}"#
+            )
+            .is_ok()
     );
 }
 

@@ -10,7 +10,8 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_llm_failover::failover::{Capabilities, Failover, Requirements, Target};
+use tower_llm_failover::dialect::{Dialect, OpenAiChat};
+use tower_llm_failover::failover::{Capabilities, Failover, Target};
 use tower_llm_failover::record::{Decision, RunRecord};
 use tower_llm_failover::testing::{FakeProvider, Reply};
 
@@ -136,7 +137,9 @@ async fn after_a_reroute_only_the_answering_attempt_records_bytes() {
 fn window_request() -> (Value, u64) {
     let mut body = chat_body(true);
     body["max_tokens"] = json!(100);
-    let requirements = Requirements::from_request(&body).unwrap();
+    let (requirements, _) = OpenAiChat
+        .read_request(bytes::Bytes::from(body.to_string()))
+        .unwrap();
     let needed = requirements.prompt_tokens + requirements.max_output_tokens.unwrap();
     assert!(needed > 100, "the prompt counts too: {requirements:?}");
     (body, needed)

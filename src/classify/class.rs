@@ -8,85 +8,9 @@ use http::StatusCode;
 
 use super::sanitize::{sanitize_code, sanitize_message};
 
-/// What kind of failure an upstream call had, named by the provider contract
-/// that documents it rather than by a catch-all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FailureClass {
-    /// A short-term rate limit: wait and retry.
-    RateLimited,
-    /// Quota, credit or spend limit exhausted: retrying that provider will not help.
-    QuotaExhausted,
-    /// The provider is overloaded (529, 503, capacity exceeded).
-    Overloaded,
-    /// A server-side error (500, 502, 409 lock timeouts).
-    ServerError,
-    /// A timeout, the provider's (408, 504) or ours.
-    Timeout,
-    /// Connection could not be made or was reset before the response head.
-    Connect,
-    /// The provider rejected the gateway's credential.
-    Auth,
-    /// The provider refused access (region, tier, permissions).
-    PermissionDenied,
-    /// The upstream model does not exist for this provider.
-    ModelNotFound,
-    /// The client's request is invalid; no provider will accept it.
-    InvalidRequest,
-    /// The prompt does not fit the model's context window.
-    ContextLengthExceeded,
-    /// The provider's content policy blocked the request or the answer.
-    ContentFiltered,
-    /// The request is larger than this provider (or tier) accepts.
-    PayloadTooLarge,
-    /// The provider answered something that is not what it claims to be.
-    InvalidResponse,
-    /// The client went away or the turn was cancelled.
-    Cancelled,
-}
+pub use crate::failure::{FailureClass, Phase};
 
 impl FailureClass {
-    /// Every class, in declaration order (for tables, metrics registration
-    /// and exhaustive tests).
-    pub const ALL: [FailureClass; 15] = [
-        Self::RateLimited,
-        Self::QuotaExhausted,
-        Self::Overloaded,
-        Self::ServerError,
-        Self::Timeout,
-        Self::Connect,
-        Self::Auth,
-        Self::PermissionDenied,
-        Self::ModelNotFound,
-        Self::InvalidRequest,
-        Self::ContextLengthExceeded,
-        Self::ContentFiltered,
-        Self::PayloadTooLarge,
-        Self::InvalidResponse,
-        Self::Cancelled,
-    ];
-
-    /// A stable snake_case name, used in logs, metrics and error codes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RateLimited => "rate_limited",
-            Self::QuotaExhausted => "quota_exhausted",
-            Self::Overloaded => "overloaded",
-            Self::ServerError => "server_error",
-            Self::Timeout => "timeout",
-            Self::Connect => "connect",
-            Self::Auth => "auth",
-            Self::PermissionDenied => "permission_denied",
-            Self::ModelNotFound => "model_not_found",
-            Self::InvalidRequest => "invalid_request",
-            Self::ContextLengthExceeded => "context_length_exceeded",
-            Self::ContentFiltered => "content_filtered",
-            Self::PayloadTooLarge => "payload_too_large",
-            Self::InvalidResponse => "invalid_response",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
     /// The default recovery for this class: the data a failover policy reads
     /// when no override applies.
     ///
@@ -117,62 +41,6 @@ impl FailureClass {
             | Self::InvalidResponse
             | Self::ContextLengthExceeded => Recovery::Reroute,
         }
-    }
-
-    /// Whether the failure is about the client's request itself (the
-    /// classes whose final stop reports the provider's own 4xx status).
-    pub fn is_request_error(self) -> bool {
-        matches!(
-            self,
-            Self::InvalidRequest
-                | Self::ContextLengthExceeded
-                | Self::ContentFiltered
-                | Self::PayloadTooLarge
-        )
-    }
-}
-
-impl fmt::Display for FailureClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where in an upstream call a failure happened. Failover is legal in every
-/// phase but [`Phase::Committed`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Before the request could have reached the provider (DNS, connect, TLS).
-    BeforeSend,
-    /// After the request was sent, up to and including the response head.
-    Head,
-    /// The response is streaming but no model output has reached the client.
-    Preamble,
-    /// Model output has reached the client: the stream is committed.
-    Committed,
-}
-
-impl Phase {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::BeforeSend => "before_send",
-            Self::Head => "head",
-            Self::Preamble => "preamble",
-            Self::Committed => "committed",
-        }
-    }
-
-    /// Whether the request may have reached the provider (and so may have
-    /// been processed, billed or rate-counted) in this phase.
-    pub fn may_have_reached_provider(self) -> bool {
-        !matches!(self, Self::BeforeSend)
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -231,74 +231,58 @@ impl Classifier {
         self.finish(provider, c, &codes)
     }
 
-    /// Checks a 200 non-streaming completion body: it must be a JSON object
-    /// with a non-empty `choices` array and no `error`. Otherwise:
-    /// - a JSON array (Gemini's OpenAI-compatible error) is unwrapped and its
-    ///   error classified, as is an `{"error": ...}` object on a 200;
-    /// - anything else (invalid JSON, no or empty `choices`) is
-    ///   `InvalidResponse`.
-    ///
-    /// Phase [`Phase::Preamble`]: the head was fine and nothing reached the
-    /// client yet.
-    pub fn validate_completion(
+    /// Checks a whole non-streaming answer with `dialect`: its usage and
+    /// answering model when valid; otherwise the provider's error it
+    /// carries (an error on a 200, e.g. Gemini's array-wrapped error), or
+    /// `InvalidResponse` noting what is wrong. Phase
+    /// [`Preamble`](Phase::Preamble): nothing has reached the client.
+    pub fn validate_body<D: crate::dialect::Dialect>(
         &self,
+        dialect: &D,
         provider: Option<&str>,
         body: &[u8],
-    ) -> Result<(), Classification> {
+    ) -> Result<(Option<crate::dialect::Usage>, Option<String>), Classification> {
+        use crate::dialect::BodyCheck;
+        let (fault, message) = match dialect.check_body(body) {
+            BodyCheck::Valid { usage, model } => return Ok((usage, model)),
+            BodyCheck::Invalid { fault, message } => (fault, message),
+        };
+        if let Some(error) = self.error_in_body(provider, body) {
+            return Err(error);
+        }
+        let c = Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
+            .with_message(message)
+            .with_note(fault.as_str());
+        Err(self.finish(provider, c, &[]))
+    }
+
+    /// A provider's error carried by a success body: an `error` object, or
+    /// one wrapped in an array.
+    fn error_in_body(&self, provider: Option<&str>, body: &[u8]) -> Option<Classification> {
         #[derive(Deserialize)]
         struct Probe<'a> {
             #[serde(borrow, default)]
             error: Option<&'a RawValue>,
-            #[serde(borrow, default)]
-            choices: Option<&'a RawValue>,
         }
-        let invalid = |message: &str, note: &'static str| {
-            let c = Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
-                .with_message(message)
-                .with_note(note);
-            Err(self.finish(provider, c, &[]))
-        };
-        let raw: &RawValue = match serde_json::from_slice(body) {
-            Ok(raw) => raw,
-            Err(e) => {
-                return invalid(
-                    &format!("the completion body is not valid JSON: {e}"),
-                    "invalid_json",
-                );
-            }
-        };
+        let raw: &RawValue = serde_json::from_slice(body).ok()?;
         let text = raw.get();
-        if text.starts_with('[') {
-            let parsed = match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(v) => body::parse_value(&v),
-                Err(_) => ErrorBody::default(),
-            };
-            if parsed.found() {
-                return Err(self.completion_error(provider, &parsed));
-            }
-            return invalid("the completion body is a JSON array", "unexpected_json");
-        }
-        let Ok(probe) = serde_json::from_str::<Probe<'_>>(text) else {
-            return invalid(
-                "the completion body is not a JSON object",
-                "unexpected_json",
-            );
+        let has_error = if text.starts_with('[') {
+            true
+        } else {
+            serde_json::from_str::<Probe<'_>>(text)
+                .ok()
+                .and_then(|p| p.error)
+                .is_some_and(|e| e.get() != "null")
         };
-        if probe.error.is_some_and(|e| e.get() != "null") {
-            let parsed = match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(v) => body::parse_value(&v),
-                Err(_) => ErrorBody::default(),
-            };
-            return Err(self.completion_error(provider, &parsed));
+        if !has_error {
+            return None;
         }
-        match probe
-            .choices
-            .map(|c| serde_json::from_str::<Vec<&RawValue>>(c.get()))
-        {
-            Some(Ok(choices)) if !choices.is_empty() => Ok(()),
-            Some(Ok(_)) => invalid("the completion has an empty `choices`", "no_choices"),
-            _ => invalid("the completion has no `choices`", "no_choices"),
-        }
+        let parsed = serde_json::from_str::<serde_json::Value>(text)
+            .map(|v| body::parse_value(&v))
+            .ok()?;
+        parsed
+            .found()
+            .then(|| self.completion_error(provider, &parsed))
     }
 
     /// Applies this classifier's overrides and recovery adjustments to a

@@ -12,13 +12,13 @@
 //!   `Err(`[`UpstreamError`]`)`: the error body is read with a cap (64 KiB)
 //!   and a timeout (10 s), classified, and kept so that a final stop can
 //!   answer the client in OpenAI's error shape
-//!   ([`UpstreamError::to_openai_error`]). Transport errors from the inner
+//!   ([`UpstreamError::to_error`]). Transport errors from the inner
 //!   client are classified too. It works alone (metrics, logs, a
 //!   `tower::retry::Policy` reading [`Classification::recovery`]) and inside
 //!   the failover stack.
 //! - [`Classifier`] is the engine, called directly for what the layer cannot
 //!   see: in-band stream errors ([`Classifier::classify_in_band`]), 200
-//!   bodies that are not completions ([`Classifier::validate_completion`]),
+//!   bodies that are not valid answers ([`Classifier::validate_body`]),
 //!   transport errors met while a body streams
 //!   ([`Classifier::classify_transport`]), and the gateway's own timeouts,
 //!   cancellations and truncations ([`Classification::timeout`],
@@ -62,8 +62,9 @@
 //! assert_eq!(c.recovery, Recovery::Reroute);
 //! assert_eq!(c.provider_code.as_deref(), Some("insufficient_quota"));
 //!
-//! // What a gateway answers when no other provider is left.
-//! let (status, body) = error.to_openai_error();
+//! // What a gateway answers when no other provider is left, in the shape
+//! // of the client's wire dialect.
+//! let (status, body) = error.to_error(&tower_llm_failover::dialect::OpenAiChat);
 //! assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
 //! assert!(body.starts_with(br#"{"error":{"#));
 //! # }
@@ -97,8 +98,8 @@ mod classifier;
 mod error;
 mod future;
 mod layer;
-mod openai_error;
 mod overrides;
+mod reply;
 mod retry_after;
 mod rules;
 mod sanitize;

@@ -556,18 +556,14 @@ impl<D: Dialect> Inspector<D> {
             self.state.set_failure(failure, StreamPhase::Finished);
             return self.end("finished, then failed");
         }
-        let error = TerminalError {
-            message: if classification.message.is_empty() {
-                format!("upstream failure: {}", classification.class)
-            } else {
-                classification.message.clone()
-            },
-            error_type: classification.openai_type().to_owned(),
-            code: classification.openai_code(),
-            phase,
-            bytes_sent,
-            output_events: self.output_events,
+        let message = if classification.message.is_empty() {
+            format!("upstream failure: {}", classification.class)
+        } else {
+            classification.message.clone()
         };
+        let error = TerminalError::new(classification.class, phase, message)
+            .provider_code(classification.provider_code.clone())
+            .sent(bytes_sent, self.output_events);
         let identity = ChunkIdentity {
             id: self.identity.id.as_deref().map(Into::into),
             model: self.identity.model.as_deref().map(Into::into),

@@ -1,14 +1,22 @@
-//! Wire dialects: what each SSE event of a model's stream means.
+//! Wire dialects: everything about one API's wire format, in one place.
 //!
-//! A [`Dialect`] reads one dispatched [`SseEvent`] and says whether it carries
-//! model output (which commits the stream), a finish reason, usage, an in-band
-//! error, the end-of-stream marker, or only preamble (role chunks, empty
-//! deltas, keep-alives). It also writes the synthetic frames a gateway needs:
-//! the terminal chunk that ends a failed stream and the end marker.
+//! A [`Dialect`] owns what the rest of the crate must not know about a
+//! wire format:
 //!
-//! [`OpenAiChat`] speaks OpenAI `chat.completion.chunk` streams, the format of
-//! every OpenAI-compatible provider. Other dialects (Anthropic Messages
-//! events) implement the same trait beside it.
+//! - **requests**: what a request needs from a target ([`Requirements`]),
+//!   and the body each target receives (its model, usage reporting on);
+//! - **streams**: what each dispatched [`SseEvent`] is — model output
+//!   (which commits the stream), a finish reason, usage, an in-band error,
+//!   the end-of-stream marker, or only preamble (role chunks, empty deltas,
+//!   keep-alives) — and the synthetic frames a gateway writes: the terminal
+//!   event that ends a failed stream and the end marker;
+//! - **whole answers**: whether a non-streaming body is a valid answer, and
+//!   its usage;
+//! - **errors**: the error body a client of this API raises on.
+//!
+//! [`OpenAiChat`] speaks OpenAI chat completions, the format of every
+//! OpenAI-compatible provider. Other dialects implement the same trait
+//! beside it; nothing outside this module names a wire type.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -29,21 +37,19 @@
 //! assert_eq!(kinds, [ChunkKind::Preamble, ChunkKind::Output, ChunkKind::Done]);
 //! ```
 
-#[cfg(test)]
-mod differential;
 mod openai;
-#[cfg(test)]
-mod oracle;
-mod skim;
+mod request;
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
 
-use crate::classify::Phase;
+use crate::failure::{FailureClass, Phase};
 use crate::sse::SseEvent;
 
-pub use openai::OpenAiChat;
+pub use openai::{ChatRequest, OpenAiChat};
+pub use request::{RequestError, Requirements, ResponseFormat};
 
 /// What one event of a model stream is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,15 +134,16 @@ pub enum TerminalMode {
     ErrorEvent,
 }
 
-/// The facts a terminal chunk reports about a failure.
+/// The facts a terminal event reports about a failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TerminalError {
     /// Human-readable message (already sanitized).
     pub message: String,
-    /// Error type, e.g. the provider's own or `upstream_error`.
-    pub error_type: String,
-    /// Error code, e.g. the failure class.
-    pub code: String,
+    /// The failure's class.
+    pub class: FailureClass,
+    /// The provider's own error code, when it gave one.
+    pub provider_code: Option<String>,
     /// The phase the failure landed in.
     pub phase: Phase,
     /// Bytes sent to the client before the failure.
@@ -145,8 +152,152 @@ pub struct TerminalError {
     pub output_events: u64,
 }
 
-/// A stream's wire dialect. See the [module docs](self).
+impl TerminalError {
+    /// A terminal error of `class` in `phase` with this message.
+    pub fn new(class: FailureClass, phase: Phase, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            class,
+            provider_code: None,
+            phase,
+            bytes_sent: 0,
+            output_events: 0,
+        }
+    }
+
+    /// With the provider's own code.
+    pub fn provider_code(mut self, code: Option<String>) -> Self {
+        self.provider_code = code;
+        self
+    }
+
+    /// With what the client received before the failure.
+    pub fn sent(mut self, bytes: u64, output_events: u64) -> Self {
+        self.bytes_sent = bytes;
+        self.output_events = output_events;
+        self
+    }
+}
+
+/// An error a gateway answers a client with, in wire-neutral terms; the
+/// dialect shapes it ([`Dialect::error_body`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ErrorReply<'a> {
+    /// The failure class the error reports.
+    pub class: FailureClass,
+    /// The gateway's own machine-readable code (`invalid_json`,
+    /// `no_available_target`, ...); `None` for a provider's failure, whose
+    /// code the dialect derives from the class and `provider_code`.
+    pub code: Option<&'a str>,
+    /// The provider's own code, when the error is a provider's.
+    pub provider_code: Option<&'a str>,
+    /// The message (already sanitized).
+    pub message: &'a str,
+    /// The request field at fault, when known.
+    pub param: Option<&'a str>,
+}
+
+impl<'a> ErrorReply<'a> {
+    /// An error of `class` with this message.
+    pub fn new(class: FailureClass, message: &'a str) -> Self {
+        Self {
+            class,
+            code: None,
+            provider_code: None,
+            message,
+            param: None,
+        }
+    }
+
+    /// With the gateway's own code.
+    pub fn code(mut self, code: &'a str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// With the provider's code.
+    pub fn provider_code(mut self, code: Option<&'a str>) -> Self {
+        self.provider_code = code;
+        self
+    }
+
+    /// With the request field at fault.
+    pub fn param(mut self, param: Option<&'a str>) -> Self {
+        self.param = param;
+        self
+    }
+}
+
+/// What a dialect found in a whole (non-streaming) answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BodyCheck {
+    /// A valid answer, with what it reported.
+    Valid {
+        /// Usage, if reported.
+        usage: Option<Usage>,
+        /// The answering model, if named.
+        model: Option<String>,
+    },
+    /// Not a valid answer (it may still be a provider's error body, which
+    /// classification reads).
+    Invalid {
+        /// What is wrong.
+        fault: BodyFault,
+        /// What is wrong, for the record.
+        message: String,
+    },
+}
+
+/// Why a whole answer is not valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BodyFault {
+    /// Not JSON (or cut short).
+    NotJson,
+    /// JSON, but not the shape of an answer (an array, a scalar).
+    UnexpectedJson,
+    /// The shape of an answer without the answer (no choices, no content),
+    /// or an error where the answer should be.
+    NoAnswer,
+}
+
+impl BodyFault {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotJson => "invalid_json",
+            Self::UnexpectedJson => "unexpected_json",
+            Self::NoAnswer => "no_answer",
+        }
+    }
+}
+
+/// A wire dialect. See the [module docs](self).
+///
+/// `Request` is what the dialect keeps of a parsed client request, to build
+/// each target's body without parsing it again.
 pub trait Dialect: Clone + Send + Sync + 'static {
+    /// What the dialect keeps of a parsed request.
+    type Request: Send + Sync + 'static;
+
+    /// Reads a client's request body once: what it needs from a target,
+    /// and what the upstream bodies are built from.
+    fn read_request(&self, body: Bytes) -> Result<(Requirements, Self::Request), RequestError>;
+
+    /// The body one target receives: the client's request with `model`,
+    /// and usage reporting turned on for a stream (so spend can be
+    /// counted; usage the client did not ask for is dropped again from the
+    /// stream, by [`Chunk::usage`]).
+    fn upstream_body(&self, request: &Self::Request, model: &str) -> Bytes;
+
+    /// Sets headers the upstream request needs from the client's (an API
+    /// version, a beta flag). Default: none.
+    fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap) {
+        let _ = (client, upstream);
+    }
+
     /// Reads one dispatched event.
     fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a>;
 
@@ -161,4 +312,44 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// The end-of-stream frame to append when a stream finished without one.
     fn done_frame(&self) -> Bytes;
+
+    /// Checks a whole non-streaming answer before it is released.
+    fn check_body(&self, body: &[u8]) -> BodyCheck;
+
+    /// The body of an error answer, in the shape this API's clients raise
+    /// on. The status is the gateway's to choose ([`client_status`]).
+    fn error_body(&self, error: &ErrorReply<'_>) -> Bytes;
+
+    /// The content type of [`error_body`](Self::error_body).
+    fn error_content_type(&self) -> &'static str {
+        "application/json"
+    }
+}
+
+/// The status a client is answered with when a failure of `class` is final
+/// and the provider's own `status` (if any) says no more.
+///
+/// Request errors keep the provider's 4xx when it means the same to a
+/// client (not 401/402/403/407/408/429/499), else 400 (413 for payload too
+/// large); an unknown model is 404; rate limits and spent quota 429; auth
+/// and permission failures 502 (the gateway's credential failed, not the
+/// client's); overload 503; timeouts 504; other provider trouble 502; a
+/// cancelled request 499.
+pub fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
+    use FailureClass::*;
+    let own_4xx = status.filter(|s| {
+        s.is_client_error() && !matches!(s.as_u16(), 401 | 402 | 403 | 407 | 408 | 429 | 499)
+    });
+    match class {
+        InvalidRequest | ContextLengthExceeded | ContentFiltered => {
+            own_4xx.unwrap_or(StatusCode::BAD_REQUEST)
+        }
+        PayloadTooLarge => own_4xx.unwrap_or(StatusCode::PAYLOAD_TOO_LARGE),
+        ModelNotFound => StatusCode::NOT_FOUND,
+        RateLimited | QuotaExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        Timeout => StatusCode::GATEWAY_TIMEOUT,
+        Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        _ => StatusCode::BAD_GATEWAY,
+    }
 }

@@ -21,15 +21,15 @@ use crate::BoxError;
 use crate::budget::{Cost, TurnBudget};
 use crate::classify::{Classification, Classify, Phase};
 use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamState};
-use crate::dialect::Usage;
+use crate::dialect::{Dialect, Usage};
 use crate::record::{AttemptRecord, Decision, RunRecord};
 
 /// What an attempt came to.
-pub(crate) enum Outcome<B> {
+pub(crate) enum Outcome<B, D> {
     /// The answer was released to the client.
     Committed {
         // Boxed: a response is far larger than a failure.
-        response: Box<Response<FailoverBody<B>>>,
+        response: Box<Response<FailoverBody<B, D>>>,
         /// The whole answer is in hand (not a stream still running).
         whole: bool,
         /// Time from the attempt's start to its first output.
@@ -53,17 +53,18 @@ pub(crate) struct AttemptPlan {
     pub(crate) prompt_tokens: u64,
 }
 
-pub(crate) async fn run<S, B>(
-    shared: &Arc<Shared<S>>,
+pub(crate) async fn run<S, D, B>(
+    shared: &Shared<S, D>,
     plan: AttemptPlan,
     request: Request<Full<Bytes>>,
     budget: &TurnBudget,
     run: &RunRecord,
-) -> Outcome<B>
+) -> Outcome<B, D>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
+    D: Dialect,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
@@ -135,10 +136,14 @@ where
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    if let Err(failure) = shared.classifier.validate_completion(provider, &bytes) {
-        return failed(failure.with_status(status), 0);
-    }
-    let (usage, response_model) = completion_usage(&bytes);
+    let (usage, response_model) =
+        match shared
+            .classifier
+            .validate_body(&shared.dialect, provider, &bytes)
+        {
+            Ok(read) => read,
+            Err(failure) => return failed(failure.with_status(status), 0),
+        };
     let (usage, estimated) = match usage {
         Some(usage) => (usage, false),
         None => (
@@ -186,7 +191,7 @@ where
     }
 }
 
-fn failed<B>(failure: Classification, output_events: u64) -> Outcome<B> {
+fn failed<B, D>(failure: Classification, output_events: u64) -> Outcome<B, D> {
     Outcome::Failed {
         failure,
         output_events,
@@ -195,18 +200,19 @@ fn failed<B>(failure: Classification, output_events: u64) -> Outcome<B> {
 
 /// Holds a streamed answer back in the commit machine until the commit
 /// window is reached (release the response) or the attempt fails.
-async fn hold_until_commit<S, B>(
-    shared: &Arc<Shared<S>>,
+async fn hold_until_commit<S, D, B>(
+    shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
     run: &RunRecord,
     response: Response<B>,
     started: Instant,
     started_wall: SystemTime,
-) -> Outcome<B>
+) -> Outcome<B, D>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    D: Dialect,
 {
     let target = &shared.targets[plan.index];
     let (mut parts, body) = response.into_parts();
@@ -325,33 +331,5 @@ where
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
         whole: false,
         ttft,
-    }
-}
-
-/// Usage and model of a non-streaming completion body.
-fn completion_usage(body: &[u8]) -> (Option<Usage>, Option<String>) {
-    #[derive(serde::Deserialize)]
-    struct Completion {
-        #[serde(default)]
-        model: Option<String>,
-        #[serde(default)]
-        usage: Option<RawUsage>,
-    }
-    #[derive(serde::Deserialize)]
-    struct RawUsage {
-        #[serde(default)]
-        prompt_tokens: u64,
-        #[serde(default)]
-        completion_tokens: u64,
-    }
-    match serde_json::from_slice::<Completion>(body) {
-        Ok(c) => (
-            c.usage.map(|u| Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            }),
-            c.model,
-        ),
-        Err(_) => (None, None),
     }
 }

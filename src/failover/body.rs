@@ -6,7 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::commit::CommitBody;
-use crate::dialect::OpenAiChat;
+use crate::dialect::{Dialect, OpenAiChat};
 
 use crate::BoxError;
 
@@ -16,28 +16,28 @@ pin_project! {
     /// [commit machine](crate::commit)'s body that held the preamble back,
     /// releasing it and then the rest of the upstream, so a later failure
     /// ends it cleanly.
-    pub struct FailoverBody<B> {
+    pub struct FailoverBody<B, D = OpenAiChat> {
         #[pin]
-        kind: Kind<B>,
+        kind: Kind<B, D>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B> {
+    enum Kind<B, D> {
         Full { bytes: Option<Bytes> },
-        Stream { body: Pin<Box<CommitBody<B, OpenAiChat>>> },
+        Stream { body: Pin<Box<CommitBody<B, D>>> },
     }
 }
 
-impl<B> FailoverBody<B> {
+impl<B, D> FailoverBody<B, D> {
     pub(crate) fn full(bytes: Bytes) -> Self {
         Self {
             kind: Kind::Full { bytes: Some(bytes) },
         }
     }
 
-    pub(crate) fn stream(body: Pin<Box<CommitBody<B, OpenAiChat>>>) -> Self {
+    pub(crate) fn stream(body: Pin<Box<CommitBody<B, D>>>) -> Self {
         Self {
             kind: Kind::Stream { body },
         }
@@ -49,7 +49,7 @@ impl<B> FailoverBody<B> {
     }
 }
 
-impl<B> std::fmt::Debug for FailoverBody<B> {
+impl<B, D> std::fmt::Debug for FailoverBody<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             Kind::Full { bytes } => f
@@ -61,10 +61,11 @@ impl<B> std::fmt::Debug for FailoverBody<B> {
     }
 }
 
-impl<B> Body for FailoverBody<B>
+impl<B, D> Body for FailoverBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
+    D: Dialect,
 {
     type Data = Bytes;
     type Error = BoxError;

@@ -106,11 +106,13 @@ mod attempt;
 mod body;
 mod health;
 mod layer;
-mod requirements;
+mod reply;
+mod resting;
 mod select;
 mod service;
 mod target;
 mod turn;
+mod upstream;
 
 pub use body::FailoverBody;
 
@@ -121,7 +123,6 @@ pub use health::{
     KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,
 };
 pub use layer::FailoverLayer;
-pub use requirements::{RequestError, Requirements, ResponseFormat};
 pub use select::{Candidate, Selector, Strategy};
 pub use service::{Failover, FailoverBuilder, ResponseFuture};
 pub use target::{Capabilities, Target};

@@ -19,7 +19,7 @@ use crate::BoxError;
 use crate::budget::TurnLimits;
 use crate::classify::{Classifier, Classify};
 use crate::commit::{CommitWindow, InspectConfig};
-use crate::dialect::OpenAiChat;
+use crate::dialect::{Dialect, OpenAiChat};
 use crate::stream::StreamStateLayer;
 
 /// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
@@ -31,7 +31,8 @@ pub(crate) struct Timeouts {
     pub(crate) idle: Duration,
 }
 
-pub(crate) struct Shared<S> {
+pub(crate) struct Shared<S, D> {
+    pub(crate) dialect: D,
     pub(crate) targets: Vec<Target<Classify<S>>>,
     pub(crate) health: Arc<dyn HealthStore>,
     pub(crate) scopes: ScopeRules,
@@ -46,21 +47,22 @@ pub(crate) struct Shared<S> {
     pub(crate) max_held_bytes: u64,
     pub(crate) max_retries_per_target: u32,
     pub(crate) default_output_tokens: u64,
-    pub(crate) stream: Arc<InspectConfig<OpenAiChat>>,
+    pub(crate) stream: Arc<InspectConfig<D>>,
 }
 
-/// Zero-token failover across targets: a Tower service for OpenAI-style
-/// `/v1/chat/completions` requests. See the [module docs](super).
+/// Zero-token failover across targets: a Tower service for the requests of
+/// one wire [`Dialect`] (OpenAI chat completions by default). See the
+/// [module docs](super).
 ///
 /// Readiness of the targets is driven inside each call (`oneshot`), as axum
 /// expects of services it routes to, so `poll_ready` is always ready. Every
 /// outcome is a response (an OpenAI-shaped error when the turn stops), so
 /// the error type is [`Infallible`].
-pub struct Failover<S> {
-    shared: Arc<Shared<S>>,
+pub struct Failover<S, D = OpenAiChat> {
+    shared: Arc<Shared<S, D>>,
 }
 
-impl<S> Clone for Failover<S> {
+impl<S, D> Clone for Failover<S, D> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
@@ -68,7 +70,7 @@ impl<S> Clone for Failover<S> {
     }
 }
 
-impl<S> std::fmt::Debug for Failover<S> {
+impl<S, D> std::fmt::Debug for Failover<S, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Failover")
             .field(
@@ -86,11 +88,14 @@ impl<S> std::fmt::Debug for Failover<S> {
 }
 
 impl<S> Failover<S> {
-    /// Starts building a failover service.
+    /// Starts building a failover service (OpenAI chat completions; see
+    /// [`FailoverBuilder::dialect`]).
     pub fn builder() -> FailoverBuilder<S> {
         FailoverBuilder::new()
     }
+}
 
+impl<S, D> Failover<S, D> {
     /// The health registry this service reads and reports to (shared with
     /// every other service built with the same store).
     pub fn health(&self) -> &Arc<dyn HealthStore> {
@@ -116,7 +121,8 @@ impl<S> Failover<S> {
 /// (used when no [`BudgetLayer`](crate::budget::BudgetLayer) set a turn
 /// budget), 8 MiB request and 16 MiB response caps, 1 MiB held back.
 #[derive(Clone)]
-pub struct FailoverBuilder<S> {
+pub struct FailoverBuilder<S, D = OpenAiChat> {
+    dialect: D,
     targets: Vec<Target<S>>,
     strategy: Strategy,
     classifier: Classifier,
@@ -129,13 +135,13 @@ pub struct FailoverBuilder<S> {
     max_held_bytes: u64,
     max_retries_per_target: u32,
     default_output_tokens: u64,
-    stream: StreamStateLayer,
+    stream: StreamStateLayer<D>,
     health: Option<Arc<dyn HealthStore>>,
     scopes: ScopeRules,
     refuse_when_cooling: bool,
 }
 
-impl<S> std::fmt::Debug for FailoverBuilder<S> {
+impl<S, D> std::fmt::Debug for FailoverBuilder<S, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FailoverBuilder")
             .field("targets", &self.targets.len())
@@ -150,9 +156,11 @@ impl<S> Default for FailoverBuilder<S> {
 }
 
 impl<S> FailoverBuilder<S> {
-    /// A builder with the defaults and no targets.
+    /// A builder with the defaults and no targets, for OpenAI chat
+    /// completions.
     pub fn new() -> Self {
         Self {
+            dialect: OpenAiChat,
             targets: Vec::new(),
             strategy: Strategy::Ordered,
             classifier: Classifier::default(),
@@ -174,6 +182,32 @@ impl<S> FailoverBuilder<S> {
             health: None,
             scopes: ScopeRules::new(),
             refuse_when_cooling: false,
+        }
+    }
+}
+
+impl<S, D: Dialect> FailoverBuilder<S, D> {
+    /// Serves another wire dialect: its requests, streams, answers and
+    /// error shapes. Targets must speak it.
+    pub fn dialect<D2: Dialect>(self, dialect: D2) -> FailoverBuilder<S, D2> {
+        FailoverBuilder {
+            stream: self.stream.dialect(dialect.clone()),
+            dialect,
+            targets: self.targets,
+            strategy: self.strategy,
+            classifier: self.classifier,
+            limits: self.limits,
+            commit: self.commit,
+            timeouts: self.timeouts,
+            cooldown: self.cooldown,
+            max_request_bytes: self.max_request_bytes,
+            max_response_bytes: self.max_response_bytes,
+            max_held_bytes: self.max_held_bytes,
+            max_retries_per_target: self.max_retries_per_target,
+            default_output_tokens: self.default_output_tokens,
+            health: self.health,
+            scopes: self.scopes,
+            refuse_when_cooling: self.refuse_when_cooling,
         }
     }
 
@@ -316,13 +350,13 @@ impl<S> FailoverBuilder<S> {
 
     /// How committed streams end after a failure (terminal mode, finish
     /// reason, caps). Its idle timeout is replaced by this builder's.
-    pub fn stream(mut self, layer: StreamStateLayer) -> Self {
+    pub fn stream(mut self, layer: StreamStateLayer<D>) -> Self {
         self.stream = layer.idle_timeout(self.timeouts.idle);
         self
     }
 
     /// Builds the service.
-    pub fn build(self) -> Failover<S> {
+    pub fn build(self) -> Failover<S, D> {
         let classifier = self.classifier;
         let targets: Vec<_> = self
             .targets
@@ -332,6 +366,7 @@ impl<S> FailoverBuilder<S> {
         let stream = self.stream.classifier(classifier.clone());
         Failover {
             shared: Arc::new(Shared {
+                dialect: self.dialect,
                 health: self
                     .health
                     .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(self.cooldown))),
@@ -358,38 +393,42 @@ impl<S> FailoverBuilder<S> {
 /// several attempts, backoff sleeps and the held-back preamble, which a
 /// hand-written state machine would only make harder to read; one
 /// allocation per turn is noise next to the upstream call.
-pub struct ResponseFuture<B> {
-    inner: Pin<Box<dyn Future<Output = Response<FailoverBody<B>>> + Send>>,
+pub struct ResponseFuture<B, D = OpenAiChat> {
+    inner: BoxTurn<B, D>,
 }
 
-impl<B> std::fmt::Debug for ResponseFuture<B> {
+/// A turn in progress, boxed.
+type BoxTurn<B, D> = Pin<Box<dyn Future<Output = Response<FailoverBody<B, D>>> + Send>>;
+
+impl<B, D> std::fmt::Debug for ResponseFuture<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("failover::ResponseFuture")
     }
 }
 
-impl<B> Future for ResponseFuture<B> {
-    type Output = Result<Response<FailoverBody<B>>, Infallible>;
+impl<B, D> Future for ResponseFuture<B, D> {
+    type Output = Result<Response<FailoverBody<B, D>>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx).map(Ok)
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Failover<S>
+impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for Failover<S, D>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + Sync + 'static,
     S::Future: Send,
     S::Error: Into<BoxError>,
+    D: Dialect,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     ReqBody: Body + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
 {
-    type Response = Response<FailoverBody<ResBody>>;
+    type Response = Response<FailoverBody<ResBody, D>>;
     type Error = Infallible;
-    type Future = ResponseFuture<ResBody>;
+    type Future = ResponseFuture<ResBody, D>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use crate::budget::{Cost, Pricing};
 use crate::classify::{Classifier, Classify, ClassifyLayer};
 
-use super::requirements::Requirements;
+use crate::dialect::{Requirements, ResponseFormat};
 
 /// What a target can do. A request is sent only to targets whose
 /// capabilities satisfy it.
@@ -105,10 +105,10 @@ impl Capabilities {
             missing.push("parallel tool calls".to_owned());
         }
         match requirements.response_format {
-            Some(super::ResponseFormat::JsonSchema) if !self.json_schema => {
+            Some(ResponseFormat::JsonSchema) if !self.json_schema => {
                 missing.push("response_format json_schema".to_owned());
             }
-            Some(super::ResponseFormat::JsonObject) if !self.json_object => {
+            Some(ResponseFormat::JsonObject) if !self.json_object => {
                 missing.push("response_format json_object".to_owned());
             }
             _ => {}

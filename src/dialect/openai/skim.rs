@@ -1,7 +1,7 @@
 //! A validating JSON skimmer for `chat.completion.chunk` data.
 //!
 //! It walks one JSON text once, validates all of it and keeps only what a
-//! [`Chunk`](super::Chunk) needs. It accepts and rejects exactly what the
+//! [`Chunk`](crate::dialect::Chunk) needs. It accepts and rejects exactly what the
 //! serde-derive reading it replaced did (the `oracle` test module keeps that
 //! reading as the reference), because a stream's fate hangs on the answer:
 //!
@@ -31,7 +31,7 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use super::Usage;
+use crate::dialect::Usage;
 
 /// The text is not JSON, or not a chunk of the expected types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
-use super::{Chunk, openai, oracle};
+use super::{oracle, stream as openai};
+use crate::dialect::Chunk;
 
 fn borrowed(cow: Option<&Cow<'_, str>>) -> Option<bool> {
     cow.map(|c| matches!(c, Cow::Borrowed(_)))
@@ -515,7 +516,7 @@ fn generated_chunks_cover_every_outcome() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
 
-    use super::ChunkKind;
+    use crate::dialect::ChunkKind;
 
     let mut runner = TestRunner::deterministic();
     let strategy = chunk();

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{Chunk, ChunkIdentity, ChunkKind, Usage};
+use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, Usage};
 
 /// The fields of a chunk this dialect reads; everything else is skipped
 /// without allocating.

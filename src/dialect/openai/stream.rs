@@ -2,22 +2,10 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::skim::skim;
-use super::{Chunk, ChunkIdentity, ChunkKind, Dialect, TerminalError, TerminalMode};
+use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMode};
 use crate::sse::SseEvent;
 
-const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
-
-/// The OpenAI `chat.completion.chunk` stream dialect.
-///
-/// Output is a non-empty `delta.content`, any `delta.tool_calls`, a non-empty
-/// `delta.refusal`, `delta.reasoning_content` (DeepSeek, older vLLM) or
-/// `delta.reasoning` (vLLM, Ollama, OpenRouter). Reasoning counts as output:
-/// the client has seen bytes of the model's answer. An in-band error is an
-/// `event: error` or data carrying a truthy top-level `error` (OpenAI, vLLM,
-/// Gemini, OpenRouter's `finish_reason: "error"` chunk). Empty `choices`
-/// (usage chunk, Azure's prompt-filter chunk) are never indexed.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct OpenAiChat;
+pub(super) const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
 
 /// Reads the data of a `message` or `error` event (not `[DONE]`).
 pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
@@ -47,8 +35,9 @@ pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
     }
 }
 
-impl Dialect for OpenAiChat {
-    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
+/// Reads one dispatched event of a chat chunk stream.
+pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
+    {
         let data = event.data().as_ref();
         if data.starts_with(b"[DONE]") {
             return Chunk::of(ChunkKind::Done);
@@ -60,14 +49,16 @@ impl Dialect for OpenAiChat {
         }
         read_chunk(error_event, data)
     }
+}
 
-    fn terminal(
-        &self,
-        identity: &ChunkIdentity<'_>,
-        finish_reason: &str,
-        error: &TerminalError,
-        mode: TerminalMode,
-    ) -> Bytes {
+/// The frames that end a failed chat chunk stream.
+pub(super) fn terminal(
+    identity: &ChunkIdentity<'_>,
+    finish_reason: &str,
+    error: &TerminalError,
+    mode: TerminalMode,
+) -> Bytes {
+    {
         #[derive(Serialize)]
         struct ErrorBody<'a> {
             message: &'a str,
@@ -104,11 +95,12 @@ impl Dialect for OpenAiChat {
             error: &'a ErrorBody<'a>,
         }
 
+        let code = super::reply::error_code(error.class, error.provider_code.as_deref());
         let body = ErrorBody {
             message: &error.message,
-            error_type: &error.error_type,
+            error_type: super::reply::error_type(error.class),
             param: None,
-            code: &error.code,
+            code: &code,
             phase: error.phase.as_str(),
             bytes_sent: error.bytes_sent,
             output_events: error.output_events,
@@ -146,10 +138,6 @@ impl Dialect for OpenAiChat {
         }
         Bytes::from(out)
     }
-
-    fn done_frame(&self) -> Bytes {
-        Bytes::from_static(DONE_FRAME)
-    }
 }
 
 #[cfg(test)]
@@ -162,7 +150,7 @@ mod tests {
         let mut out = Vec::new();
         SseScanner::new().feed(&Bytes::from_static(wire.as_bytes()), |item| {
             if let SseItem::Event(event) = item {
-                let chunk = OpenAiChat.inspect(&event);
+                let chunk = inspect(&event);
                 out.push((
                     chunk.kind,
                     chunk.finish_reason.map(|f| f.into_owned()),
@@ -290,15 +278,13 @@ mod tests {
             model: Some("gpt-x".into()),
             created: Some(7),
         };
-        let error = TerminalError {
-            message: "Rate limit \"reached\"".into(),
-            error_type: "tokens".into(),
-            code: "rate_limited".into(),
-            phase: crate::classify::Phase::Committed,
-            bytes_sent: 400,
-            output_events: 40,
-        };
-        let frames = OpenAiChat.terminal(&identity, "error", &error, TerminalMode::ErrorChunk);
+        let error = TerminalError::new(
+            crate::failure::FailureClass::RateLimited,
+            crate::failure::Phase::Committed,
+            "Rate limit \"reached\"",
+        )
+        .sent(400, 40);
+        let frames = terminal(&identity, "error", &error, TerminalMode::ErrorChunk);
         let text = std::str::from_utf8(&frames).unwrap();
         let (chunk, done) = text.split_once("\n\n").unwrap();
         assert_eq!(done, "data: [DONE]\n\n");
@@ -309,12 +295,13 @@ mod tests {
         assert_eq!(json["created"], 7);
         assert_eq!(json["choices"][0]["finish_reason"], "error");
         assert_eq!(json["error"]["message"], "Rate limit \"reached\"");
-        assert_eq!(json["error"]["code"], "rate_limited");
+        assert_eq!(json["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(json["error"]["type"], "rate_limit_error");
         assert_eq!(json["error"]["phase"], "committed");
         assert_eq!(json["error"]["bytes_sent"], 400);
         assert_eq!(json["error"]["output_events"], 40);
 
-        let quiet = OpenAiChat.terminal(&identity, "error", &error, TerminalMode::FinishReasonOnly);
+        let quiet = terminal(&identity, "error", &error, TerminalMode::FinishReasonOnly);
         let quiet: serde_json::Value = serde_json::from_str(
             std::str::from_utf8(&quiet)
                 .unwrap()
@@ -326,9 +313,9 @@ mod tests {
         )
         .unwrap();
         assert!(quiet.get("error").is_none());
-        assert_eq!(quiet["stream_error"]["code"], "rate_limited");
+        assert_eq!(quiet["stream_error"]["code"], "rate_limit_exceeded");
 
-        let event = OpenAiChat.terminal(&identity, "error", &error, TerminalMode::ErrorEvent);
+        let event = terminal(&identity, "error", &error, TerminalMode::ErrorEvent);
         let event = std::str::from_utf8(&event).unwrap();
         assert!(event.starts_with("event: error\ndata: {\"error\":{"));
         assert!(event.ends_with("}}\n\n"));

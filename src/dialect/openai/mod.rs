@@ -1,0 +1,76 @@
+//! The OpenAI chat completions dialect: `/v1/chat/completions` requests,
+//! `chat.completion.chunk` streams, `chat.completion` bodies and
+//! `{"error":{...}}` error bodies — the format of every OpenAI-compatible
+//! provider.
+
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod oracle;
+mod reply;
+mod request;
+mod skim;
+mod stream;
+
+use bytes::Bytes;
+
+pub use request::ChatRequest;
+
+use super::{
+    BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
+    TerminalError, TerminalMode,
+};
+use crate::sse::SseEvent;
+
+/// The OpenAI chat completions dialect.
+///
+/// Output is a non-empty `delta.content`, any `delta.tool_calls`, a non-empty
+/// `delta.refusal`, `delta.reasoning_content` (DeepSeek, older vLLM) or
+/// `delta.reasoning` (vLLM, Ollama, OpenRouter). Reasoning counts as output:
+/// the client has seen bytes of the model's answer. An in-band error is an
+/// `event: error` or data carrying a truthy top-level `error` (OpenAI, vLLM,
+/// Gemini, OpenRouter's `finish_reason: "error"` chunk). Empty `choices`
+/// (usage chunk, Azure's prompt-filter chunk) are never indexed.
+///
+/// Upstream bodies are the client's bytes with `model` spliced in and, for
+/// streams, `stream_options.include_usage` turned on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenAiChat;
+
+impl Dialect for OpenAiChat {
+    type Request = ChatRequest;
+
+    fn read_request(&self, body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
+        request::read(body)
+    }
+
+    fn upstream_body(&self, request: &ChatRequest, model: &str) -> Bytes {
+        request::upstream_body(request, model)
+    }
+
+    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
+        stream::inspect(event)
+    }
+
+    fn terminal(
+        &self,
+        identity: &ChunkIdentity<'_>,
+        finish_reason: &str,
+        error: &TerminalError,
+        mode: TerminalMode,
+    ) -> Bytes {
+        stream::terminal(identity, finish_reason, error, mode)
+    }
+
+    fn done_frame(&self) -> Bytes {
+        Bytes::from_static(stream::DONE_FRAME)
+    }
+
+    fn check_body(&self, body: &[u8]) -> BodyCheck {
+        reply::check_body(body)
+    }
+
+    fn error_body(&self, error: &ErrorReply<'_>) -> Bytes {
+        reply::error_body(error)
+    }
+}

@@ -1,0 +1,350 @@
+//! Chat completion requests: read once, borrowed from the body, and
+//! rewritten per target by splicing the raw bytes (no JSON tree is built,
+//! cloned or re-serialised per attempt).
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+use crate::dialect::{RequestError, Requirements, ResponseFormat};
+
+/// A parsed chat completion request: the body, and where in it the fields
+/// a target rewrites are.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    body: Bytes,
+    /// The `model` value, quotes included.
+    model: Range<usize>,
+    /// The `stream_options` value, when present.
+    stream_options: Option<Range<usize>>,
+    /// The top-level object's closing brace.
+    close: usize,
+    stream: bool,
+}
+
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response_format: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    parallel_tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Typed<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// The position of `raw` inside `body` (it was borrowed from it).
+fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = (raw.get().as_ptr() as usize).saturating_sub(body.as_ptr() as usize);
+    start..start + raw.get().len()
+}
+
+fn first_byte(raw: &RawValue) -> u8 {
+    raw.get().as_bytes().first().copied().unwrap_or(b' ')
+}
+
+fn is_true(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|r| r.get() == "true")
+}
+
+fn non_empty_array(raw: Option<&RawValue>) -> bool {
+    raw.and_then(|r| serde_json::from_str::<Vec<IgnoredAny>>(r.get()).ok())
+        .is_some_and(|a| !a.is_empty())
+}
+
+/// Reads a chat completion request.
+pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if first != Some(b'{') {
+        return Err(match serde_json::from_slice::<IgnoredAny>(&body) {
+            Ok(_) => RequestError::NotObject,
+            Err(e) => RequestError::NotJson(e.to_string()),
+        });
+    }
+    let top: Top<'_> =
+        serde_json::from_slice(&body).map_err(|e| RequestError::NotJson(e.to_string()))?;
+    let close = body
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .unwrap_or(0);
+    let messages = top
+        .messages
+        .filter(|m| first_byte(m) == b'[')
+        .ok_or(RequestError::MissingMessages)?;
+    let model_raw = top.model.ok_or(RequestError::MissingModel)?;
+    let model: Cow<'_, str> =
+        serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
+    let messages: Vec<&RawValue> =
+        serde_json::from_str(messages.get()).map_err(|_| RequestError::MissingMessages)?;
+
+    let (text_bytes, image_input) = prompt_bytes(&messages);
+    let text_bytes = text_bytes + top.tools.map_or(0, |t| t.get().len() as u64);
+    let tools = non_empty_array(top.tools) || non_empty_array(top.functions);
+    let response_format = top
+        .response_format
+        .filter(|f| first_byte(f) == b'{')
+        .and_then(|f| serde_json::from_str::<Typed<'_>>(f.get()).ok())
+        .and_then(|f| match f.kind.as_deref() {
+            Some("json_schema") => Some(ResponseFormat::JsonSchema),
+            Some("json_object") => Some(ResponseFormat::JsonObject),
+            _ => None,
+        });
+    let max_output_tokens = top
+        .max_completion_tokens
+        .or(top.max_tokens)
+        .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok());
+    let stream = is_true(top.stream);
+    let include_usage = top
+        .stream_options
+        .and_then(|o| serde_json::from_str::<StreamOptions>(o.get()).ok())
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let requirements = Requirements {
+        model: model.into_owned(),
+        tools,
+        parallel_tool_calls: tools && is_true(top.parallel_tool_calls),
+        response_format,
+        stream,
+        include_usage,
+        image_input,
+        prompt_tokens: text_bytes.div_ceil(4),
+        max_output_tokens,
+    };
+    let request = ChatRequest {
+        model: span(&body, model_raw),
+        stream_options: top.stream_options.map(|o| span(&body, o)),
+        close,
+        stream,
+        body: body.clone(),
+    };
+    Ok((requirements, request))
+}
+
+/// Text bytes of the messages (plus some framing per message), and whether
+/// any has an image part.
+fn prompt_bytes(messages: &[&RawValue]) -> (u64, bool) {
+    let mut text_bytes = 0u64;
+    let mut image_input = false;
+    for message in messages {
+        text_bytes += 16; // role and framing
+        if first_byte(message) != b'{' {
+            continue;
+        }
+        let Ok(message) = serde_json::from_str::<Message<'_>>(message.get()) else {
+            continue;
+        };
+        match message.content.map(|c| (first_byte(c), c)) {
+            Some((b'"', text)) => text_bytes += text.get().len().saturating_sub(2) as u64,
+            Some((b'[', parts)) => {
+                let parts: Vec<&RawValue> = serde_json::from_str(parts.get()).unwrap_or_default();
+                for part in parts.iter().filter(|p| first_byte(p) == b'{') {
+                    let Ok(part) = serde_json::from_str::<Part<'_>>(part.get()) else {
+                        continue;
+                    };
+                    if let Some("image_url" | "input_image" | "image") = part.kind.as_deref() {
+                        image_input = true;
+                    }
+                    if let Some(text) = part.text.filter(|t| first_byte(t) == b'"') {
+                        text_bytes += text.get().len().saturating_sub(2) as u64;
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(calls) = message.tool_calls {
+            text_bytes += calls.get().len() as u64;
+        }
+    }
+    (text_bytes, image_input)
+}
+
+/// The body one target receives: `model` spliced in, and for a stream
+/// `stream_options.include_usage` turned on, whatever the client sent.
+pub(super) fn upstream_body(request: &ChatRequest, model: &str) -> Bytes {
+    let body = &request.body;
+    let mut edits: Vec<(Range<usize>, Cow<'_, str>)> = Vec::with_capacity(2);
+    let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
+    edits.push((request.model.clone(), Cow::Owned(model_json)));
+    if request.stream {
+        match &request.stream_options {
+            Some(range) => {
+                let options = body
+                    .get(range.clone())
+                    .and_then(|raw| {
+                        serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw)
+                            .ok()
+                    })
+                    .unwrap_or_default();
+                let mut options = options;
+                options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+                let json = serde_json::to_string(&options)
+                    .unwrap_or_else(|_| r#"{"include_usage":true}"#.to_owned());
+                edits.push((range.clone(), Cow::Owned(json)));
+            }
+            None => edits.push((
+                request.close..request.close,
+                Cow::Borrowed(r#","stream_options":{"include_usage":true}"#),
+            )),
+        }
+    }
+    edits.sort_by_key(|(range, _)| range.start);
+    let added: usize = edits.iter().map(|(_, text)| text.len()).sum();
+    let mut out = Vec::with_capacity(body.len() + added);
+    let mut at = 0;
+    for (range, text) in &edits {
+        if range.start < at || range.end > body.len() {
+            continue; // cannot happen for spans read from this body
+        }
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(text.as_bytes());
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_json(value: serde_json::Value) -> Result<(Requirements, ChatRequest), RequestError> {
+        read(Bytes::from(value.to_string()))
+    }
+
+    #[test]
+    fn reads_what_a_request_needs() {
+        let body = serde_json::json!({
+            "model": "gpt-x",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": 100,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "parallel_tool_calls": true,
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:..."}}
+                ]}
+            ]
+        });
+        let (r, _) = read_json(body).unwrap();
+        assert_eq!(r.model, "gpt-x");
+        assert!(r.tools && r.parallel_tool_calls && r.stream && r.include_usage && r.image_input);
+        assert_eq!(r.response_format, Some(ResponseFormat::JsonSchema));
+        assert_eq!(r.max_output_tokens, Some(100));
+        assert!(r.prompt_tokens > 10);
+    }
+
+    #[test]
+    fn rejects_bodies_without_messages_or_model() {
+        assert_eq!(
+            read_json(serde_json::json!({"model": "m"})).err(),
+            Some(RequestError::MissingMessages)
+        );
+        assert_eq!(
+            read_json(serde_json::json!({"messages": []})).err(),
+            Some(RequestError::MissingModel)
+        );
+        assert_eq!(
+            read_json(serde_json::json!({"model": 3, "messages": []})).err(),
+            Some(RequestError::MissingModel)
+        );
+        assert_eq!(
+            read_json(serde_json::json!([1])).err(),
+            Some(RequestError::NotObject)
+        );
+        assert!(matches!(
+            read(Bytes::from_static(b"{\"model\":")),
+            Err(RequestError::NotJson(_))
+        ));
+        // Two `model`s would let the gateway rewrite one and the provider
+        // read the other: refused.
+        assert!(matches!(
+            read(Bytes::from_static(
+                br#"{"model":"a","model":"b","messages":[]}"#
+            )),
+            Err(RequestError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn the_upstream_body_splices_the_model_and_usage_into_the_raw_bytes() {
+        let raw = r#" { "messages" : [{"role":"user","content":"hi \"there\""}], "model" : "client-model", "stream" : true , "extra": {"keep": [1, 2]} } "#;
+        let (_, request) = read(Bytes::from_static(raw.as_bytes())).unwrap();
+        let body = upstream_body(&request, "target \"model\"");
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["model"], "target \"model\"");
+        assert_eq!(json["stream_options"]["include_usage"], true);
+        assert_eq!(json["extra"]["keep"], serde_json::json!([1, 2]));
+        assert_eq!(json["messages"][0]["content"], "hi \"there\"");
+        // Everything but the edits is the client's bytes, untouched.
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.starts_with(
+            r#" { "messages" : [{"role":"user","content":"hi \"there\""}], "model" : "#
+        ));
+
+        // The client's own stream options are kept, usage forced on.
+        let raw = r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1},"messages":[]}"#;
+        let (_, request) = read(Bytes::from_static(raw.as_bytes())).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&upstream_body(&request, "t")).unwrap();
+        assert_eq!(
+            json["stream_options"],
+            serde_json::json!({"include_usage": true, "x": 1})
+        );
+
+        // Not a stream: only the model changes.
+        let raw = r#"{"model":"m","messages":[]}"#;
+        let (_, request) = read(Bytes::from_static(raw.as_bytes())).unwrap();
+        assert_eq!(
+            &upstream_body(&request, "t")[..],
+            br#"{"model":"t","messages":[]}"#
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! The answers a turn ends with when no attempt committed: request errors,
+//! the provider's own request error, and one error naming the first
+//! failure when every option is spent — each shaped by the dialect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::body::FailoverBody;
+use crate::budget::{BudgetExhausted, TurnBudget};
+use crate::classify::{Classification, FailureClass};
+use crate::dialect::{Dialect, ErrorReply};
+use crate::record::RunRecord;
+
+/// Headers and extensions every answer of a turn carries.
+pub(super) fn finish<B, D>(
+    mut response: Response<FailoverBody<B, D>>,
+    run: &RunRecord,
+    budget: &TurnBudget,
+) -> Response<FailoverBody<B, D>> {
+    for (name, value) in run.summary_headers() {
+        response.headers_mut().insert(name, value);
+    }
+    if !response.body().is_stream() {
+        run.mark_done();
+    }
+    response.extensions_mut().insert(run.clone());
+    response.extensions_mut().insert(budget.clone());
+    response
+}
+
+/// An error answer in the dialect's shape.
+pub(super) fn error<B, D: Dialect>(
+    dialect: &D,
+    status: StatusCode,
+    reply: &ErrorReply<'_>,
+) -> Response<FailoverBody<B, D>> {
+    whole(
+        status,
+        dialect.error_body(reply),
+        dialect.error_content_type(),
+    )
+}
+
+fn whole<B, D>(
+    status: StatusCode,
+    body: Bytes,
+    content_type: &'static str,
+) -> Response<FailoverBody<B, D>> {
+    let mut response = Response::new(FailoverBody::full(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The client's request cannot be served (the gateway's own check).
+pub(super) fn client_error<B, D: Dialect>(
+    dialect: &D,
+    status: StatusCode,
+    message: &str,
+    code: &str,
+) -> Response<FailoverBody<B, D>> {
+    let class = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        FailureClass::PayloadTooLarge
+    } else {
+        FailureClass::InvalidRequest
+    };
+    error(dialect, status, &ErrorReply::new(class, message).code(code))
+}
+
+/// A provider's request error, returned as its own message and status.
+pub(super) fn classified<B, D: Dialect>(
+    dialect: &D,
+    failure: &Classification,
+) -> Response<FailoverBody<B, D>> {
+    with_retry_after(
+        error(dialect, failure.client_status(), &failure.error_reply()),
+        failure.retry.after,
+    )
+}
+
+fn with_retry_after<B, D>(
+    mut response: Response<FailoverBody<B, D>>,
+    after: Option<Duration>,
+) -> Response<FailoverBody<B, D>> {
+    if let Some(after) = after {
+        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+    response
+}
+
+/// The status a spent turn answers with, from its first failure.
+fn exhausted_status(class: FailureClass) -> StatusCode {
+    match class {
+        FailureClass::RateLimited | FailureClass::QuotaExhausted => StatusCode::TOO_MANY_REQUESTS,
+        FailureClass::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        FailureClass::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// Every option is spent: one error naming the first failure's cause and
+/// the number of attempts. `only_probes`: every target was resting, and
+/// the probe of the soonest failed too.
+pub(super) fn exhausted<B, D: Dialect>(
+    dialect: &D,
+    first: Option<&(Arc<str>, Classification)>,
+    budget: &TurnBudget,
+    note: &str,
+    only_probes: bool,
+) -> Response<FailoverBody<B, D>> {
+    let attempts = budget.attempts_used();
+    let suffix = if note.is_empty() {
+        String::new()
+    } else {
+        format!(" ({note})")
+    };
+    let unavailable = |message: &str| {
+        error(
+            dialect,
+            StatusCode::SERVICE_UNAVAILABLE,
+            &ErrorReply::new(FailureClass::Overloaded, message).code("no_available_target"),
+        )
+    };
+    let (target, failure) = match first {
+        Some((target, failure)) if only_probes => {
+            return unavailable(&format!(
+                "no target is available right now{suffix}; the probe of {target} failed: {}: {}",
+                failure.class, failure.message
+            ));
+        }
+        Some(first) => first,
+        None => return unavailable(&format!("no target is available right now{suffix}")),
+    };
+    let message = format!(
+        "all options spent after {attempts} attempt{}; first failure: {} from {target}: {}{suffix}",
+        if attempts == 1 { "" } else { "s" },
+        failure.class,
+        failure.message,
+    );
+    // A request error nobody else could take (a context window too small
+    // everywhere) keeps its own status; provider trouble maps by class.
+    let status = if failure.class.is_request_error() {
+        failure.client_status()
+    } else {
+        exhausted_status(failure.class)
+    };
+    let reply =
+        ErrorReply::new(failure.class, &message).provider_code(failure.provider_code.as_deref());
+    with_retry_after(error(dialect, status, &reply), failure.retry.after)
+}
+
+/// The turn's budget refused another attempt.
+pub(super) fn budget_stop<B, D: Dialect>(
+    dialect: &D,
+    refusal: &BudgetExhausted,
+    first: Option<&(Arc<str>, Classification)>,
+    budget: &TurnBudget,
+) -> Response<FailoverBody<B, D>> {
+    let message = refusal.to_string();
+    match (refusal, first) {
+        (BudgetExhausted::Spend { .. }, _) => error(
+            dialect,
+            StatusCode::PAYMENT_REQUIRED,
+            &ErrorReply::new(FailureClass::QuotaExhausted, &message).code("spend_ceiling_reached"),
+        ),
+        (_, Some(_)) => exhausted(dialect, first, budget, &message, false),
+        (_, None) => error(
+            dialect,
+            StatusCode::GATEWAY_TIMEOUT,
+            &ErrorReply::new(FailureClass::Timeout, &message).code("turn_budget_exhausted"),
+        ),
+    }
+}
