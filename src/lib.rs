@@ -32,7 +32,8 @@
 //! - [`sse`] and [`dialect`]: the zero-copy SSE scanner and the OpenAI
 //!   chat-chunk dialect underneath.
 //! - [`record`]: run and attempt records.
-//! - [`action`]: idempotent tool actions keyed by the application.
+//! - [`action`]: idempotent tool actions keyed by the application, with
+//!   JSON Schema checks of their arguments (feature `actions`, on by default).
 //! - [`client`]: `UpstreamClient`, the real upstream HTTP client (hyper,
 //!   rustls; feature `client`, on by default).
 //! - `testing` (feature `testing`): scripted fake providers.
@@ -94,6 +95,8 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "actions")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actions")))]
 pub mod action;
 pub mod budget;
 pub mod classify;

@@ -6,19 +6,14 @@ use std::time::Duration;
 
 use serde_json::json;
 use tower_llm_failover::action::{
-    ActionId, ActionState, ActionStore, Claim, ClaimRequest, MemoryStore, Reconciliation, RunToken,
-    StateKind, StoreError, StoredError,
+    ActionRecord, ActionState, ActionStore, Claim, ClaimRequest, Claimed, MemoryStore,
+    Reconciliation, RunToken, StateKind, StoreError, StoredError, Transition,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
 
 fn request(id: &str) -> ClaimRequest {
-    ClaimRequest {
-        action_id: ActionId::from(id),
-        attempt_id: Some("attempt-1".to_owned()),
-        tool: "charge".to_owned(),
-        lease: LEASE,
-    }
+    ClaimRequest::new(id, "charge", LEASE).with_attempt_id("attempt-1")
 }
 
 async fn acquire(store: &MemoryStore, id: &str) -> RunToken {
@@ -403,4 +398,30 @@ async fn waiters_wake_on_the_transition() {
     );
     // Not running on that run any more: returns at once.
     store.changed(&"a".into(), run).await;
+}
+
+/// The records are `#[non_exhaustive]`: a store outside the crate builds the
+/// same values through the public constructors.
+#[tokio::test(start_paused = true)]
+async fn public_constructors_build_what_the_store_reports() {
+    let store = MemoryStore::new();
+    let claimed = store.claim(&request("a")).await.unwrap();
+    let run = RunToken::new(1);
+    assert_eq!(
+        claimed,
+        Claimed::changed(
+            Claim::Acquired { run },
+            Transition::new(StateKind::NotStarted, StateKind::Running, run),
+        )
+    );
+    let record = store.get(&"a".into()).await.unwrap().unwrap();
+    assert_eq!(
+        record,
+        ActionRecord::new("a", "charge", ActionState::Running, run).with_attempts(["attempt-1"])
+    );
+    assert_eq!(
+        request("a"),
+        ClaimRequest::new("a", "charge", LEASE).with_attempt_id("attempt-1")
+    );
+    assert_eq!(StoredError::new("declined").message, "declined");
 }

@@ -74,7 +74,11 @@ impl<'de> Deserialize<'de> for ActionId {
 ///
 /// `action_id` decides whether the effect runs; `attempt_id` names the model
 /// attempt that proposed it and only goes into records and traces.
+///
+/// Build it with [`ToolCall::new`] (or [`ToolCall::from_openai`]) and
+/// [`with_attempt_id`](ToolCall::with_attempt_id); more fields may be added.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolCall {
     /// The application's id for the effect.
     pub action_id: ActionId,

@@ -82,11 +82,7 @@ impl Entry {
         if let Some(waiters) = self.waiters.take() {
             waiters.notify_waiters();
         }
-        Transition {
-            before,
-            after: self.state.kind(),
-            run: self.run,
-        }
+        Transition::new(before, self.state.kind(), self.run)
     }
 
     fn start_run(
@@ -102,13 +98,13 @@ impl Entry {
     }
 
     fn record(&self, action_id: &ActionId) -> ActionRecord {
-        ActionRecord {
-            action_id: action_id.clone(),
-            tool: self.tool.clone(),
-            state: self.state.clone(),
-            run: self.run,
-            attempts: self.attempts.clone(),
-        }
+        ActionRecord::new(
+            action_id.clone(),
+            self.tool.clone(),
+            self.state.clone(),
+            self.run,
+        )
+        .with_attempts(self.attempts.clone())
     }
 }
 

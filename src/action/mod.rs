@@ -117,4 +117,4 @@ pub use reconcile::{ReconcileFn, Reconciler, Reconciliation, reconcile_fn};
 pub use schema::{SchemaError, ToolSchemas};
 pub use service::ActionExecutor;
 pub use state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
-pub use store::{ActionStore, BoxError, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};
+pub use store::{ActionStore, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};

@@ -14,6 +14,7 @@ use super::id::ToolCall;
 /// A tool's `parameters` schema that could not be compiled.
 #[derive(Debug, thiserror::Error)]
 #[error("schema of tool `{tool}` is unusable: {message}")]
+#[non_exhaustive]
 pub struct SchemaError {
     /// The tool.
     pub tool: String,

@@ -103,7 +103,10 @@ impl fmt::Display for StateKind {
 }
 
 /// An effect's error as stored and replayed.
+///
+/// Build it with [`StoredError::new`]; more fields may be added.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StoredError {
     /// The error's message, as the executor reported it.
     pub message: String,
@@ -155,7 +158,11 @@ impl fmt::Display for RunToken {
 }
 
 /// A stored action, as [`ActionStore::get`](super::ActionStore::get) returns it.
+///
+/// A store builds one with [`ActionRecord::new`] and
+/// [`with_attempts`](ActionRecord::with_attempts); more fields may be added.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ActionRecord {
     /// The application's id.
     pub action_id: ActionId,
@@ -169,8 +176,41 @@ pub struct ActionRecord {
     pub attempts: Vec<String>,
 }
 
+impl ActionRecord {
+    /// The record of `action_id`, claimed for `tool`, in `state` on run
+    /// `run`, with no attempts listed yet.
+    pub fn new(
+        action_id: impl Into<ActionId>,
+        tool: impl Into<String>,
+        state: ActionState,
+        run: RunToken,
+    ) -> Self {
+        Self {
+            action_id: action_id.into(),
+            tool: tool.into(),
+            state,
+            run,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// Replaces the model attempts that proposed or ran this action
+    /// (oldest first).
+    pub fn with_attempts<I>(mut self, attempts: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.attempts = attempts.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
 /// One state change of an action, as a store reports it.
+///
+/// A store builds one with [`Transition::new`]; more fields may be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Transition {
     /// The state before the change.
     pub before: StateKind,
@@ -178,4 +218,11 @@ pub struct Transition {
     pub after: StateKind,
     /// The run the action is on after the change.
     pub run: RunToken,
+}
+
+impl Transition {
+    /// A change from `before` to `after`, leaving the action on run `run`.
+    pub const fn new(before: StateKind, after: StateKind, run: RunToken) -> Self {
+        Self { before, after, run }
+    }
 }

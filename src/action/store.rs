@@ -16,10 +16,14 @@ use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A type-erased error.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use crate::BoxError;
 
 /// What a caller asks the store for when it wants to run an action.
+///
+/// Build it with [`ClaimRequest::new`] and
+/// [`with_attempt_id`](ClaimRequest::with_attempt_id); more fields may be added.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ClaimRequest {
     /// The action.
     pub action_id: ActionId,
@@ -32,6 +36,25 @@ pub struct ClaimRequest {
     /// record past its lease turns it `unknown`: its owner vanished, and the
     /// effect may or may not have been applied.
     pub lease: Duration,
+}
+
+impl ClaimRequest {
+    /// A claim of `action_id` for `tool`, trusting a `running` claim for
+    /// `lease`, with no attempt id.
+    pub fn new(action_id: impl Into<ActionId>, tool: impl Into<String>, lease: Duration) -> Self {
+        Self {
+            action_id: action_id.into(),
+            attempt_id: None,
+            tool: tool.into(),
+            lease,
+        }
+    }
+
+    /// Records which model attempt asks.
+    pub fn with_attempt_id(mut self, attempt_id: impl Into<String>) -> Self {
+        self.attempt_id = Some(attempt_id.into());
+        self
+    }
 }
 
 /// What a claim (or a resolution) found or made.
@@ -78,7 +101,11 @@ impl Claim {
 }
 
 /// A [`Claim`] and the transition it made, if any.
+///
+/// Build it with [`Claimed::read`] or [`Claimed::changed`]; more fields may
+/// be added.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Claimed {
     /// What the caller got.
     pub claim: Claim,

@@ -1,8 +1,68 @@
 //! Scriptable fakes for tests and demos (feature `testing`).
 //!
-//! [`ScriptedBody`] plays a list of [`Step`]s as a response body: data
-//! frames, waits, a stall, an error (a reset), or the end. The `chunks`
-//! helpers write OpenAI chat-chunk SSE events.
+//! - [`FakeProvider`]: an in-process Tower service that answers each attempt
+//!   from a script of [`Reply`]s and remembers what it was sent.
+//! - [`upstream::FakeUpstream`]: an OpenAI-compatible fake provider served
+//!   over real HTTP on loopback (plain, or TLS with HTTP/2 by ALPN), with
+//!   faults chosen per request.
+//! - [`ScriptedBody`] plays a list of [`Step`]s as a response body: data
+//!   frames, waits, a stall, an error (a reset), or the end.
+//! - [`chunks`] writes OpenAI chat-chunk SSE events for those scripts.
+//!
+//! Everything here builds from the crate's own dependencies (the feature
+//! turns on hyper's HTTP/1 and HTTP/2 server, tokio's `net` and
+//! tokio-rustls for the fake's TLS mode), so it works from a
+//! dev-dependency:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! tower-llm-failover = { version = "0.1", features = ["testing"] }
+//! ```
+//!
+//! # Reading these docs
+//!
+//! `cargo doc` documents a project's normal dependencies only, with the
+//! features they have as such, and cargo refuses `--features` for a package
+//! outside the workspace. With `testing` enabled only as a dev-dependency,
+//! this module is therefore missing from the project's local docs. Read it on
+//! docs.rs (built with every feature), or enable the feature on the normal
+//! dependency while reading: `tower-llm-failover = { version = "0.1",
+//! features = ["testing"] }` under `[dependencies]`, then `cargo doc --open`.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::Request;
+//! use http_body_util::{BodyExt, Full};
+//! use tower::ServiceExt;
+//! use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // The first attempt is rate limited in-band after the role chunk; later
+//! // attempts get the default healthy stream.
+//! let provider = FakeProvider::new("primary").then(Reply::Stream(vec![
+//!     Step::Data(chunks::role("primary")),
+//!     Step::Data(chunks::rate_limit_error()),
+//! ]));
+//! let request = || {
+//!     Request::post("/v1/chat/completions")
+//!         .body(Full::new(Bytes::from_static(br#"{"model":"m","stream":true}"#)))
+//!         .unwrap()
+//! };
+//!
+//! let first = provider.clone().oneshot(request()).await.unwrap();
+//! let text = first.into_body().collect().await.unwrap().to_bytes();
+//! assert!(text.ends_with(&chunks::rate_limit_error()));
+//!
+//! let second = provider.clone().oneshot(request()).await.unwrap();
+//! let text = second.into_body().collect().await.unwrap().to_bytes();
+//! assert!(text.ends_with(&chunks::done()));
+//! assert_eq!(provider.calls(), 2);
+//! assert_eq!(provider.seen()[0].body["model"], "m");
+//! # }
+//! ```
 
 pub mod chunks;
 pub mod provider;
