@@ -229,7 +229,7 @@ trace_writes() {
         -p "$pid" -o "$trace" 2>"$trace.err" &
     STRACE_PID=$!
     local deadline=$((SECONDS + 10))
-    until grep -q attached "$trace.err"; do
+    until grep -qs attached "$trace.err"; do
         ((SECONDS < deadline)) || die "strace did not attach: $(cat "$trace.err")"
         sleep 0.1
     done
@@ -360,6 +360,18 @@ for w in "${WORKLOADS[@]}"; do
     unset m
 done
 ((ERRORS == 0)) || echo "(some runs had errors: see the warnings above)"
+echo
+echo "Per round (noise check), gateway/pass-through r/s and p50 gap (µs):"
+for w in "${WORKLOADS[@]}"; do
+    awk -v w="$w" -v name="${W_NAME[$w]}, ${W_CONNS[$w]} conn" '
+        $2 == w { p50[$1, $3] = $4; rps[$1, $3] = $6; if ($1 > n) n = $1 }
+        END {
+            printf "  %-26s", name
+            for (r = 1; r <= n; r++)
+                printf "  %.2fx %+.0f", rps[r, "gw"] / rps[r, "pass"], p50[r, "gw"] - p50[r, "pass"]
+            printf "\n"
+        }' "$RESULTS"
+done
 
 echo
 echo "Writes per 100-token stream, $STREAMS streams one after another on one connection."
