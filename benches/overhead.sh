@@ -1,0 +1,394 @@
+#!/usr/bin/env bash
+# benches/overhead.sh: the out-of-process overhead benchmark (issue 11).
+#
+# Builds release binaries and runs, as separate processes on 127.0.0.1:
+#   - the fake upstream (examples/fake_upstream.rs), answering at once (no pacing);
+#   - a bare hyper pass-through proxy (examples/passthrough.rs), the baseline;
+#   - the gateway example (examples/gateway) with one provider, no routes, RUST_LOG=warn;
+#   - wrk as the load generator (installed with apt-get when missing).
+# Four workloads (small completion and 100-token stream, at 1 and 32
+# connections), pass-through and gateway interleaved in every round; prints
+# medians, the gateway/pass-through throughput ratio and the p50 gap, then the
+# client-side writes per stream of both proxies (strace with per-fd
+# attribution, cross-checked with /proc/PID/io).
+#
+# Usage (from anywhere in the repo):
+#   benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick] [--keep]
+# Nothing is pinned to a core: the point is to measure as a user would.
+
+set -euo pipefail
+
+ROUNDS=3
+DURATION=10
+STREAMS=200
+HIGH_CONNS=32
+WARMUP=1
+KEEP=0
+
+usage() {
+    cat <<'EOF'
+usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick] [--keep]
+
+  --rounds N       interleaved rounds; medians are reported (default 3)
+  --duration SECS  length of each wrk run (default 10)
+  --streams N      streams used to count writes per stream (default 200)
+  --quick          smoke run: 1 round, 2 s runs, 50 streams
+  --keep           keep the work directory (logs, strace output, raw results)
+EOF
+}
+
+while (($#)); do
+    case "$1" in
+    --rounds) ROUNDS=${2:?--rounds needs a value}; shift 2 ;;
+    --duration) DURATION=${2:?--duration needs a value}; shift 2 ;;
+    --streams) STREAMS=${2:?--streams needs a value}; shift 2 ;;
+    --quick) ROUNDS=1; DURATION=2; STREAMS=50; shift ;;
+    --keep) KEEP=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+for n in "$ROUNDS" "$DURATION" "$STREAMS"; do
+    [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "not a positive number: $n" >&2; exit 2; }
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+die() { echo "overhead.sh: $*" >&2; exit 1; }
+
+# --- tools ------------------------------------------------------------------
+
+APT_UPDATED=0
+ensure_tool() { # command debian-package
+    command -v "$1" >/dev/null 2>&1 && return 0
+    local sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    echo "installing $2 with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! "${sudo[@]}" apt-get install -y -qq "$2" >/dev/null 2>&1; then
+        ((APT_UPDATED)) || { "${sudo[@]}" apt-get update -qq >/dev/null && APT_UPDATED=1; }
+        "${sudo[@]}" apt-get install -y -qq "$2" >/dev/null
+    fi
+    command -v "$1" >/dev/null 2>&1 || die "cannot install $2"
+}
+ensure_tool wrk wrk
+ensure_tool strace strace
+ensure_tool curl curl
+
+# --- build --------------------------------------------------------------------
+
+echo "building release binaries (fake_upstream, passthrough, gateway)..." >&2
+cargo build --release --quiet --example fake_upstream --example passthrough --example gateway
+TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+BIN="$TARGET_DIR/release/examples"
+for b in fake_upstream passthrough gateway; do
+    [[ -x $BIN/$b ]] || die "missing $BIN/$b"
+done
+
+# --- processes ----------------------------------------------------------------
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/overhead.XXXXXX")
+PIDS=()
+STRACE_PID=
+cleanup() {
+    local pid
+    [[ -n $STRACE_PID ]] && kill "$STRACE_PID" 2>/dev/null
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for _ in $(seq 20); do
+        local alive=0
+        for pid in "${PIDS[@]}" $STRACE_PID; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${PIDS[@]}" $STRACE_PID; do kill -9 "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if ((KEEP)); then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_ready PID LOG REGEX: prints the first match of REGEX in LOG (10 s max).
+wait_ready() {
+    local deadline=$((SECONDS + 10)) match
+    while ((SECONDS < deadline)); do
+        match=$(grep -oE "$3" "$2" | head -1 || true)
+        [[ -n $match ]] && { echo "$match"; return 0; }
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$2" >&2
+    die "process $1 did not get ready (log above)"
+}
+
+"$BIN/fake_upstream" --port 0 --name up --tokens 8 --pace-ms 0 >"$WORK/upstream.log" 2>&1 &
+UP_PID=$!
+PIDS+=("$UP_PID")
+UP_BASE=$(wait_ready "$UP_PID" "$WORK/upstream.log" 'http://127\.0\.0\.1:[0-9]+/v1')
+UP_PORT=${UP_BASE##*:}
+UP_PORT=${UP_PORT%/v1}
+
+cat >"$WORK/gateway.toml" <<EOF
+# One provider, no routes: every model goes to the fake upstream.
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "up"
+base_url = "$UP_BASE"
+EOF
+RUST_LOG=warn "$BIN/gateway" --config "$WORK/gateway.toml" >"$WORK/gateway.log" 2>&1 &
+GW_PID=$!
+PIDS+=("$GW_PID")
+GW_ADDR=$(wait_ready "$GW_PID" "$WORK/gateway.log" 'ready on http://127\.0\.0\.1:[0-9]+')
+GW_ADDR=${GW_ADDR##*//}
+
+"$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
+    >"$WORK/passthrough.log" 2>&1 &
+PT_PID=$!
+PIDS+=("$PT_PID")
+PT_ADDR=$(wait_ready "$PT_PID" "$WORK/passthrough.log" 'ready on http://127\.0\.0\.1:[0-9]+')
+PT_ADDR=${PT_ADDR##*//}
+
+declare -A ADDR=([pass]=$PT_ADDR [gw]=$GW_ADDR)
+declare -A PID=([pass]=$PT_PID [gw]=$GW_PID)
+declare -A LABEL=([pass]="pass-through" [gw]="gateway")
+PATH_CC=/v1/chat/completions
+
+# --- workloads ------------------------------------------------------------------
+
+# The fake upstream reads per-request settings from the model name.
+SMALL_BODY='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
+STREAM_BODY='{"model":"bench#fault:tokens=100","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+
+write_lua() { # file body
+    cat >"$1" <<EOF
+-- wrk script written by benches/overhead.sh: one POST body, and a
+-- machine-readable summary (latency in microseconds).
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '$2'
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %.0f %.0f %.1f %d %d\n",
+    latency:percentile(50), latency:percentile(99),
+    summary.requests / (summary.duration / 1e6),
+    e.connect + e.read + e.write + e.status + e.timeout, summary.requests))
+end
+EOF
+}
+write_lua "$WORK/small.lua" "$SMALL_BODY"
+write_lua "$WORK/stream.lua" "$STREAM_BODY"
+
+WORKLOADS=(small1 small32 stream1 stream32)
+declare -A W_LUA=([small1]=small [small32]=small [stream1]=stream [stream32]=stream)
+declare -A W_CONNS=([small1]=1 [small32]=$HIGH_CONNS [stream1]=1 [stream32]=$HIGH_CONNS)
+declare -A W_NAME=(
+    [small1]="small completion"
+    [small32]="small completion"
+    [stream1]="100-token stream"
+    [stream32]="100-token stream"
+)
+
+# --- sanity: both proxies answer what the upstream sends ---------------------------
+
+for t in pass gw; do
+    code=$(curl -sS --max-time 10 -o "$WORK/check.json" -w '%{http_code}' \
+        -H 'content-type: application/json' -d "$SMALL_BODY" "http://${ADDR[$t]}$PATH_CC")
+    [[ $code == 200 ]] && grep -q '"chat.completion"' "$WORK/check.json" ||
+        die "${LABEL[$t]}: small completion answered $code: $(head -c 300 "$WORK/check.json")"
+    curl -sS -N --max-time 10 -H 'content-type: application/json' -d "$STREAM_BODY" \
+        "http://${ADDR[$t]}$PATH_CC" >"$WORK/check.sse"
+    tokens=$(grep -o 'up-tok[0-9]*' "$WORK/check.sse" | wc -l)
+    grep -q '^data: \[DONE\]' "$WORK/check.sse" && ((tokens == 100)) ||
+        die "${LABEL[$t]}: stream had $tokens tokens: $(head -c 300 "$WORK/check.sse")"
+done
+
+# --- client-side writes per stream ---------------------------------------------------
+
+# post_many URL BODY N: N requests, one after another on one keep-alive
+# connection; prints how many answers completed (`[DONE]` or a completion).
+post_many() {
+    local urls=() i
+    for ((i = 0; i < $3; i++)); do urls+=("$1"); done
+    curl -sS --max-time 300 -H 'content-type: application/json' -d "$2" "${urls[@]}" |
+        grep -oE '\[DONE\]|"chat\.completion"' | wc -l
+}
+
+syscw() { awk '/^syscw:/ { print $2 }' "/proc/$1/io"; }
+
+# trace_writes TARGET: STREAMS streams through TARGET under strace -f. Writes
+# are attributed per fd: fds returned by accept/accept4 during the trace are
+# the client side; fds connected to the upstream port (connect() in the
+# trace, or open sockets to it at the end) are the upstream side; the rest
+# (tokio's eventfd wake-ups) are "other". Sets TRACE[TARGET] to
+#   client-writes upstream-writes other-writes upstream-data-reads
+trace_writes() {
+    local t=$1 pid=${PID[$1]} trace="$WORK/strace.$1" done_count up_fds
+    strace -f -s 0 -e signal=none \
+        -e trace=accept,accept4,connect,read,readv,recvfrom,recvmsg,write,writev,sendto,sendmsg \
+        -p "$pid" -o "$trace" 2>"$trace.err" &
+    STRACE_PID=$!
+    local deadline=$((SECONDS + 10))
+    until grep -qs attached "$trace.err"; do
+        ((SECONDS < deadline)) || die "strace did not attach: $(cat "$trace.err")"
+        sleep 0.1
+    done
+    sleep 0.5
+    done_count=$(post_many "http://${ADDR[$t]}$PATH_CC" "$STREAM_BODY" "$STREAMS")
+    # Upstream sockets still open (the pool keeps them): inode -> fd.
+    local port_hex inodes
+    port_hex=$(printf '%04X' "$UP_PORT")
+    inodes=$(awk -v p=":$port_hex" 'NR > 1 && substr($3, length($3) - 4) == p { print $10 }' \
+        /proc/net/tcp | sort -u)
+    up_fds=$(for fd in /proc/"$pid"/fd/*; do
+        link=$(readlink "$fd" 2>/dev/null) || continue
+        [[ $link =~ ^socket:\[([0-9]+)\]$ ]] || continue
+        if grep -qxF -- "${BASH_REMATCH[1]}" <<<"$inodes"; then echo "${fd##*/}"; fi
+    done | tr '\n' ' ')
+    kill "$STRACE_PID" 2>/dev/null || true
+    wait "$STRACE_PID" 2>/dev/null || true
+    STRACE_PID=
+    ((done_count == STREAMS)) || die "${LABEL[$t]}: $done_count of $STREAMS streams completed under strace"
+    TRACE[$t]=$(awk -v up_port="$UP_PORT" -v up_fds="$up_fds" '
+        BEGIN { n = split(up_fds, f, " "); for (i = 1; i <= n; i++) up[f[i]] = 1 }
+        {
+            tid = $1
+            if (match($0, /<\.\.\. [a-z0-9]+ resumed>/)) {
+                if (!(tid in pend)) next
+                split(pend[tid], p, " "); call = p[1]; fd = p[2]; delete pend[tid]
+                line = $0
+            } else if (match($0, / [a-z0-9]+\([0-9]+,/)) {
+                s = substr($0, RSTART + 1, RLENGTH - 2)
+                call = substr(s, 1, index(s, "(") - 1); fd = substr(s, index(s, "(") + 1)
+                if (call == "connect" && index($0, "htons(" up_port ")")) up[fd] = 1
+                if ($0 ~ /<unfinished \.\.\.>$/) { pend[tid] = call " " fd; next }
+                line = $0
+            } else next
+            n = split(line, parts, " = ")
+            if (n < 2) next
+            ret = parts[n] + 0
+            if (call == "accept" || call == "accept4") { if (ret >= 0) client[ret] = 1; next }
+            if (call ~ /^(write|writev|sendto|sendmsg)$/) writes[fd]++
+            else if (call ~ /^(read|readv|recvfrom|recvmsg)$/ && ret > 0) reads[fd]++
+        }
+        END {
+            for (fd in writes) {
+                if (fd in client) cw += writes[fd]
+                else if (fd in up) uw += writes[fd]
+                else ow += writes[fd]
+            }
+            for (fd in reads) if ((fd in up) && !(fd in client)) ur += reads[fd]
+            printf "%d %d %d %d\n", cw, uw, ow, ur
+        }' "$trace")
+}
+
+echo "counting writes per stream ($STREAMS streams each, 1 connection)..." >&2
+declare -A TRACE SYSCW_STREAM SYSCW_SMALL
+for t in pass gw; do
+    post_many "http://${ADDR[$t]}$PATH_CC" "$STREAM_BODY" 20 >/dev/null # warm-up
+    trace_writes "$t"
+    before=$(syscw "${PID[$t]}")
+    n=$(post_many "http://${ADDR[$t]}$PATH_CC" "$STREAM_BODY" "$STREAMS")
+    ((n == STREAMS)) || die "${LABEL[$t]}: $n of $STREAMS streams completed"
+    SYSCW_STREAM[$t]=$(($(syscw "${PID[$t]}") - before))
+    before=$(syscw "${PID[$t]}")
+    n=$(post_many "http://${ADDR[$t]}$PATH_CC" "$SMALL_BODY" "$STREAMS")
+    ((n == STREAMS)) || die "${LABEL[$t]}: $n of $STREAMS small completions completed"
+    SYSCW_SMALL[$t]=$(($(syscw "${PID[$t]}") - before))
+done
+
+# --- throughput and latency: interleaved rounds ------------------------------------------
+
+# run_wrk TARGET WORKLOAD SECS: prints "p50 p99 rps errors requests".
+run_wrk() {
+    local conns=${W_CONNS[$2]} threads=1 out
+    ((conns > 1)) && threads=2
+    out=$(wrk -t"$threads" -c"$conns" -d"${3}s" --timeout 5s -s "$WORK/${W_LUA[$2]}.lua" \
+        "http://${ADDR[$1]}$PATH_CC" 2>&1) || die "wrk failed: $out"
+    grep -q '^RESULT ' <<<"$out" || die "wrk printed no result: $out"
+    grep '^RESULT ' <<<"$out" | cut -d' ' -f2-
+}
+
+RESULTS="$WORK/results"
+: >"$RESULTS"
+echo "warming up (${WARMUP} s per proxy and workload)..." >&2
+for w in "${WORKLOADS[@]}"; do
+    for t in pass gw; do run_wrk "$t" "$w" "$WARMUP" >/dev/null; done
+done
+for ((r = 1; r <= ROUNDS; r++)); do
+    # Odd rounds start with the pass-through, even rounds with the gateway.
+    order=(pass gw)
+    ((r % 2 == 0)) && order=(gw pass)
+    for w in "${WORKLOADS[@]}"; do
+        for t in "${order[@]}"; do
+            echo "round $r/$ROUNDS: ${W_NAME[$w]}, ${W_CONNS[$w]} conn, ${LABEL[$t]} (${DURATION} s)" >&2
+            echo "$r $w $t $(run_wrk "$t" "$w" "$DURATION")" >>"$RESULTS"
+        done
+    done
+done
+
+# --- report --------------------------------------------------------------------------
+
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+col() { awk -v w="$1" -v t="$2" -v c="$3" '$2 == w && $3 == t { print $c }' "$RESULTS"; }
+
+echo
+echo "tower-llm-failover overhead, out of process: fake upstream (no pacing), bare hyper"
+echo "pass-through and gateway (one provider, no routes, RUST_LOG=warn) as separate release"
+echo "processes; wrk on 127.0.0.1 (1 thread at 1 conn, 2 threads at $HIGH_CONNS conns)."
+echo "$(nproc) cores, $(uname -sr); $ROUNDS interleaved round(s) of ${DURATION} s per run; medians."
+echo
+printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
+    "workload" "conns" "pass p50" "pass p99" "pass r/s" "gw p50" "gw p99" "gw r/s" "gw/pass" "p50 gap"
+printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
+    "" "" "(µs)" "(µs)" "" "(µs)" "(µs)" "" "r/s" "(µs)"
+ERRORS=0
+for w in "${WORKLOADS[@]}"; do
+    declare -A m=()
+    for t in pass gw; do
+        m[$t.p50]=$(col "$w" "$t" 4 | median)
+        m[$t.p99]=$(col "$w" "$t" 5 | median)
+        m[$t.rps]=$(col "$w" "$t" 6 | median)
+        e=$(col "$w" "$t" 7 | awk '{ s += $1 } END { print s + 0 }')
+        ((e == 0)) || { ERRORS=1; echo "warning: ${LABEL[$t]} ${W_NAME[$w]} at ${W_CONNS[$w]} conns: $e errors" >&2; }
+    done
+    awk -v name="${W_NAME[$w]}" -v c="${W_CONNS[$w]}" \
+        -v pp50="${m[pass.p50]}" -v pp99="${m[pass.p99]}" -v prps="${m[pass.rps]}" \
+        -v gp50="${m[gw.p50]}" -v gp99="${m[gw.p99]}" -v grps="${m[gw.rps]}" 'BEGIN {
+        printf "%-18s %5d | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f | %6.2fx %+9.0f\n",
+            name, c, pp50, pp99, prps, gp50, gp99, grps, grps / prps, gp50 - pp50 }'
+    unset m
+done
+((ERRORS == 0)) || echo "(some runs had errors: see the warnings above)"
+echo
+echo "Per round (noise check), gateway/pass-through r/s and p50 gap (µs):"
+for w in "${WORKLOADS[@]}"; do
+    awk -v w="$w" -v name="${W_NAME[$w]}, ${W_CONNS[$w]} conn" '
+        $2 == w { p50[$1, $3] = $4; rps[$1, $3] = $6; if ($1 > n) n = $1 }
+        END {
+            printf "  %-26s", name
+            for (r = 1; r <= n; r++)
+                printf "  %.2fx %+.0f", rps[r, "gw"] / rps[r, "pass"], p50[r, "gw"] - p50[r, "pass"]
+            printf "\n"
+        }' "$RESULTS"
+done
+
+echo
+echo "Writes per 100-token stream, $STREAMS streams one after another on one connection."
+echo "strace -f (per-fd: client = fds from accept4 in the trace; upstream = fds connected"
+echo "to the upstream port; other = the rest, tokio's eventfd wake-ups). Under strace the"
+echo "process runs slower, so reads may batch more than they do untraced."
+printf '%-14s %14s %16s %14s %20s\n' "" "client writes" "upstream writes" "other writes" "upstream data reads"
+for t in pass gw; do
+    read -r cw uw ow ur <<<"${TRACE[$t]}"
+    awk -v l="${LABEL[$t]}" -v n="$STREAMS" -v cw="$cw" -v uw="$uw" -v ow="$ow" -v ur="$ur" \
+        'BEGIN { printf "%-14s %14.2f %16.2f %14.2f %20.2f\n", l, cw / n, uw / n, ow / n, ur / n }'
+done
+echo
+echo "Cross-check without a tracer: /proc/PID/io syscw (write-side syscalls of the whole"
+echo "process, every fd) per request, $STREAMS of each; the difference is what streaming adds."
+printf '%-14s %14s %18s %12s\n' "" "per stream" "per small compl." "difference"
+for t in pass gw; do
+    awk -v l="${LABEL[$t]}" -v n="$STREAMS" -v s="${SYSCW_STREAM[$t]}" -v c="${SYSCW_SMALL[$t]}" \
+        'BEGIN { printf "%-14s %14.2f %18.2f %12.2f\n", l, s / n, c / n, (s - c) / n }'
+done
