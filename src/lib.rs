@@ -25,18 +25,41 @@
 //!    with the bytes flushed before the failure.
 //!
 //! Modules, outermost layer first:
-//! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination.
-//! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling per turn.
-//! - [`failover`]: `Failover`: zero-token failover across compatible targets.
+//! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling
+//!   per turn, published in the request extensions.
+//! - [`failover`]: `Failover`: zero-token failover across compatible
+//!   targets, health keyed by (provider, model), the decision per failure.
+//! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination
+//!   around a single upstream (`Failover` contains the same machine).
 //! - [`classify`]: failure classes from the providers' own contracts.
-//! - [`sse`] and [`dialect`]: the zero-copy SSE scanner and the OpenAI
-//!   chat-chunk dialect underneath.
+//! - [`commit`]: the commit machine (Preamble → Committed → Ended) both of
+//!   the above run every stream through.
+//! - [`dialect`]: everything about a wire format (OpenAI chat completions
+//!   first); [`sse`]: the zero-copy SSE scanner underneath.
 //! - [`record`]: run and attempt records.
-//! - [`action`]: idempotent tool actions keyed by the application, with
-//!   JSON Schema checks of their arguments (feature `actions`, on by default).
-//! - [`client`]: `UpstreamClient`, the real upstream HTTP client (hyper,
-//!   rustls; feature `client`, on by default).
+//! - `action` (feature `actions`, on by default): idempotent tool actions
+//!   keyed by the application.
+//! - `client` (feature `client`, on by default): `UpstreamClient`, the real
+//!   upstream HTTP client (hyper, rustls).
 //! - `testing` (feature `testing`): scripted fake providers.
+//!
+//! # How a request and its body flow
+//!
+//! A client's request enters [`BudgetLayer`](budget::BudgetLayer), which
+//! starts the turn's [`TurnBudget`](budget::TurnBudget) (or reuses one from
+//! the extensions) and answers a refused turn itself.
+//! [`Failover`](failover::Failover) reads the body once through its
+//! [`Dialect`](dialect::Dialect), keeps the targets whose capabilities fit,
+//! skips those whose health key rests, and sends each attempt the client's
+//! bytes with the target's model spliced in, through a
+//! [`ClassifyLayer`](classify::ClassifyLayer) that names every failure. A
+//! streamed answer runs through one [`CommitBody`](commit::CommitBody):
+//! held back until the commit window, so an attempt that fails before then
+//! is rerouted and the client never sees it; then released, frame for frame
+//! the same bytes, ending with the dialect's terminal event if the stream
+//! fails after commit. A whole answer is received, checked by the dialect
+//! and released at once. Every outcome is a response: the stack's error
+//! type is `Infallible`, so it mounts in axum with `route_service`.
 //!
 //! # The stack
 //!
@@ -49,7 +72,6 @@
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_llm_failover::budget::BudgetLayer;
 //! use tower_llm_failover::failover::{Capabilities, Failover, Target};
-//! use tower_llm_failover::stream::StreamStateLayer;
 //! use tower_llm_failover::testing::{chunks, FakeProvider, Reply, Step};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -69,19 +91,22 @@
 //!             .model("backup-model")
 //!             .capabilities(Capabilities::default().context_window(200_000)),
 //!     )
+//!     .idle_timeout(Duration::from_secs(30))
 //!     .max_retries_per_target(0)
 //!     .build();
 //! let gateway = ServiceBuilder::new()
-//!     .layer(StreamStateLayer::new().idle_timeout(Duration::from_secs(30)))
-//!     .layer(BudgetLayer::new().deadline(Duration::from_secs(60)).attempt_per_call(false))
+//!     .layer(BudgetLayer::new().deadline(Duration::from_secs(60)))
 //!     .service(failover);
 //!
+//! // Mounted in axum as it is: every outcome is a response.
+//! let app = axum::Router::new().route_service("/v1/chat/completions", gateway);
+//!
 //! let request = Request::post("/v1/chat/completions")
-//!     .body(Full::new(Bytes::from(
+//!     .body(axum::body::Body::from(
 //!         r#"{"model":"gpt-x","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
-//!     )))
+//!     ))
 //!     .unwrap();
-//! let response = gateway.oneshot(request).await.unwrap();
+//! let response = app.oneshot(request).await.unwrap();
 //! assert_eq!(response.headers()["x-failover-target"], "backup");
 //! let body = response.into_body().collect().await.unwrap().to_bytes();
 //! let text = String::from_utf8(body.to_vec()).unwrap();
@@ -117,3 +142,8 @@ mod time;
 
 /// The boxed error the crate's bodies and type-erased services use.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The README's Rust blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -17,7 +17,19 @@ use tower_llm_failover::budget::{
     BudgetExhausted, BudgetLayer, Cost, DeadlineExceeded, Pricing, ReportedUsage, TurnBudget,
     TurnLimits,
 };
-use tower_llm_failover::classify::{FailureClass, Phase, Recovery};
+use tower_llm_failover::classify::{FailureClass, Phase};
+
+/// A refused turn's answer: its status and its JSON error body.
+async fn refusal<B>(response: Response<B>) -> (http::StatusCode, serde_json::Value)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let status = response.status();
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap())
+}
 
 fn request() -> Request<Full<Bytes>> {
     Request::new(Full::new(Bytes::from_static(
@@ -103,13 +115,17 @@ async fn a_turn_in_the_extensions_is_reused_and_never_reset_per_hop() {
     assert_eq!(after.deadline(), start + Duration::from_secs(10));
     assert_eq!(after.remaining(), Duration::from_secs(6));
 
-    // The third hop finds the attempts used up; the upstream is not called.
+    // The third hop finds the attempts used up; the upstream is not called,
+    // and the client gets an error it can read.
     let mut third = request();
     third.extensions_mut().insert(turn.clone());
-    let err = svc.ready().await.unwrap().call(third).await.unwrap_err();
+    let res = svc.ready().await.unwrap().call(third).await.unwrap();
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 429);
+    assert_eq!(json["error"]["code"], "turn_budget_exhausted");
     assert_eq!(
-        err.exhausted(),
-        Some(&BudgetExhausted::Attempts { used: 2, max: 2 })
+        json["error"]["message"],
+        BudgetExhausted::Attempts { used: 2, max: 2 }.to_string()
     );
     assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
     assert!(
@@ -144,18 +160,20 @@ async fn spend_is_recorded_from_usage_and_the_ceiling_refuses() {
 
     let mut req = request();
     req.extensions_mut().insert(turn.clone());
-    let err = svc.ready().await.unwrap().call(req).await.unwrap_err();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 402);
+    assert_eq!(json["error"]["code"], "spend_ceiling_reached");
+    assert_eq!(json["error"]["type"], "insufficient_quota");
+    let refused = turn.check_spend(Cost::from_usd(0.0)).unwrap_err();
     assert!(matches!(
-        err.exhausted(),
-        Some(BudgetExhausted::Spend { spent, ceiling, .. })
-            if *spent == Cost::from_usd(0.02) && *ceiling == Cost::from_usd(0.02)
+        refused,
+        BudgetExhausted::Spend { spent, ceiling, .. }
+            if spent == Cost::from_usd(0.02) && ceiling == Cost::from_usd(0.02)
     ));
     assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
     // A refused call does not use an attempt.
     assert_eq!(turn.attempts_used(), 2);
-    // Found through a boxed error too.
-    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(err);
-    assert!(BudgetExhausted::find_in(boxed.as_ref()).is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -197,23 +215,19 @@ async fn a_slow_head_ends_at_the_deadline() {
         .service(upstream);
 
     let start = Instant::now();
-    let err = svc.oneshot(request()).await.unwrap_err();
+    let res = svc.oneshot(request()).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_secs(2));
     assert!(
         dropped.load(Ordering::SeqCst),
         "the inner call was not dropped"
     );
-
-    let deadline = err.deadline().expect("a deadline error");
-    assert_eq!(deadline.class(), FailureClass::Timeout);
-    assert_eq!(deadline.phase(), Phase::Head);
-    assert_eq!(deadline.body_bytes(), 0);
-    assert_eq!(deadline.elapsed(), Duration::from_secs(2));
-    let class = deadline.classification();
-    assert_eq!(class.class, FailureClass::Timeout);
-    assert_eq!(class.phase, Phase::Head);
-    assert_eq!(class.recovery, Recovery::Stop);
-    assert_eq!(err.to_string(), "turn deadline exceeded");
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 504);
+    assert_eq!(json["error"]["code"], "turn_deadline_exceeded");
+    assert_eq!(json["error"]["type"], "server_error");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("passed in phase head"), "{message}");
+    assert!(message.contains("0 body bytes"), "{message}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -285,7 +299,7 @@ async fn a_body_stalled_before_any_byte_reports_preamble() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn without_attempt_per_call_the_inner_loop_counts_attempts() {
+async fn an_inner_loop_counts_its_own_attempts_and_the_layer_adds_none() {
     let upstream = tower::service_fn(|req: Request<Full<Bytes>>| async move {
         let turn = TurnBudget::from_extensions(req.extensions()).unwrap();
         // The failover loop inside begins its own attempts.
@@ -293,9 +307,7 @@ async fn without_attempt_per_call_the_inner_loop_counts_attempts() {
         assert_eq!(turn.try_begin_attempt(), Ok(2));
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
     });
-    let svc = BudgetLayer::new()
-        .attempt_per_call(false)
-        .layer_service(upstream);
+    let svc = BudgetLayer::new().layer_service(upstream);
     let res = svc.oneshot(request()).await.unwrap();
     assert_eq!(
         TurnBudget::from_extensions(res.extensions())
@@ -308,18 +320,15 @@ async fn without_attempt_per_call_the_inner_loop_counts_attempts() {
 #[tokio::test(start_paused = true)]
 async fn an_expired_turn_is_refused_before_the_call() {
     let upstream = Upstream::default();
-    let svc = BudgetLayer::new()
-        .attempt_per_call(false)
-        .layer_service(upstream.clone());
+    let svc = BudgetLayer::new().layer_service(upstream.clone());
     let turn = TurnLimits::new().deadline(Duration::from_secs(1)).start();
     advance(Duration::from_secs(1)).await;
     let mut req = request();
     req.extensions_mut().insert(turn);
-    let err = svc.oneshot(req).await.unwrap_err();
-    assert!(matches!(
-        err.exhausted(),
-        Some(BudgetExhausted::Deadline { .. })
-    ));
+    let res = svc.oneshot(req).await.unwrap();
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 504);
+    assert_eq!(json["error"]["code"], "turn_deadline_exceeded");
     assert_eq!(upstream.calls.load(Ordering::SeqCst), 0);
 }
 

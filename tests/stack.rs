@@ -36,11 +36,7 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
         .build();
     let service = ServiceBuilder::new()
         .layer(StreamStateLayer::new())
-        .layer(
-            BudgetLayer::new()
-                .deadline(Duration::from_secs(5))
-                .attempt_per_call(false),
-        )
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(5)))
         .service(failover);
     let started = Instant::now();
     let response = service.oneshot(request()).await.unwrap();
@@ -81,11 +77,7 @@ async fn silent_targets_end_the_turn_at_its_deadline_with_an_openai_error() {
         .build();
     let service = ServiceBuilder::new()
         .layer(StreamStateLayer::new())
-        .layer(
-            BudgetLayer::new()
-                .deadline(Duration::from_secs(4))
-                .attempt_per_call(false),
-        )
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(4)))
         .service(failover);
     let started = Instant::now();
     let response = service.oneshot(request()).await.unwrap();

@@ -17,15 +17,15 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetError, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
 };
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
-use tower_llm_failover::dialect::{OpenAiChat, TerminalMode};
+use tower_llm_failover::dialect::TerminalMode;
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
     Strategy, Target,
 };
-use tower_llm_failover::stream::{StreamStateLayer, StreamStateService};
+use tower_llm_failover::stream::StreamStateLayer;
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
@@ -268,7 +268,12 @@ impl Config {
 }
 
 /// The stack behind one route.
-type RouteService = StreamStateService<Budget<Failover<UpstreamClient>>, OpenAiChat>;
+///
+/// The failover layer holds each stream back and ends it cleanly after
+/// commit itself (it contains the commit machine), so no stream layer goes
+/// around it; the budget layer answers a refused turn itself. The error type
+/// is `Infallible`.
+type RouteService = Budget<Failover<UpstreamClient>>;
 
 struct Route {
     pattern: String,
@@ -464,15 +469,11 @@ impl Gateway {
             let mut budget = BudgetLayer::new()
                 .deadline(Duration::from_millis(b.deadline_ms))
                 .max_attempts(b.max_attempts)
-                .retry_budget(retry_budget.clone())
-                .attempt_per_call(false);
+                .retry_budget(retry_budget.clone());
             if let Some(usd) = b.spend_ceiling_usd {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
-            let service = ServiceBuilder::new()
-                .layer(stream_layer.clone())
-                .layer(budget)
-                .service(builder.build());
+            let service = ServiceBuilder::new().layer(budget).service(builder.build());
             routes.push(Route {
                 pattern: route.model.clone(),
                 service,
@@ -592,25 +593,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     let request = http::Request::from_parts(parts, Full::new(bytes));
     match route.service.clone().oneshot(request).await {
         Ok(response) => response.map(Body::new),
-        Err(BudgetError::Exhausted(e)) => openai_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &e.to_string(),
-            "rate_limit_error",
-            "turn_budget_exhausted",
-        ),
-        Err(BudgetError::Deadline(e)) => openai_error(
-            StatusCode::GATEWAY_TIMEOUT,
-            &e.to_string(),
-            "server_error",
-            "timeout",
-        ),
-        Err(BudgetError::Inner(never)) => match never {},
-        Err(_) => openai_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the turn failed",
-            "server_error",
-            "internal_error",
-        ),
+        Err(never) => match never {},
     }
 }
 

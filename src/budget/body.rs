@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Buf;
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep_until};
@@ -21,18 +21,23 @@ pin_project! {
     /// close the stream cleanly (a terminal chunk) instead of leaving the
     /// client on a silent connection.
     ///
-    /// Frames pass through unchanged. After the deadline error the inner
-    /// body is dropped (releasing the upstream connection) and the body
-    /// reports its end.
+    /// Frames pass through unchanged, and the inner body is polled first:
+    /// a stream inspector inside that ends the stream at the same deadline
+    /// (with a terminal event) wins over the bare error here. After the
+    /// deadline error the inner body is dropped (releasing the upstream
+    /// connection) and the body reports its end.
+    ///
+    /// A refused turn's answer is a whole body of its own.
     pub struct BudgetBody<B> {
         #[pin]
         inner: Option<B>,
+        // A refused turn's error answer.
+        whole: Option<Bytes>,
         // Made on first poll, inside the runtime.
         #[pin]
         sleep: Option<Sleep>,
         budget: TurnBudget,
         body_bytes: u64,
-        enforce: bool,
     }
 }
 
@@ -41,21 +46,21 @@ impl<B> BudgetBody<B> {
     pub fn new(inner: B, budget: TurnBudget) -> Self {
         Self {
             inner: Some(inner),
+            whole: None,
             sleep: None,
             budget,
             body_bytes: 0,
-            enforce: true,
         }
     }
 
-    /// Wrap `inner` without ending it at the deadline: a stream inspector
-    /// inside (the failover layer's) enforces the turn's deadline itself and
-    /// ends the stream with a terminal chunk, which a body error here would
-    /// pre-empt.
-    pub fn deadline_enforced_inside(inner: B, budget: TurnBudget) -> Self {
+    /// A whole body (a refused turn's error answer), no inner body.
+    pub(crate) fn whole(bytes: Bytes, budget: TurnBudget) -> Self {
         Self {
-            enforce: false,
-            ..Self::new(inner, budget)
+            inner: None,
+            whole: Some(bytes),
+            sleep: None,
+            budget,
+            body_bytes: 0,
         }
     }
 
@@ -85,10 +90,10 @@ impl<B> std::fmt::Debug for BudgetBody<B> {
 /// [`DeadlineExceeded`], found with [`DeadlineExceeded::find_in`].
 impl<B> Body for BudgetBody<B>
 where
-    B: Body,
+    B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Data = B::Data;
+    type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
@@ -96,6 +101,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
+        if let Some(bytes) = this.whole.take() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
+        }
         if this.inner.is_none() {
             return Poll::Ready(None);
         }
@@ -108,7 +116,7 @@ where
         let frame = match inner.poll_frame(cx) {
             Poll::Ready(frame) => frame,
             Poll::Pending => {
-                if *this.enforce && this.sleep.is_none() {
+                if this.sleep.is_none() {
                     this.sleep.set(Some(sleep_until(this.budget.deadline())));
                 }
                 let expired = this
@@ -141,19 +149,20 @@ where
         if let Some(Ok(frame)) = &frame
             && let Some(data) = frame.data_ref()
         {
-            *this.body_bytes = this.body_bytes.saturating_add(data.remaining() as u64);
+            *this.body_bytes = this.body_bytes.saturating_add(data.len() as u64);
         }
         Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.whole.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Some(inner) => inner.size_hint(),
-            None => SizeHint::with_exact(0),
+        match (&self.whole, &self.inner) {
+            (Some(bytes), _) => SizeHint::with_exact(bytes.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
         }
     }
 }

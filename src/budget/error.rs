@@ -73,7 +73,7 @@ impl DeadlineExceeded {
     }
 
     /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.
-    /// behind a boxed body error or a [`BudgetError`]).
+    /// behind a boxed body error).
     pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {
         find_in_chain(error)
     }
@@ -95,52 +95,4 @@ fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static))
         current = error.source();
     }
     None
-}
-
-/// The error of the [`Budget`](super::Budget) service.
-///
-/// The budget variants keep their payload as the error's `source()`, so
-/// [`DeadlineExceeded::find_in`] and [`BudgetExhausted::find_in`] work
-/// through a `Box<dyn Error>`; the inner service's error passes through
-/// unchanged (`Display` and `source` are its own).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BudgetError<E> {
-    /// The turn's budget refused the call before the inner service was
-    /// called (deadline passed, attempts used, spend ceiling reached).
-    #[error("turn budget exhausted")]
-    Exhausted(#[source] BudgetExhausted),
-    /// The deadline passed before the response head arrived; the inner call
-    /// was dropped.
-    #[error("turn deadline exceeded")]
-    Deadline(#[source] DeadlineExceeded),
-    /// The inner service failed.
-    #[error(transparent)]
-    Inner(E),
-}
-
-impl<E> BudgetError<E> {
-    /// The deadline failure, if this is one.
-    pub fn deadline(&self) -> Option<&DeadlineExceeded> {
-        match self {
-            BudgetError::Deadline(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// The budget refusal, if this is one.
-    pub fn exhausted(&self) -> Option<&BudgetExhausted> {
-        match self {
-            BudgetError::Exhausted(e) => Some(e),
-            _ => None,
-        }
-    }
-
-    /// The inner service's error, if this is one.
-    pub fn into_inner(self) -> Option<E> {
-        match self {
-            BudgetError::Inner(e) => Some(e),
-            _ => None,
-        }
-    }
 }

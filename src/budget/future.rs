@@ -4,16 +4,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::Response;
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep_until};
 
-use crate::classify::Phase;
+use crate::classify::{FailureClass, Phase};
+use crate::dialect::{Dialect, ErrorReply};
 
 use super::body::BudgetBody;
 use super::cost::{Pricing, ReportedUsage};
-use super::error::{BudgetError, DeadlineExceeded};
+use super::error::DeadlineExceeded;
 use super::turn::{BudgetExhausted, TurnBudget};
 
 pin_project! {
@@ -23,12 +26,15 @@ pin_project! {
     /// On a response head it records the response's cost (when the layer
     /// has a [`Pricing`] and the response carries a [`ReportedUsage`]),
     /// puts the [`TurnBudget`] into the response extensions and wraps the
-    /// body in a [`BudgetBody`].
-    pub struct ResponseFuture<F> {
+    /// body in a [`BudgetBody`]. A refused turn and a deadline before the
+    /// head are answered with an error response in the dialect's shape.
+    pub struct ResponseFuture<F, D> {
         #[pin]
         state: State<F>,
         budget: TurnBudget,
         pricing: Option<Pricing>,
+        attempts_before: u32,
+        dialect: D,
     }
 }
 
@@ -47,7 +53,7 @@ pin_project! {
     }
 }
 
-impl<F> std::fmt::Debug for ResponseFuture<F> {
+impl<F, D> std::fmt::Debug for ResponseFuture<F, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("budget", &self.budget)
@@ -55,18 +61,26 @@ impl<F> std::fmt::Debug for ResponseFuture<F> {
     }
 }
 
-impl<F> ResponseFuture<F> {
-    pub(crate) fn refused(budget: TurnBudget, refusal: BudgetExhausted) -> Self {
+impl<F, D> ResponseFuture<F, D> {
+    pub(crate) fn refused(budget: TurnBudget, refusal: BudgetExhausted, dialect: D) -> Self {
         Self {
             state: State::Refused {
                 refusal: Some(refusal),
             },
             budget,
             pricing: None,
+            attempts_before: 0,
+            dialect,
         }
     }
 
-    pub(crate) fn called(future: F, budget: TurnBudget, pricing: Option<Pricing>) -> Self {
+    pub(crate) fn called(
+        future: F,
+        budget: TurnBudget,
+        pricing: Option<Pricing>,
+        attempts_before: u32,
+        dialect: D,
+    ) -> Self {
         Self {
             state: State::Called {
                 future,
@@ -74,22 +88,25 @@ impl<F> ResponseFuture<F> {
             },
             budget,
             pricing,
+            attempts_before,
+            dialect,
         }
     }
 }
 
-impl<F, ResBody, E> Future for ResponseFuture<F>
+impl<F, D, ResBody, E> Future for ResponseFuture<F, D>
 where
     F: Future<Output = Result<Response<ResBody>, E>>,
-    ResBody: Body,
+    ResBody: Body<Data = Bytes>,
+    D: Dialect,
 {
-    type Output = Result<Response<BudgetBody<ResBody>>, BudgetError<E>>;
+    type Output = Result<Response<BudgetBody<ResBody>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let outcome = match this.state.as_mut().project() {
             StateProj::Refused { refusal } => match refusal.take() {
-                Some(refusal) => Err(BudgetError::Exhausted(refusal)),
+                Some(refusal) => Ok(refused(this.dialect, this.budget, &refusal)),
                 // Polled after completion.
                 None => return Poll::Pending,
             },
@@ -102,23 +119,31 @@ where
                 // error) is better than our bare error. The deadline is the
                 // backstop for an inner that does not watch it.
                 if let Poll::Ready(result) = future.poll(cx) {
-                    match result {
-                        Ok(response) => Ok(finish(response, this.budget, *this.pricing)),
-                        Err(error) => Err(BudgetError::Inner(error)),
+                    if this.budget.attempts_used() == *this.attempts_before {
+                        // Nobody inside counted an attempt: the call was one.
+                        let _ = this.budget.try_begin_attempt();
                     }
+                    result.map(|response| finish(response, this.budget, *this.pricing))
                 } else if sleep
                     .as_mut()
                     .as_pin_mut()
                     .is_some_and(|sleep| sleep.poll(cx).is_ready())
                 {
                     tracing::debug!(run_id = %this.budget.run_id(), "turn deadline passed before the response head");
-                    Err(BudgetError::Deadline(DeadlineExceeded {
+                    let deadline = DeadlineExceeded {
                         run_id: this.budget.run_id().clone(),
                         phase: Phase::Head,
                         limit: this.budget.time_limit(),
                         elapsed: this.budget.elapsed(),
                         body_bytes: 0,
-                    }))
+                    };
+                    Ok(answer(
+                        this.dialect,
+                        this.budget,
+                        StatusCode::GATEWAY_TIMEOUT,
+                        &ErrorReply::new(FailureClass::Timeout, &deadline.to_string())
+                            .code("turn_deadline_exceeded"),
+                    ))
                 } else {
                     return Poll::Pending;
                 }
@@ -141,14 +166,54 @@ fn finish<B: Body>(
         budget.record_spend(pricing.cost_of(usage), usage.estimated);
     }
     parts.extensions.insert(budget.clone());
-    let body = if parts
-        .extensions
-        .get::<crate::stream::StreamState>()
-        .is_some()
-    {
-        BudgetBody::deadline_enforced_inside(body, budget.clone())
-    } else {
-        BudgetBody::new(body, budget.clone())
+    Response::from_parts(parts, BudgetBody::new(body, budget.clone()))
+}
+
+/// A refused turn, answered in the dialect's shape: 402 for the spend
+/// ceiling, 429 for attempts used up, 504 for a passed deadline.
+fn refused<B, D: Dialect>(
+    dialect: &D,
+    budget: &TurnBudget,
+    refusal: &BudgetExhausted,
+) -> Response<BudgetBody<B>> {
+    let message = refusal.to_string();
+    let (status, class, code) = match refusal {
+        BudgetExhausted::Spend { .. } => (
+            StatusCode::PAYMENT_REQUIRED,
+            FailureClass::QuotaExhausted,
+            "spend_ceiling_reached",
+        ),
+        BudgetExhausted::Attempts { .. } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            FailureClass::RateLimited,
+            "turn_budget_exhausted",
+        ),
+        _ => (
+            StatusCode::GATEWAY_TIMEOUT,
+            FailureClass::Timeout,
+            "turn_deadline_exceeded",
+        ),
     };
-    Response::from_parts(parts, body)
+    answer(
+        dialect,
+        budget,
+        status,
+        &ErrorReply::new(class, &message).code(code),
+    )
+}
+
+fn answer<B, D: Dialect>(
+    dialect: &D,
+    budget: &TurnBudget,
+    status: StatusCode,
+    reply: &ErrorReply<'_>,
+) -> Response<BudgetBody<B>> {
+    let mut response = Response::new(BudgetBody::whole(dialect.error_body(reply), budget.clone()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(dialect.error_content_type()),
+    );
+    response.extensions_mut().insert(budget.clone());
+    response
 }

@@ -10,23 +10,25 @@ use super::cost::{Cost, Pricing};
 use super::retry_budget::RetryBudget;
 use super::service::Budget;
 use super::turn::TurnLimits;
+use crate::dialect::OpenAiChat;
 
 /// Applies a per-turn [`TurnBudget`](super::TurnBudget) to every request:
 /// made on the first hop, reused by every later one.
 ///
 /// See the [module docs](super) for what the service does with it.
 /// Defaults: 120 s deadline, 4 attempts, no spend ceiling, the OpenAI-SDK
-/// backoff, no retry budget, no pricing, each call counted as an attempt.
+/// backoff, no retry budget, no pricing, refusals answered in the OpenAI
+/// chat dialect's error shape ([`dialect`](Self::dialect) to change).
 #[derive(Debug, Clone)]
-pub struct BudgetLayer {
+pub struct BudgetLayer<D = OpenAiChat> {
     pub(crate) settings: Arc<Settings>,
+    pub(crate) dialect: D,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) limits: TurnLimits,
     pub(crate) pricing: Option<Pricing>,
-    pub(crate) attempt_per_call: bool,
 }
 
 impl Default for BudgetLayer {
@@ -42,8 +44,18 @@ impl BudgetLayer {
             settings: Arc::new(Settings {
                 limits: TurnLimits::new(),
                 pricing: None,
-                attempt_per_call: true,
             }),
+            dialect: OpenAiChat,
+        }
+    }
+}
+
+impl<D> BudgetLayer<D> {
+    /// Answers refused turns in this wire dialect's error shape.
+    pub fn dialect<D2>(self, dialect: D2) -> BudgetLayer<D2> {
+        BudgetLayer {
+            settings: self.settings,
+            dialect,
         }
     }
 
@@ -97,28 +109,16 @@ impl BudgetLayer {
         self.update(|s| s.pricing = Some(pricing))
     }
 
-    /// Whether each call of the inner service is counted as one attempt of
-    /// the turn (default `true`: right around a single upstream).
-    ///
-    /// Set `false` when an inner layer (the failover loop) begins its own
-    /// attempts with [`TurnBudget::try_begin_attempt`]; the layer then only
-    /// refuses calls of a turn that is already exhausted.
-    ///
-    /// [`TurnBudget::try_begin_attempt`]: super::TurnBudget::try_begin_attempt
-    pub fn attempt_per_call(self, attempt_per_call: bool) -> Self {
-        self.update(|s| s.attempt_per_call = attempt_per_call)
-    }
-
     /// The limits each turn starts with.
     pub fn turn_limits(&self) -> &TurnLimits {
         &self.settings.limits
     }
 }
 
-impl<S> Layer<S> for BudgetLayer {
-    type Service = Budget<S>;
+impl<S, D: Clone> Layer<S> for BudgetLayer<D> {
+    type Service = Budget<S, D>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Budget::from_parts(inner, self.settings.clone())
+        Budget::from_parts(inner, self.settings.clone(), self.dialect.clone())
     }
 }

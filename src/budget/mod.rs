@@ -6,11 +6,12 @@
 //! (a request that already carries a `TurnBudget` keeps it):
 //!
 //! - **Deadline** for the whole turn, every hop and backoff included. The
-//!   [`Budget`] service races the response head against it
-//!   ([`BudgetError::Deadline`], phase [`Head`](crate::classify::Phase::Head))
-//!   and wraps the body in a [`BudgetBody`] that ends with
-//!   a boxed [`DeadlineExceeded`] error when it passes mid-stream. Both carry a
-//!   [`DeadlineExceeded`] (class [`Timeout`](crate::classify::FailureClass::Timeout)).
+//!   [`Budget`] service races the response head against it (a 504 in the
+//!   dialect's error shape when it passes first) and wraps the body in a
+//!   [`BudgetBody`] that ends with a boxed [`DeadlineExceeded`] error
+//!   (class [`Timeout`](crate::classify::FailureClass::Timeout)) when it
+//!   passes mid-stream, unless a stream inspector inside ended the stream
+//!   first.
 //! - **Attempts**: [`TurnBudget::try_begin_attempt`] claims the next
 //!   1-based attempt number or refuses with [`BudgetExhausted`].
 //! - **Spend** in money ([`Cost`], nano-USD): [`TurnBudget::record_spend`]
@@ -22,12 +23,13 @@
 //! - **Retry budget** shared across turns ([`RetryBudget`], tower's
 //!   `TpsBudget` inside), so an outage does not become a retry storm.
 //!
-//! Alone around one upstream, the layer counts each call as an attempt,
-//! refuses calls of an exhausted turn, records the cost of a response that
-//! carries [`ReportedUsage`] (when given a [`Pricing`]) and puts the
-//! `TurnBudget` into the response extensions. Inside a gateway, a failover
-//! layer below it reads the budget from the request extensions and begins
-//! its own attempts (set [`BudgetLayer::attempt_per_call`] to `false`).
+//! The layer never has to be told how it is nested. It answers a refused
+//! turn (deadline passed, attempts or spend used up) with an error response
+//! in its dialect's shape, so its error type is the inner service's. An
+//! inner layer that makes attempts (a failover layer) counts them in the
+//! budget; a call in which nobody did counts as one attempt. It records the
+//! cost of a response that carries [`ReportedUsage`] (when given a
+//! [`Pricing`]) and puts the `TurnBudget` into the response extensions.
 //!
 //! # Example
 //!
@@ -47,7 +49,7 @@
 //! let upstream = tower::service_fn(|req: Request<Full<Bytes>>| async move {
 //!     // Inner layers find the turn's budget in the request.
 //!     let turn = TurnBudget::from_extensions(req.extensions()).unwrap();
-//!     assert_eq!(turn.attempts_used(), 1);
+//!     assert_eq!(turn.attempts_used(), 0);
 //!     let mut res = Response::new(Full::new(Bytes::from_static(b"{\"choices\":[]}")));
 //!     res.extensions_mut().insert(ReportedUsage::reported(1_000, 200));
 //!     Ok::<_, Infallible>(res)
@@ -66,6 +68,7 @@
 //! let response = service.oneshot(Request::new(Full::new(Bytes::new()))).await.unwrap();
 //! let turn = response.extensions().get::<TurnBudget>().unwrap().clone();
 //! assert_eq!(turn.spent(), (Cost::from_usd(0.0045), false));
+//! assert_eq!(turn.attempts_used(), 1, "the call was the turn's one attempt");
 //! let body = response.into_body().collect().await.unwrap().to_bytes();
 //! assert_eq!(&body[..], b"{\"choices\":[]}");
 //! # }
@@ -84,7 +87,7 @@ mod turn;
 pub use backoff::{Backoff, Delay};
 pub use body::BudgetBody;
 pub use cost::{Cost, Pricing, ReportedUsage};
-pub use error::{BudgetError, DeadlineExceeded};
+pub use error::DeadlineExceeded;
 pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};

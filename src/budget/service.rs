@@ -3,38 +3,51 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
 use super::body::BudgetBody;
-use super::error::BudgetError;
 use super::future::ResponseFuture;
 use super::layer::{BudgetLayer, Settings};
 use super::turn::TurnBudget;
+use crate::dialect::{Dialect, OpenAiChat};
 
 /// Middleware that gives each turn one [`TurnBudget`] and enforces its
 /// deadline on the response head and body. Made by [`BudgetLayer`]; see the
 /// [module docs](super).
+///
+/// A refused turn (deadline passed, attempts or spend used up) is answered,
+/// not failed: an error response in the dialect's shape. Its error type is
+/// the inner service's, so over an infallible stack it stays infallible.
 #[derive(Debug, Clone)]
-pub struct Budget<S> {
+pub struct Budget<S, D = OpenAiChat> {
     inner: S,
     settings: Arc<Settings>,
+    dialect: D,
 }
 
 impl<S> Budget<S> {
     /// Wrap `inner` with the default [`BudgetLayer`] settings.
     pub fn new(inner: S) -> Self {
-        Self::from_parts(inner, BudgetLayer::new().settings)
+        let layer = BudgetLayer::new();
+        Self::from_parts(inner, layer.settings, layer.dialect)
     }
 
     /// A [`BudgetLayer`] with the defaults, to configure.
     pub fn layer() -> BudgetLayer {
         BudgetLayer::new()
     }
+}
 
-    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>) -> Self {
-        Self { inner, settings }
+impl<S, D> Budget<S, D> {
+    pub(crate) fn from_parts(inner: S, settings: Arc<Settings>, dialect: D) -> Self {
+        Self {
+            inner,
+            settings,
+            dialect,
+        }
     }
 
     /// The inner service.
@@ -53,17 +66,18 @@ impl<S> Budget<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Budget<S>
+impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for Budget<S, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Body,
+    ResBody: Body<Data = Bytes>,
+    D: Dialect,
 {
     type Response = Response<BudgetBody<ResBody>>;
-    type Error = BudgetError<S::Error>;
-    type Future = ResponseFuture<S::Future>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, D>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(BudgetError::Inner)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
@@ -76,20 +90,22 @@ where
                 budget
             }
         };
-        let admitted = budget.check_open().and_then(|()| {
-            if self.settings.attempt_per_call {
-                budget.try_begin_attempt().map(drop)
-            } else {
-                Ok(())
-            }
-        });
-        if let Err(refusal) = admitted {
+        if let Err(refusal) = budget.check_open() {
             tracing::debug!(run_id = %budget.run_id(), %refusal, "turn budget refused the call");
             // The inner service stays ready for the next call.
-            return ResponseFuture::refused(budget, refusal);
+            return ResponseFuture::refused(budget, refusal, self.dialect.clone());
         }
+        // Attempts are counted by whoever makes them (a failover layer
+        // inside); a call in which nobody did counts as one.
+        let attempts_before = budget.attempts_used();
         // Called right here, not inside the future: no clone-and-swap needed.
         let future = self.inner.call(req);
-        ResponseFuture::called(future, budget, self.settings.pricing)
+        ResponseFuture::called(
+            future,
+            budget,
+            self.settings.pricing,
+            attempts_before,
+            self.dialect.clone(),
+        )
     }
 }
