@@ -10,6 +10,7 @@ use http::uri::Authority;
 use http::{Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt as _;
+use http_body_util::Full;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -109,11 +110,11 @@ impl UpstreamClient {
     }
 }
 
-impl<B> Service<Request<B>> for UpstreamClient
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+/// One concrete request body type (the one [`Failover`] sends), so
+/// `ServiceExt` combinators over the client infer their types.
+///
+/// [`Failover`]: crate::failover::Failover
+impl Service<Request<Full<Bytes>>> for UpstreamClient {
     type Response = Response<Incoming>;
     type Error = SendError;
     type Future = ResponseFuture;
@@ -126,10 +127,10 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         match self.prepare(request) {
             Ok(request) => {
-                let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
+                let request = request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
                 ResponseFuture::sent(self.client.request(request))
             }
             Err(error) => ResponseFuture::rejected(error),

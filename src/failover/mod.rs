@@ -125,4 +125,4 @@ pub use health::{
 pub use layer::FailoverLayer;
 pub use select::{Candidate, Selector, Strategy};
 pub use service::{Failover, FailoverBuilder, ResponseFuture};
-pub use target::{Capabilities, Target};
+pub use target::{BoxUpstream, Capabilities, Target, UpstreamBody};

@@ -1,5 +1,13 @@
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt};
+
 use crate::budget::{Cost, Pricing};
 use crate::classify::{Classifier, Classify, ClassifyLayer};
 
@@ -136,6 +144,15 @@ impl Capabilities {
     }
 }
 
+/// The response body of a [boxed](Target::boxed) target.
+pub type UpstreamBody = UnsyncBoxBody<Bytes, crate::BoxError>;
+
+/// A type-erased upstream service: what [`Target::boxed`] makes of any
+/// Tower HTTP service, so targets of different types share one
+/// [`Failover`](super::Failover).
+pub type BoxUpstream =
+    BoxCloneSyncService<Request<Full<Bytes>>, Response<UpstreamBody>, crate::BoxError>;
+
 /// One upstream the failover layer may send a turn to: a provider plus an
 /// upstream model, with what the gateway knows about it.
 ///
@@ -150,6 +167,30 @@ pub struct Target<S> {
     pub(crate) capabilities: Capabilities,
     pub(crate) pricing: Option<Pricing>,
     pub(crate) service: S,
+}
+
+impl Target<BoxUpstream> {
+    /// A target in front of any Tower HTTP service, type-erased so targets
+    /// of different service types (the [`UpstreamClient`], a
+    /// `tower::service_fn`, a fake) mix in one failover without type
+    /// plumbing. Costs one allocation per call.
+    ///
+    /// [`UpstreamClient`]: crate::client::UpstreamClient
+    pub fn boxed<S, B>(name: impl Into<Arc<str>>, service: S) -> Self
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<crate::BoxError>,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<crate::BoxError>,
+    {
+        let service = service
+            .map_response(|response: Response<B>| {
+                response.map(|body| body.map_err(Into::into).boxed_unsync())
+            })
+            .map_err(Into::into);
+        Target::new(name, BoxCloneSyncService::new(service))
+    }
 }
 
 impl<S> Target<S> {
