@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tower_llm_failover::classify::Note;
 
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
@@ -53,7 +54,7 @@ async fn truncated_json_falls_back_to_the_status() {
     .await;
     let c = e.classification();
     assert_eq!((c.class, c.phase), (FailureClass::RateLimited, Phase::Head));
-    assert_eq!(c.note, Some("invalid_json_error_body"));
+    assert_eq!(c.note, Some(Note::InvalidJsonErrorBody));
     assert_eq!(c.message, "HTTP 429 Too Many Requests");
     assert_eq!(c.provider_code, None);
 }
@@ -61,11 +62,11 @@ async fn truncated_json_falls_back_to_the_status() {
 #[tokio::test]
 async fn odd_but_valid_json_falls_back_to_the_status() {
     for (body, note) in [
-        (&b"\"just a string\""[..], Some("unknown_error_shape")),
-        (b"123", Some("unknown_error_shape")),
-        (b"{}", Some("unknown_error_shape")),
-        (b"[]", Some("unknown_error_shape")),
-        (b"null", Some("unknown_error_shape")),
+        (&b"\"just a string\""[..], Some(Note::UnknownErrorShape)),
+        (b"123", Some(Note::UnknownErrorShape)),
+        (b"{}", Some(Note::UnknownErrorShape)),
+        (b"[]", Some(Note::UnknownErrorShape)),
+        (b"null", Some(Note::UnknownErrorShape)),
         (
             br#"{"error":{"message":42,"code":{"nested":true},"type":[1]}}"#,
             None,
@@ -85,7 +86,7 @@ async fn odd_but_valid_json_falls_back_to_the_status() {
     let deep = "[".repeat(10_000);
     let e = classify(500, deep).await;
     assert_eq!(e.class(), FailureClass::ServerError);
-    assert_eq!(e.classification().note, Some("invalid_json_error_body"));
+    assert_eq!(e.classification().note, Some(Note::InvalidJsonErrorBody));
 }
 
 #[tokio::test]
@@ -97,7 +98,7 @@ async fn a_10_mib_body_is_capped() {
     assert_eq!(e.body().len(), DEFAULT_BODY_LIMIT);
     let c = e.classification();
     assert_eq!(c.class, FailureClass::ServerError);
-    assert_eq!(c.note, Some("error_body_too_large"));
+    assert_eq!(c.note, Some(Note::ErrorBodyTooLarge));
 
     // Many frames: the layer stops pulling once the cap is reached.
     let pulled = Arc::new(AtomicUsize::new(0));
@@ -113,7 +114,7 @@ async fn a_10_mib_body_is_capped() {
     )
     .await;
     assert_eq!(e.body().len(), 100 * 1024);
-    assert_eq!(e.classification().note, Some("error_body_too_large"));
+    assert_eq!(e.classification().note, Some(Note::ErrorBodyTooLarge));
     assert_eq!(e.class(), FailureClass::ServerError);
     assert_eq!(
         pulled.load(Ordering::SeqCst),
@@ -132,7 +133,7 @@ async fn a_body_exactly_at_the_cap_is_whole() {
     )
     .await;
     assert_eq!(e.body().len(), 1024);
-    assert_eq!(e.classification().note, Some("empty_error_body"));
+    assert_eq!(e.classification().note, Some(Note::EmptyErrorBody));
 }
 
 #[tokio::test]
@@ -142,7 +143,7 @@ async fn invalid_utf8() {
     let c = e.classification();
     assert_eq!(c.class, FailureClass::ServerError);
     assert_eq!(c.message, "bad gateway \u{fffd}\u{fffd} from upstream");
-    assert_eq!(c.note, Some("text_error_body"));
+    assert_eq!(c.note, Some(Note::TextErrorBody));
 
     // JSON with an invalid byte inside a string: not JSON, status decides.
     let e = classify(
@@ -151,14 +152,14 @@ async fn invalid_utf8() {
     )
     .await;
     assert_eq!(e.class(), FailureClass::Auth);
-    assert_eq!(e.classification().note, Some("invalid_json_error_body"));
+    assert_eq!(e.classification().note, Some(Note::InvalidJsonErrorBody));
 
     // In-band and 200 bodies too.
     let classifier = Classifier::new();
     let c = classifier.classify_in_band(None, Some("error"), b"\xff\xfe\xfd", Phase::Preamble);
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::ServerError, Some("unparsed_error_event"))
+        (FailureClass::ServerError, Some(Note::UnparsedErrorEvent))
     );
     let c = classifier.classify_in_band(
         None,
@@ -168,14 +169,14 @@ async fn invalid_utf8() {
     );
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::InvalidResponse, Some("no_error_in_event"))
+        (FailureClass::InvalidResponse, Some(Note::NoErrorInEvent))
     );
     let c = classifier
         .validate_body(&tower_llm_failover::dialect::OpenAiChat, None, b"\xff{}")
         .unwrap_err();
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::InvalidResponse, Some("invalid_json"))
+        (FailureClass::InvalidResponse, Some(Note::InvalidJson))
     );
 }
 
@@ -187,7 +188,7 @@ async fn a_body_that_never_ends_is_capped_by_time() {
     let c = e.classification();
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::Overloaded, Some("error_body_timeout"))
+        (FailureClass::Overloaded, Some(Note::ErrorBodyTimeout))
     );
     assert_eq!(
         started.elapsed(),
@@ -212,7 +213,7 @@ async fn a_body_that_never_ends_is_capped_by_time() {
     let c = e.classification();
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::QuotaExhausted, Some("error_body_timeout"))
+        (FailureClass::QuotaExhausted, Some(Note::ErrorBodyTimeout))
     );
 }
 
@@ -242,7 +243,7 @@ async fn a_busy_body_that_never_ends_is_capped_by_time() {
     )
     .await
     .expect("the body timeout ends the read");
-    assert_eq!(e.classification().note, Some("error_body_timeout"));
+    assert_eq!(e.classification().note, Some(Note::ErrorBodyTimeout));
     assert_eq!(e.class(), FailureClass::ServerError);
     assert!(e.body().is_empty());
 }
@@ -257,7 +258,7 @@ async fn a_body_that_errors() {
     let c = e.classification();
     assert_eq!(
         (c.class, c.note),
-        (FailureClass::Timeout, Some("error_body_unreadable"))
+        (FailureClass::Timeout, Some(Note::ErrorBodyUnreadable))
     );
     assert_eq!(e.body().as_ref(), b"{\"error\":");
 }
@@ -285,7 +286,7 @@ async fn html_error_pages_from_proxies() {
     let c = e.classification();
     assert_eq!((c.class, c.phase), (FailureClass::ServerError, Phase::Head));
     assert_eq!(c.message, "api.example.com | 502: Bad gateway");
-    assert_eq!(c.note, Some("html_error_body"));
+    assert_eq!(c.note, Some(Note::HtmlErrorBody));
 
     let nginx_503 = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n<body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
     let e = classify(503, nginx_503).await;
@@ -308,7 +309,7 @@ async fn html_error_pages_from_proxies() {
     // Envoy's plain-text answer.
     let e = classify(503, "upstream connect error or disconnect/reset before headers. reset reason: connection failure").await;
     assert_eq!(e.class(), FailureClass::Overloaded);
-    assert_eq!(e.classification().note, Some("text_error_body"));
+    assert_eq!(e.classification().note, Some(Note::TextErrorBody));
 }
 
 #[test]

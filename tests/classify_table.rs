@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::time::Duration;
+use tower_llm_failover::classify::Note;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -863,7 +864,7 @@ fn row_23_truncated_stream() {
         (c.class, c.phase, c.recovery),
         (InvalidResponse, Phase::Preamble, Reroute)
     );
-    assert_eq!(c.note, Some("truncated_stream"));
+    assert_eq!(c.note, Some(Note::TruncatedStream));
     let c = Classification::truncated(Phase::Committed);
     assert!(!c.before_commit());
 }
@@ -892,23 +893,23 @@ fn row_19_invalid_completions() {
     let ok = br#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
     assert!(classifier.validate_body(&OpenAiChat, None, ok).is_ok());
 
-    let cases: &[(&[u8], FailureClass, Option<&str>)] = &[
-        (b"{\"id\":\"c\",\"choices\":[", InvalidResponse, Some("invalid_json")),
-        (b"not json at all", InvalidResponse, Some("invalid_json")),
-        (br#"{"id":"c","object":"chat.completion"}"#, InvalidResponse, Some("no_answer")),
-        (br#"{"id":"c","choices":[]}"#, InvalidResponse, Some("no_answer")),
-        (br#"{"id":"c","choices":null}"#, InvalidResponse, Some("no_answer")),
-        (br#"[1,2]"#, InvalidResponse, Some("unexpected_json")),
+    let cases: &[(&[u8], FailureClass, Option<Note>)] = &[
+        (b"{\"id\":\"c\",\"choices\":[", InvalidResponse, Some(Note::InvalidJson)),
+        (b"not json at all", InvalidResponse, Some(Note::InvalidJson)),
+        (br#"{"id":"c","object":"chat.completion"}"#, InvalidResponse, Some(Note::NoAnswer)),
+        (br#"{"id":"c","choices":[]}"#, InvalidResponse, Some(Note::NoAnswer)),
+        (br#"{"id":"c","choices":null}"#, InvalidResponse, Some(Note::NoAnswer)),
+        (br#"[1,2]"#, InvalidResponse, Some(Note::UnexpectedJson)),
         // Gemini compat: unwrap the array, then classify the inner error.
         (
             br#"[{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}]"#,
             RateLimited,
-            Some("error_on_200"),
+            Some(Note::ErrorOn200),
         ),
         (
             br#"{"error":{"message":"The server had an error","type":"server_error","param":null,"code":null}}"#,
             ServerError,
-            Some("error_on_200"),
+            Some(Note::ErrorOn200),
         ),
     ];
     for (body, class, note) in cases {
@@ -1032,7 +1033,7 @@ mod client {
             (c.class, c.phase, c.recovery),
             (Connect, Phase::BeforeSend, RetrySame)
         );
-        assert_eq!(c.note, Some("connect_failed"));
+        assert_eq!(c.note, Some(Note::ConnectFailed));
         assert!(std::error::Error::source(&error).is_some());
     }
 

@@ -8,6 +8,7 @@
 mod support;
 
 use std::time::Duration;
+use tower_llm_failover::classify::Note;
 
 use bytes::Bytes;
 use http::{Request, Response, Version};
@@ -165,7 +166,7 @@ async fn without_the_ca_the_attempt_fails_as_connect_with_an_unknown_ca_message(
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("tls_unknown_ca"));
+    assert_eq!(c.note, Some(Note::TlsUnknownCa));
     assert!(c.message.contains("unknown CA"), "{}", c.message);
     assert_eq!(upstream.attempts(), 0);
 }
@@ -181,7 +182,7 @@ async fn a_certificate_for_another_name_is_refused() {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("tls_name_mismatch"));
+    assert_eq!(c.note, Some(Note::TlsNameMismatch));
     assert!(
         c.message.contains("does not match the host name"),
         "{}",
@@ -226,7 +227,7 @@ async fn mtls(alpn: &[&[u8]], http2: bool) {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("tls_client_certificate_required"), "{c:?}");
+    assert_eq!(c.note, Some(Note::TlsClientCertificateRequired), "{c:?}");
     assert!(c.message.contains("client certificate"), "{}", c.message);
 
     // A certificate from a CA the server does not trust is rejected too.
@@ -245,7 +246,7 @@ async fn mtls(alpn: &[&[u8]], http2: bool) {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("tls_client_certificate_rejected"), "{c:?}");
+    assert_eq!(c.note, Some(Note::TlsClientCertificateRejected), "{c:?}");
     assert_eq!(upstream.attempts(), 1);
 }
 
@@ -374,7 +375,7 @@ async fn proxy_refusals_are_classified_and_credentials_stay_out_of_errors() {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("proxy_refused"));
+    assert_eq!(c.note, Some(Note::ProxyRefused));
     assert!(c.message.contains("refused"), "{}", c.message);
     // The credentials went to the proxy, as Basic, and nowhere else.
     assert_eq!(
@@ -402,7 +403,7 @@ async fn proxy_refusals_are_classified_and_credentials_stay_out_of_errors() {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("proxy_auth_required"));
+    assert_eq!(c.note, Some(Note::ProxyAuthRequired));
     assert!(c.message.contains("407"), "{}", c.message);
 
     // Nobody listens on the proxy port.
@@ -421,7 +422,7 @@ async fn proxy_refusals_are_classified_and_credentials_stay_out_of_errors() {
         (c.class, c.phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
-    assert_eq!(c.note, Some("proxy_unreachable"));
+    assert_eq!(c.note, Some(Note::ProxyUnreachable));
     assert_eq!(upstream.attempts(), 0);
 }
 

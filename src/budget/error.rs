@@ -1,5 +1,6 @@
 //! Errors of the budget layer, its response future and its body.
 
+use crate::classify::Note;
 use std::error::Error as StdError;
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ impl DeadlineExceeded {
             .with_provider_code("turn_deadline_exceeded")
             .with_message(self.to_string())
             .with_recovery(Recovery::Stop)
-            .with_note("turn_deadline")
+            .with_note(Note::TurnDeadline)
     }
 
     /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.

@@ -44,6 +44,141 @@ impl FailureClass {
     }
 }
 
+/// How a classification was reached when not from a complete provider
+/// answer: a typed reason, read by decisions and printed in logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Note {
+    /// The gateway's own head, first-output or idle timeout.
+    GatewayTimeout,
+    /// The turn's deadline passed.
+    TurnDeadline,
+    /// The client went away or the turn was cancelled.
+    Cancelled,
+    /// The stream ended without its terminator.
+    TruncatedStream,
+    /// An event that does not parse as the dialect expects.
+    MalformedChunk,
+    /// An event, line or held-back preamble over its cap.
+    Oversize,
+    /// A transport error with no more specific reading.
+    TransportError,
+    /// An in-band error event whose payload does not parse.
+    UnparsedErrorEvent,
+    /// An error event that carries no error.
+    NoErrorInEvent,
+    /// A provider's error in a success (200) body.
+    ErrorOn200,
+    /// The upstream URI could not be built.
+    InvalidUpstreamUri,
+    /// The error body was over the read cap.
+    ErrorBodyTooLarge,
+    /// The error body did not arrive in time.
+    ErrorBodyTimeout,
+    /// The error body failed while being read.
+    ErrorBodyUnreadable,
+    /// The error body was empty.
+    EmptyErrorBody,
+    /// The error body was an HTML page.
+    HtmlErrorBody,
+    /// The error body was broken JSON.
+    InvalidJsonErrorBody,
+    /// The error body was plain text.
+    TextErrorBody,
+    /// The error body was JSON of no known shape.
+    UnknownErrorShape,
+    /// A whole answer that is not JSON.
+    InvalidJson,
+    /// A whole answer that is JSON of the wrong shape.
+    UnexpectedJson,
+    /// A whole answer without the answer in it.
+    NoAnswer,
+    /// The connection could not be made.
+    ConnectFailed,
+    /// The connection was lost.
+    ConnectionLost,
+    /// A transport timeout.
+    TransportTimeout,
+    /// TLS: the upstream's certificate is signed by an unknown CA.
+    TlsUnknownCa,
+    /// TLS: the certificate does not match the host name.
+    TlsNameMismatch,
+    /// TLS: the certificate is expired or not yet valid.
+    TlsCertificateExpired,
+    /// TLS: the certificate is invalid or missing.
+    TlsBadCertificate,
+    /// TLS: nothing in common to negotiate.
+    TlsHandshakeFailed,
+    /// TLS: the upstream requires a client certificate.
+    TlsClientCertificateRequired,
+    /// TLS: the upstream rejected the client certificate.
+    TlsClientCertificateRejected,
+    /// TLS: the upstream refused the handshake.
+    TlsHandshakeRefused,
+    /// Egress proxy: cannot connect to it.
+    ProxyUnreachable,
+    /// Egress proxy: it refused the tunnel.
+    ProxyRefused,
+    /// Egress proxy: it wants credentials.
+    ProxyAuthRequired,
+    /// Egress proxy: not an http:// CONNECT proxy.
+    ProxyUnsupported,
+    /// Egress proxy: the tunnel broke off.
+    ProxyFailed,
+}
+
+impl Note {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GatewayTimeout => "gateway_timeout",
+            Self::TurnDeadline => "turn_deadline",
+            Self::Cancelled => "cancelled",
+            Self::TruncatedStream => "truncated_stream",
+            Self::MalformedChunk => "malformed_chunk",
+            Self::Oversize => "oversize",
+            Self::TransportError => "transport_error",
+            Self::UnparsedErrorEvent => "unparsed_error_event",
+            Self::NoErrorInEvent => "no_error_in_event",
+            Self::ErrorOn200 => "error_on_200",
+            Self::InvalidUpstreamUri => "invalid_upstream_uri",
+            Self::ErrorBodyTooLarge => "error_body_too_large",
+            Self::ErrorBodyTimeout => "error_body_timeout",
+            Self::ErrorBodyUnreadable => "error_body_unreadable",
+            Self::EmptyErrorBody => "empty_error_body",
+            Self::HtmlErrorBody => "html_error_body",
+            Self::InvalidJsonErrorBody => "invalid_json_error_body",
+            Self::TextErrorBody => "text_error_body",
+            Self::UnknownErrorShape => "unknown_error_shape",
+            Self::InvalidJson => "invalid_json",
+            Self::UnexpectedJson => "unexpected_json",
+            Self::NoAnswer => "no_answer",
+            Self::ConnectFailed => "connect_failed",
+            Self::ConnectionLost => "connection_lost",
+            Self::TransportTimeout => "transport_timeout",
+            Self::TlsUnknownCa => "tls_unknown_ca",
+            Self::TlsNameMismatch => "tls_name_mismatch",
+            Self::TlsCertificateExpired => "tls_certificate_expired",
+            Self::TlsBadCertificate => "tls_bad_certificate",
+            Self::TlsHandshakeFailed => "tls_handshake_failed",
+            Self::TlsClientCertificateRequired => "tls_client_certificate_required",
+            Self::TlsClientCertificateRejected => "tls_client_certificate_rejected",
+            Self::TlsHandshakeRefused => "tls_handshake_refused",
+            Self::ProxyUnreachable => "proxy_unreachable",
+            Self::ProxyRefused => "proxy_refused",
+            Self::ProxyAuthRequired => "proxy_auth_required",
+            Self::ProxyUnsupported => "proxy_unsupported",
+            Self::ProxyFailed => "proxy_failed",
+        }
+    }
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a failover policy should do about a failure, absent overrides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Recovery {
@@ -111,7 +246,7 @@ pub struct Classification {
     /// A fixed machine-readable note on how this classification was reached
     /// when it was not from a complete provider answer, e.g.
     /// `"error_body_too_large"`, `"error_body_timeout"`, `"truncated_stream"`.
-    pub note: Option<&'static str>,
+    pub note: Option<Note>,
 }
 
 impl Classification {
@@ -135,14 +270,14 @@ impl Classification {
     pub fn timeout(phase: Phase, what: &str) -> Self {
         Self::new(FailureClass::Timeout, phase)
             .with_message(format!("timed out waiting for {what}"))
-            .with_note("gateway_timeout")
+            .with_note(Note::GatewayTimeout)
     }
 
     /// The client went away or the turn was cancelled.
     pub fn cancelled(phase: Phase) -> Self {
         Self::new(FailureClass::Cancelled, phase)
             .with_message("the request was cancelled")
-            .with_note("cancelled")
+            .with_note(Note::Cancelled)
     }
 
     /// The stream ended without its terminator (`[DONE]`, `message_stop`):
@@ -150,21 +285,21 @@ impl Classification {
     pub fn truncated(phase: Phase) -> Self {
         Self::new(FailureClass::InvalidResponse, phase)
             .with_message("the upstream stream ended without its terminator")
-            .with_note("truncated_stream")
+            .with_note(Note::TruncatedStream)
     }
 
     /// A chunk or event that does not parse as what the dialect expects.
     pub fn malformed_chunk(phase: Phase, what: &str) -> Self {
         Self::new(FailureClass::InvalidResponse, phase)
             .with_message(format!("malformed upstream chunk: {what}"))
-            .with_note("malformed_chunk")
+            .with_note(Note::MalformedChunk)
     }
 
     /// An upstream event, line or held-back preamble larger than its cap.
     pub fn oversize(phase: Phase, what: &str) -> Self {
         Self::new(FailureClass::InvalidResponse, phase)
             .with_message(format!("upstream {what} exceeded its size cap"))
-            .with_note("oversize")
+            .with_note(Note::Oversize)
     }
 
     /// The model's answer was blocked by a content filter (a normal
@@ -221,7 +356,7 @@ impl Classification {
     }
 
     /// Sets the note.
-    pub fn with_note(mut self, note: &'static str) -> Self {
+    pub fn with_note(mut self, note: Note) -> Self {
         self.note = Some(note);
         self
     }

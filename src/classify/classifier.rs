@@ -1,5 +1,6 @@
 //! The configurable classifier and its entry points.
 
+use crate::classify::Note;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -76,7 +77,7 @@ impl Classifier {
 
     /// Sets the cap on an error body read by the layer (default 64 KiB).
     /// Bodies past the cap are classified from what was read, noted
-    /// `"error_body_too_large"`.
+    /// `Note::ErrorBodyTooLarge`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).body_limit = bytes;
         self
@@ -84,7 +85,7 @@ impl Classifier {
 
     /// Sets the time allowed to read a whole error body after its head
     /// (default 10 s). A slower body is classified from what was read,
-    /// noted `"error_body_timeout"`.
+    /// noted `Note::ErrorBodyTimeout`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.config).body_timeout = timeout;
         self
@@ -184,11 +185,11 @@ impl Classifier {
                         .as_deref()
                         .unwrap_or("unparseable error event"),
                 )
-                .with_note("unparsed_error_event")
+                .with_note(Note::UnparsedErrorEvent)
         } else {
             Classification::new(FailureClass::InvalidResponse, phase)
                 .with_message("the event carries no error")
-                .with_note("no_error_in_event")
+                .with_note(Note::NoErrorInEvent)
         };
         self.finish(provider, c, &parsed.codes())
     }
@@ -252,7 +253,11 @@ impl Classifier {
         }
         let c = Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
             .with_message(message)
-            .with_note(fault.as_str());
+            .with_note(match fault {
+                crate::dialect::BodyFault::NotJson => Note::InvalidJson,
+                crate::dialect::BodyFault::UnexpectedJson => Note::UnexpectedJson,
+                _ => Note::NoAnswer,
+            });
         Err(self.finish(provider, c, &[]))
     }
 
@@ -324,7 +329,7 @@ impl Classifier {
     fn completion_error(&self, provider: Option<&str>, parsed: &ErrorBody) -> Classification {
         let c = self
             .in_band_error(parsed, Phase::Preamble)
-            .with_note("error_on_200");
+            .with_note(Note::ErrorOn200);
         self.finish(provider, c, &parsed.codes())
     }
 
@@ -387,13 +392,13 @@ fn head_message(status: StatusCode, parsed: &ErrorBody) -> String {
     }
 }
 
-fn body_note(parsed: &ErrorBody) -> Option<&'static str> {
+fn body_note(parsed: &ErrorBody) -> Option<Note> {
     match parsed.shape {
         Shape::Error => None,
-        Shape::Empty => Some("empty_error_body"),
-        Shape::Html => Some("html_error_body"),
-        Shape::BrokenJson => Some("invalid_json_error_body"),
-        Shape::Text => Some("text_error_body"),
-        Shape::OtherJson => Some("unknown_error_shape"),
+        Shape::Empty => Some(Note::EmptyErrorBody),
+        Shape::Html => Some(Note::HtmlErrorBody),
+        Shape::BrokenJson => Some(Note::InvalidJsonErrorBody),
+        Shape::Text => Some(Note::TextErrorBody),
+        Shape::OtherJson => Some(Note::UnknownErrorShape),
     }
 }

@@ -1,3 +1,4 @@
+use crate::classify::Note;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -144,7 +145,7 @@ fn poll_read<B>(
     read: &mut ReadState,
     limit: usize,
     cx: &mut Context<'_>,
-) -> Poll<Option<&'static str>>
+) -> Poll<Option<Note>>
 where
     B: Body,
     B::Data: Buf,
@@ -158,7 +159,7 @@ where
                 while data.has_remaining() {
                     let room = limit.saturating_sub(read.buf.len());
                     if room == 0 {
-                        return Poll::Ready(Some("error_body_too_large"));
+                        return Poll::Ready(Some(Note::ErrorBodyTooLarge));
                     }
                     let chunk = data.chunk();
                     let n = chunk.len().min(room);
@@ -166,18 +167,18 @@ where
                     data.advance(n);
                 }
             }
-            Poll::Ready(Some(Err(_))) => return Poll::Ready(Some("error_body_unreadable")),
+            Poll::Ready(Some(Err(_))) => return Poll::Ready(Some(Note::ErrorBodyUnreadable)),
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {
                 return match read.deadline.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some("error_body_timeout")),
+                    Poll::Ready(()) => Poll::Ready(Some(Note::ErrorBodyTimeout)),
                     Poll::Pending => Poll::Pending,
                 };
             }
         }
     }
     if read.deadline.as_mut().poll(cx).is_ready() {
-        return Poll::Ready(Some("error_body_timeout"));
+        return Poll::Ready(Some(Note::ErrorBodyTimeout));
     }
     cx.waker().wake_by_ref();
     Poll::Pending

@@ -108,7 +108,7 @@ mod service;
 mod tower_http;
 mod transport;
 
-pub use self::class::{Classification, FailureClass, Phase, Recovery, RetryHint};
+pub use self::class::{Classification, FailureClass, Note, Phase, Recovery, RetryHint};
 pub use self::classifier::{
     Classifier, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_RETRY_WAIT,
 };

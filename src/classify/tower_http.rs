@@ -1,5 +1,6 @@
 //! An adapter to tower-http 0.7's classify traits (feature `tower-http`).
 
+use crate::classify::Note;
 use std::any::Any;
 use std::error::Error;
 use std::fmt;
@@ -115,7 +116,7 @@ impl ClassifyResponse for TowerHttpClassifier {
         }
         let c = Classification::new(FailureClass::Connect, Phase::Head)
             .with_message(error.to_string())
-            .with_note("transport_error");
+            .with_note(Note::TransportError);
         self.classifier.apply_overrides(provider, c)
     }
 }

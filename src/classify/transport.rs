@@ -1,6 +1,7 @@
 //! Transport failures from the upstream client, read from the error's
 //! `source()` chain.
 
+use crate::classify::Note;
 use std::error::Error;
 use std::io;
 
@@ -42,7 +43,7 @@ struct Seen {
 #[derive(Clone, Copy)]
 #[cfg_attr(not(feature = "client"), allow(dead_code))]
 struct Check {
-    note: &'static str,
+    note: Note,
     what: &'static str,
 }
 
@@ -114,10 +115,10 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
     };
     let note = match (class, phase, seen.check) {
         (FailureClass::Connect, _, Some(check)) => check.note,
-        (FailureClass::Connect, Phase::BeforeSend, None) => "connect_failed",
-        (FailureClass::Connect, _, None) => "connection_lost",
-        (FailureClass::Timeout, _, _) => "transport_timeout",
-        _ => "transport_error",
+        (FailureClass::Connect, Phase::BeforeSend, None) => Note::ConnectFailed,
+        (FailureClass::Connect, _, None) => Note::ConnectionLost,
+        (FailureClass::Timeout, _, _) => Note::TransportTimeout,
+        _ => Note::TransportError,
     };
     let text = match seen.check {
         // Which check failed comes first: the message is bounded.
@@ -167,32 +168,32 @@ fn tls_check(error: &rustls::Error) -> Option<Check> {
     match error {
         E::InvalidCertificate(cert) => match cert {
             Cert::UnknownIssuer => check(
-                "tls_unknown_ca",
+                Note::TlsUnknownCa,
                 "TLS: the upstream's certificate is signed by an unknown CA (not in the trusted roots)",
             ),
             Cert::NotValidForName | Cert::NotValidForNameContext { .. } => check(
-                "tls_name_mismatch",
+                Note::TlsNameMismatch,
                 "TLS: the upstream's certificate does not match the host name",
             ),
             Cert::Expired
             | Cert::ExpiredContext { .. }
             | Cert::NotValidYet
             | Cert::NotValidYetContext { .. } => check(
-                "tls_certificate_expired",
+                Note::TlsCertificateExpired,
                 "TLS: the upstream's certificate is expired or not yet valid",
             ),
             _ => check(
-                "tls_bad_certificate",
+                Note::TlsBadCertificate,
                 "TLS: the upstream's certificate is invalid",
             ),
         },
         E::NoCertificatesPresented => check(
-            "tls_bad_certificate",
+            Note::TlsBadCertificate,
             "TLS: the upstream presented no certificate",
         ),
         E::AlertReceived(alert) => alert_check(&format!("{alert:?}")),
         E::PeerIncompatible(_) | E::NoApplicationProtocol => check(
-            "tls_handshake_failed",
+            Note::TlsHandshakeFailed,
             "TLS: no protocol version, cipher suite or ALPN protocol in common with the upstream",
         ),
         _ => None,
@@ -207,7 +208,7 @@ fn alert_check(name: &str) -> Option<Check> {
     let check = |note, what| Some(Check { note, what });
     match name {
         "CertificateRequired" => check(
-            "tls_client_certificate_required",
+            Note::TlsClientCertificateRequired,
             "TLS: the upstream requires a client certificate (mTLS) and none was sent",
         ),
         "BadCertificate"
@@ -217,14 +218,14 @@ fn alert_check(name: &str) -> Option<Check> {
         | "CertificateUnknown"
         | "UnknownCA"
         | "AccessDenied" => check(
-            "tls_client_certificate_rejected",
+            Note::TlsClientCertificateRejected,
             "TLS: the upstream rejected the client certificate",
         ),
         "HandshakeFailure"
         | "ProtocolVersion"
         | "InsufficientSecurity"
         | "NoApplicationProtocol" => check(
-            "tls_handshake_refused",
+            Note::TlsHandshakeRefused,
             "TLS: the upstream refused the handshake",
         ),
         _ => None,
@@ -241,20 +242,23 @@ fn alert_text_check(text: &str) -> Option<Check> {
 fn proxy_check(error: &crate::client::ProxyError) -> Check {
     use crate::client::ProxyError as P;
     let (note, what) = match error {
-        P::Unreachable { .. } => ("proxy_unreachable", "egress proxy: cannot connect to it"),
+        P::Unreachable { .. } => (Note::ProxyUnreachable, "egress proxy: cannot connect to it"),
         P::Refused { .. } => (
-            "proxy_refused",
+            Note::ProxyRefused,
             "egress proxy: it refused to open a tunnel to the upstream",
         ),
         P::AuthRequired { .. } => (
-            "proxy_auth_required",
+            Note::ProxyAuthRequired,
             "egress proxy: it wants credentials (407)",
         ),
         P::UnsupportedScheme { .. } => (
-            "proxy_unsupported",
+            Note::ProxyUnsupported,
             "egress proxy: only http:// CONNECT proxies are supported",
         ),
-        _ => ("proxy_failed", "egress proxy: the CONNECT tunnel broke off"),
+        _ => (
+            Note::ProxyFailed,
+            "egress proxy: the CONNECT tunnel broke off",
+        ),
     };
     Check { note, what }
 }

@@ -1,5 +1,6 @@
 //! `UpstreamClient`: the Tower service that sends a request to one target.
 
+use crate::classify::Note;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -94,7 +95,7 @@ impl UpstreamClient {
                 SendError::InvalidRequest(Box::new(UpstreamError::new(
                     Classification::new(FailureClass::InvalidRequest, Phase::BeforeSend)
                         .with_message(format!("cannot build the upstream URI: {e}"))
-                        .with_note("invalid_upstream_uri"),
+                        .with_note(Note::InvalidUpstreamUri),
                 )))
             })?;
         // hyper-util refuses an HTTP/2 request on an HTTP/1 connection; the
@@ -130,7 +131,8 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         match self.prepare(request) {
             Ok(request) => {
-                let request = request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
+                let request =
+                    request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
                 ResponseFuture::sent(self.client.request(request))
             }
             Err(error) => ResponseFuture::rejected(error),

@@ -1,3 +1,4 @@
+use crate::classify::Note;
 use std::collections::VecDeque;
 use std::future::Future as _;
 use std::pin::Pin;
@@ -627,7 +628,7 @@ impl<D> Inspector<D> {
                 phase,
                 message: "the client went away before the stream ended".to_owned(),
                 provider_code: None,
-                note: Some("cancelled"),
+                note: Some(Note::Cancelled),
                 bytes_sent,
                 output_events: self.output_events,
             },

@@ -1,6 +1,7 @@
 //! Turning what went wrong in a stream into a [`Classification`], which the
 //! terminal chunk and the stream's record report.
 
+use crate::classify::Note;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -54,7 +55,7 @@ pub(crate) fn classify(
         FailureKind::Deadline => Classification::timeout(phase, "the rest of the stream")
             .with_message("the turn's deadline passed mid-stream")
             .with_recovery(crate::classify::Recovery::Stop)
-            .with_note("turn_deadline"),
+            .with_note(Note::TurnDeadline),
         FailureKind::Truncated { cut_event: true } => Classification::truncated(phase)
             .with_message("the upstream stream ended in the middle of an event"),
         FailureKind::Truncated { cut_event: false } => Classification::truncated(phase)

@@ -61,8 +61,8 @@ pub struct StreamFailure {
     /// The provider's own error code or type, for in-band errors.
     pub provider_code: Option<String>,
     /// How the classification was reached when not from a provider answer
-    /// (e.g. `"turn_deadline"`, `"gateway_timeout"`, `"cancelled"`).
-    pub note: Option<&'static str>,
+    /// (e.g. [`Note::TurnDeadline`](crate::classify::Note::TurnDeadline)).
+    pub note: Option<crate::classify::Note>,
     /// Bytes of the upstream stream sent to the client before the failure.
     pub bytes_sent: u64,
     /// Model output events sent to the client before the failure.

@@ -1,6 +1,7 @@
 //! One upstream attempt: send, classify, and hold the answer back until it
 //! commits (or fails, which the turn may still reroute invisibly).
 
+use crate::classify::Note;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -296,7 +297,7 @@ where
                 None => health.success(&key, SuccessReport::Whole { ttft: None }),
                 Some(failure)
                     if failure.class != crate::classify::FailureClass::Cancelled
-                        && failure.note != Some("turn_deadline") =>
+                        && failure.note != Some(Note::TurnDeadline) =>
                 {
                     let scope = scopes.scope(failure.class, client_named);
                     health.failure(&key, FailureReport::new(failure.class, scope));

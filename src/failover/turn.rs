@@ -1,6 +1,7 @@
 //! One turn: read the request once, pick eligible targets, and run attempts
 //! until one commits or every option is spent.
 
+use crate::classify::Note;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -488,7 +489,7 @@ fn decide(
         }
         // Our own head and first-output timeouts: a silent upstream is not
         // waited on twice in one turn.
-        Recovery::RetrySame if failure.note == Some("gateway_timeout") => Decision::Reroute,
+        Recovery::RetrySame if failure.note == Some(Note::GatewayTimeout) => Decision::Reroute,
         Recovery::RetrySame if retries_here >= max_retries => Decision::Reroute,
         Recovery::RetrySame => match budget.retry_delay(retries_here, failure.retry.after) {
             // The failure just cooled the target down for longer than the
