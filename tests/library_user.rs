@@ -176,4 +176,13 @@ async fn a_refused_turn_is_still_a_response_the_client_reads() {
     let error: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
     assert!(error["error"]["message"].is_string(), "{}", reply.body);
     assert_eq!(app.backup_calls.load(Ordering::SeqCst), 0);
+
+    // A turn the budget refuses before any attempt is still a response.
+    let app = start(BudgetLayer::new().deadline(Duration::ZERO), true).await;
+    let reply = chat(&app, "gpt-4o", true).await;
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT, "{}", reply.body);
+    let error: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(error["error"]["message"].is_string(), "{}", reply.body);
+    assert_eq!(app.primary.attempts(), 0);
+    assert_eq!(app.backup_calls.load(Ordering::SeqCst), 0);
 }
