@@ -139,6 +139,7 @@ pub mod stream;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod time;
+mod units;
 
 /// The boxed error the crate's bodies and type-erased services use.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

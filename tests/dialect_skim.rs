@@ -125,13 +125,7 @@ fn usage_and_identity_are_read() {
     );
     let chunk = OpenAiChat.inspect(&event);
     assert_eq!(chunk.kind, ChunkKind::Preamble);
-    assert_eq!(
-        chunk.usage,
-        Some(Usage {
-            prompt_tokens: 12,
-            completion_tokens: 40
-        })
-    );
+    assert_eq!(chunk.usage, Some(Usage::new(12, 40)));
     assert_eq!(chunk.identity.id.as_deref(), Some("chatcmpl-9"));
     assert_eq!(chunk.identity.model.as_deref(), Some("gpt-4o-mini"));
     assert_eq!(chunk.identity.created, Some(1_732_968_000));

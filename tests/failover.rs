@@ -11,11 +11,12 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_llm_failover::budget::{Cost, Pricing, RetryBudget, RetryBudgetConfig, TurnLimits};
 use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::failover::Decision;
 use tower_llm_failover::failover::{
     Availability, Capabilities, CommitWindow, CooldownPolicy, Failover, FailoverBuilder, Strategy,
     Target,
 };
-use tower_llm_failover::record::{Decision, RunRecord};
+use tower_llm_failover::record::RunRecord;
 use tower_llm_failover::testing::chunks;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 

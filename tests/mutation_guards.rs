@@ -11,8 +11,9 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
+use tower_llm_failover::failover::Decision;
 use tower_llm_failover::failover::{Capabilities, Failover, Target};
-use tower_llm_failover::record::{Decision, RunRecord};
+use tower_llm_failover::record::RunRecord;
 use tower_llm_failover::testing::{FakeProvider, Reply};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;

@@ -10,56 +10,7 @@ use tokio::time::Instant;
 use super::backoff::{Backoff, Delay};
 use super::cost::Cost;
 use super::retry_budget::RetryBudget;
-
-/// The id of one turn (one client request and all its hops), shared by its
-/// records and log lines.
-///
-/// [`RunId::random`] makes 16 lowercase hex characters (64 random bits, not
-/// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
-/// header, say). Cloning is cheap.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(Arc<str>);
-
-impl RunId {
-    /// A fresh random id from fastrand's thread-local generator.
-    pub fn random() -> Self {
-        Self::from_rng(&mut fastrand::Rng::new())
-    }
-
-    /// A random id from the given generator (seed it for reproducible ids).
-    pub fn from_rng(rng: &mut fastrand::Rng) -> Self {
-        RunId(format!("{:016x}", rng.u64(..)).into())
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<String> for RunId {
-    fn from(id: String) -> Self {
-        RunId(id.into())
-    }
-}
-
-impl From<&str> for RunId {
-    fn from(id: &str) -> Self {
-        RunId(id.into())
-    }
-}
-
-impl AsRef<str> for RunId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
+pub use crate::units::RunId;
 
 /// Why a turn's budget refused another attempt (or spend).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -209,6 +209,7 @@ impl fmt::Display for Recovery {
 
 /// Retry hints a provider gave with a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct RetryHint {
     /// How long the provider asked us to wait (`retry-after-ms`,
     /// `retry-after`, Gemini `RetryInfo.retryDelay`).

@@ -40,18 +40,14 @@ pub(crate) struct Shared {
 /// A Tower service sending requests to one upstream: base URL, credential,
 /// a pooled hyper-util client over rustls.
 ///
-/// - `Request<B>` for any body `B: Body<Data = Bytes> + Send + 'static`
-///   (boxed once per request so one pool serves every body type);
+/// - `Request<Full<Bytes>>`, the one body type the failover layer sends
+///   (one concrete type, so `ServiceExt` combinators infer);
 /// - `Response = http::Response<hyper::body::Incoming>`, the upstream's own
 ///   body, unread;
 /// - `Error = `[`SendError`], whose `source()` is hyper-util's error.
 ///
 /// Cloning is cheap and clones share the connection pool. See the [module
 /// docs](super) for the URL join rule and the header rules.
-///
-/// Because any body type is accepted, a bare `client.ready()` cannot infer
-/// the request type: name it (`ServiceExt::<Request<Full<Bytes>>>::ready`),
-/// or use `oneshot(request)`, which infers it from the request.
 #[derive(Clone)]
 pub struct UpstreamClient {
     client: Client<HttpsConnector<UpstreamConnector>, UpstreamBody>,

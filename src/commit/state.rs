@@ -50,6 +50,7 @@ impl StreamPhase {
 
 /// How a stream failed, as recorded in its [`StreamState`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StreamFailure {
     /// The failure class.
     pub class: FailureClass,
@@ -71,6 +72,7 @@ pub struct StreamFailure {
 
 /// The last chunk identity a stream carried, owned.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct StreamIdentity {
     /// The completion id.
     pub id: Option<String>,
@@ -82,6 +84,7 @@ pub struct StreamIdentity {
 
 /// A point-in-time copy of a stream's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StreamSnapshot {
     /// The phase.
     pub phase: StreamPhase,

@@ -10,7 +10,8 @@ pub enum ResponseFormat {
 }
 
 /// What a request needs from a target, read once from the client's request
-/// body by its [`Dialect`](super::Dialect).
+/// body by its [`Dialect`](super::Dialect). A dialect outside this crate
+/// builds it with [`Requirements::new`] and the setters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Requirements {
@@ -36,6 +37,58 @@ pub struct Requirements {
     pub max_output_tokens: Option<u64>,
 }
 
+impl Requirements {
+    /// The requirements of a request for `model` that needs nothing else.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`stream`](Self::stream).
+    pub fn stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
+    }
+
+    /// Sets [`tools`](Self::tools).
+    pub fn tools(mut self, tools: bool) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Sets [`response_format`](Self::response_format).
+    pub fn response_format(mut self, format: Option<ResponseFormat>) -> Self {
+        self.response_format = format;
+        self
+    }
+
+    /// Sets [`include_usage`](Self::include_usage).
+    pub fn include_usage(mut self, include: bool) -> Self {
+        self.include_usage = include;
+        self
+    }
+
+    /// Sets [`image_input`](Self::image_input).
+    pub fn image_input(mut self, images: bool) -> Self {
+        self.image_input = images;
+        self
+    }
+
+    /// Sets [`prompt_tokens`](Self::prompt_tokens).
+    pub fn prompt_tokens(mut self, tokens: u64) -> Self {
+        self.prompt_tokens = tokens;
+        self
+    }
+
+    /// Sets [`max_output_tokens`](Self::max_output_tokens).
+    pub fn max_output_tokens(mut self, tokens: Option<u64>) -> Self {
+        self.max_output_tokens = tokens;
+        self
+    }
+}
+
 /// Why a request body cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -52,4 +105,12 @@ pub enum RequestError {
     /// `model` is missing or not a string.
     #[error("'model' is required and must be a string")]
     MissingModel,
+    /// Any other field a dialect requires is missing or wrong.
+    #[error("'{field}' {problem}")]
+    Invalid {
+        /// The request field at fault.
+        field: &'static str,
+        /// What is wrong with it ("is required", "must be a string", ...).
+        problem: &'static str,
+    },
 }

@@ -15,15 +15,16 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::FailoverBody;
+use super::decision::Decision;
 use super::health::{FailureReport, SuccessReport};
 use super::later;
-use super::service::Shared;
+use super::shared::Shared;
 use crate::BoxError;
 use crate::budget::{Cost, TurnBudget};
 use crate::classify::{Classification, Classify, Phase};
 use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamState};
 use crate::dialect::{Dialect, Usage};
-use crate::record::{AttemptRecord, Decision, RunRecord};
+use crate::record::{AttemptRecord, RunRecord};
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B, D> {

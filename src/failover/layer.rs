@@ -5,9 +5,13 @@ use tower_layer::Layer;
 use super::health::MemoryHealthStore;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
+use crate::dialect::{Dialect, OpenAiChat};
 
 /// Makes the wrapped service the primary target of a [`Failover`], with the
 /// backups and settings of a [`FailoverBuilder`].
+///
+/// `primary` turns the wrapped service into its [`Target`] (name, model,
+/// capabilities, price): no placeholder target is needed.
 ///
 /// ```
 /// # use bytes::Bytes;
@@ -22,23 +26,34 @@ use super::target::Target;
 /// });
 /// let backups = FailoverBuilder::new().target(Target::new("backup", upstream()));
 /// let service = ServiceBuilder::new()
-///     .layer(FailoverLayer::new(Target::new("primary", ()), backups))
+///     .layer(FailoverLayer::new(|s| Target::new("primary", s), backups))
 ///     .service(upstream());
 /// # let _ = service;
 /// ```
-#[derive(Debug, Clone)]
-pub struct FailoverLayer<S> {
-    primary: Target<()>,
-    builder: FailoverBuilder<S>,
+#[derive(Clone)]
+pub struct FailoverLayer<S, F, D = OpenAiChat> {
+    primary: F,
+    builder: FailoverBuilder<S, D>,
 }
 
-impl<S> FailoverLayer<S> {
-    /// `primary` describes the wrapped service (its name, model,
-    /// capabilities and price; its service is a placeholder); `builder`
-    /// holds the backups (tried after it) and the settings.
-    /// Without a health store in `builder`, one is made here, so every
-    /// service this layer makes shares one health state.
-    pub fn new(primary: Target<()>, builder: FailoverBuilder<S>) -> Self {
+impl<S, F, D> std::fmt::Debug for FailoverLayer<S, F, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailoverLayer")
+            .field("builder", &self.builder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, F, D> FailoverLayer<S, F, D>
+where
+    F: Fn(S) -> Target<S>,
+    D: Dialect,
+{
+    /// `primary` makes the wrapped service's target; `builder` holds the
+    /// backups (tried after it) and the settings. Without a health store in
+    /// `builder`, one is made here, so every service this layer makes
+    /// shares one health state.
+    pub fn new(primary: F, builder: FailoverBuilder<S, D>) -> Self {
         let builder = if builder.has_health() {
             builder
         } else {
@@ -49,19 +64,18 @@ impl<S> FailoverLayer<S> {
     }
 }
 
-impl<S: Clone> Layer<S> for FailoverLayer<S> {
-    type Service = Failover<S>;
+impl<S, F, D> Layer<S> for FailoverLayer<S, F, D>
+where
+    S: Clone,
+    F: Fn(S) -> Target<S>,
+    D: Dialect,
+{
+    type Service = Failover<S, D>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let p = &self.primary;
-        let primary = Target {
-            name: Arc::clone(&p.name),
-            provider: Arc::clone(&p.provider),
-            model: p.model.clone(),
-            capabilities: p.capabilities.clone(),
-            pricing: p.pricing,
-            service: inner,
-        };
-        self.builder.clone().with_primary(primary).build()
+        self.builder
+            .clone()
+            .with_primary((self.primary)(inner))
+            .build()
     }
 }

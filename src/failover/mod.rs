@@ -104,12 +104,14 @@
 
 mod attempt;
 mod body;
+mod decision;
 mod health;
 mod layer;
 mod reply;
 mod resting;
 mod select;
 mod service;
+mod shared;
 mod target;
 mod turn;
 mod upstream;
@@ -118,6 +120,7 @@ pub use body::FailoverBody;
 
 pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
+pub use decision::Decision;
 pub use health::{
     Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
     KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,

@@ -6,6 +6,7 @@ use crate::budget::Cost;
 
 /// One eligible, admissible target as a [`Selector`] sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Candidate {
     /// The target's index in the layer's target list.
     pub index: usize,

@@ -14,41 +14,14 @@ use tower_service::Service;
 use super::body::FailoverBody;
 use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
+use super::shared::{Shared, Timeouts};
 use super::target::Target;
 use crate::BoxError;
 use crate::budget::TurnLimits;
-use crate::classify::{Classifier, Classify};
-use crate::commit::{CommitWindow, InspectConfig};
+use crate::classify::Classifier;
+use crate::commit::CommitWindow;
 use crate::dialect::{Dialect, OpenAiChat};
 use crate::stream::StreamStateLayer;
-
-/// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timeouts {
-    pub(crate) head: Option<Duration>,
-    pub(crate) response: Option<Duration>,
-    pub(crate) first_output: Duration,
-    pub(crate) idle: Duration,
-}
-
-pub(crate) struct Shared<S, D> {
-    pub(crate) dialect: D,
-    pub(crate) targets: Vec<Target<Classify<S>>>,
-    pub(crate) health: Arc<dyn HealthStore>,
-    pub(crate) scopes: ScopeRules,
-    pub(crate) refuse_when_cooling: bool,
-    pub(crate) strategy: Strategy,
-    pub(crate) classifier: Classifier,
-    pub(crate) limits: TurnLimits,
-    pub(crate) commit: CommitWindow,
-    pub(crate) timeouts: Timeouts,
-    pub(crate) max_request_bytes: usize,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) max_held_bytes: u64,
-    pub(crate) max_retries_per_target: u32,
-    pub(crate) default_output_tokens: u64,
-    pub(crate) stream: Arc<InspectConfig<D>>,
-}
 
 /// Zero-token failover across targets: a Tower service for the requests of
 /// one wire [`Dialect`] (OpenAI chat completions by default). See the
@@ -212,7 +185,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     }
 
     /// Adds a target; targets are tried in the order added unless the
-    /// strategy says otherwise.
+    /// strategy says otherwise. Every target has the same service type:
+    /// for targets of different types (the `UpstreamClient` and a
+    /// `service_fn`, say) use [`Target::boxed`].
     pub fn target(mut self, target: Target<S>) -> Self {
         self.targets.push(target);
         self

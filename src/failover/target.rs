@@ -20,6 +20,7 @@ use crate::dialect::{Requirements, ResponseFormat};
 /// limits): a gateway that declares nothing routes everything everywhere.
 /// Declare what a target lacks to keep requests that need it away.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Function/tool calling (`tools`).
     pub tools: bool,

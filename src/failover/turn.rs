@@ -1,7 +1,6 @@
 //! One turn: read the request once, pick eligible targets, and run attempts
 //! until one commits or every option is spent.
 
-use crate::classify::Note;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -14,17 +13,18 @@ use tower_service::Service;
 
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
+use super::decision::{Decision, decide};
 use super::health::{Admitted, Scope};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
-use super::service::Shared;
+use super::shared::Shared;
 use super::upstream;
 use crate::BoxError;
-use crate::budget::{RetryDelay, TurnBudget};
+use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::{Dialect, Requirements, Usage};
-use crate::record::{AttemptRecord, Decision, RunRecord};
+use crate::record::{AttemptRecord, RunRecord};
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -464,41 +464,4 @@ struct FailedAttempt {
 /// A client-chosen value made safe for one log line.
 fn escape_for_log(value: &str) -> String {
     value.escape_debug().collect()
-}
-
-/// What to do after a failed attempt, before looking at other targets.
-fn decide(
-    failure: &Classification,
-    retries_here: u32,
-    max_retries: u32,
-    budget: &TurnBudget,
-    cooldown: Option<Duration>,
-    others_left: bool,
-) -> Decision {
-    match failure.recovery {
-        Recovery::Stop => Decision::Stop,
-        Recovery::Reroute => Decision::Reroute,
-        // An overloaded provider with no hint of when it recovers: another
-        // provider answers sooner than a backoff on this one.
-        Recovery::RetrySame
-            if failure.class == FailureClass::Overloaded
-                && failure.retry.after.is_none()
-                && others_left =>
-        {
-            Decision::Reroute
-        }
-        // Our own head and first-output timeouts: a silent upstream is not
-        // waited on twice in one turn.
-        Recovery::RetrySame if failure.note == Some(Note::GatewayTimeout) => Decision::Reroute,
-        Recovery::RetrySame if retries_here >= max_retries => Decision::Reroute,
-        Recovery::RetrySame => match budget.retry_delay(retries_here, failure.retry.after) {
-            // The failure just cooled the target down for longer than the
-            // wait: retrying it would only find it resting.
-            RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Decision::Reroute,
-            RetryDelay::Wait(after) => Decision::RetrySame { after },
-            // A wait past the deadline or longer than any we honour is not
-            // taken: reroute now (or stop if nothing is left).
-            RetryDelay::HintTooLong { .. } | RetryDelay::PastDeadline { .. } => Decision::Reroute,
-        },
-    }
 }

@@ -16,9 +16,10 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
-use crate::budget::{Cost, RunId};
 use crate::classify::{FailureClass, Phase};
 use crate::dialect::Usage;
+use crate::failover::Decision;
+use crate::units::{Cost, RunId};
 
 /// Response header with the number of upstream attempts the turn made.
 pub const ATTEMPTS_HEADER: &str = "x-failover-attempts";
@@ -27,36 +28,9 @@ pub const TARGET_HEADER: &str = "x-failover-target";
 /// Response header with the turn's run id.
 pub const RUN_ID_HEADER: &str = "x-failover-run-id";
 
-/// What the failover layer decided after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Try the same target again after this wait.
-    RetrySame {
-        /// The wait before the next attempt.
-        after: Duration,
-    },
-    /// Move to the next eligible target.
-    Reroute,
-    /// Stop the turn and answer the client with this failure.
-    Stop,
-    /// The attempt committed: its answer went to the client.
-    Committed,
-}
-
-impl Decision {
-    /// A stable snake_case name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::RetrySame { .. } => "retry_same",
-            Self::Reroute => "reroute",
-            Self::Stop => "stop",
-            Self::Committed => "committed",
-        }
-    }
-}
-
 /// One upstream attempt of a turn.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AttemptRecord {
     /// 1-based attempt number within the turn.
     pub attempt: u32,

@@ -1,0 +1,40 @@
+//! What every turn of one failover service shares: its targets and
+//! settings, read by the turn and its attempts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::health::{HealthStore, ScopeRules};
+use super::select::Strategy;
+use super::target::Target;
+use crate::budget::TurnLimits;
+use crate::classify::{Classifier, Classify};
+use crate::commit::{CommitWindow, InspectConfig};
+
+/// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    pub(crate) head: Option<Duration>,
+    pub(crate) response: Option<Duration>,
+    pub(crate) first_output: Duration,
+    pub(crate) idle: Duration,
+}
+
+pub(crate) struct Shared<S, D> {
+    pub(crate) dialect: D,
+    pub(crate) targets: Vec<Target<Classify<S>>>,
+    pub(crate) health: Arc<dyn HealthStore>,
+    pub(crate) scopes: ScopeRules,
+    pub(crate) refuse_when_cooling: bool,
+    pub(crate) strategy: Strategy,
+    pub(crate) classifier: Classifier,
+    pub(crate) limits: TurnLimits,
+    pub(crate) commit: CommitWindow,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) max_held_bytes: u64,
+    pub(crate) max_retries_per_target: u32,
+    pub(crate) default_output_tokens: u64,
+    pub(crate) stream: Arc<InspectConfig<D>>,
+}
