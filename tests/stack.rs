@@ -13,7 +13,7 @@ use tower_llm_failover::budget::{BudgetLayer, TurnBudget};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::record::RunRecord;
-use tower_llm_failover::stream::{StreamPhase, StreamState, StreamStateLayer};
+use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks, sse_response};
 
 fn request() -> Request<Full<Bytes>> {
@@ -50,7 +50,7 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     assert!(text.contains("\"finish_reason\":\"error\""), "{text}");
     assert!(text.contains("\"code\":\"timeout\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
-    assert_eq!(state.phase(), StreamPhase::Failed);
+    assert_eq!(state.status(), StreamStatus::Failed);
     assert_eq!(backup.calls(), 0);
     // One budget for the turn: the failover drew its attempt from it.
     assert_eq!(budget.attempts_used(), 1);

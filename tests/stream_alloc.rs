@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use http::Request;
 use http_body::Body;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::stream::{StreamPhase, StreamState, StreamStateLayer};
+use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::chunks::{content, done, finish, role};
 use tower_llm_failover::testing::{Step, sse_response};
 
@@ -50,7 +50,7 @@ async fn zero_allocations_per_frame_after_commit() {
     // Role chunk and first token: the stream commits; warm-up may allocate.
     poll(&mut body);
     poll(&mut body);
-    assert_eq!(state.phase(), StreamPhase::Committed);
+    assert_eq!(state.status(), StreamStatus::Committed);
 
     let mut frames = Vec::with_capacity(FRAMES);
     let counted = allocation_counter::measure(|| {

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::classify::{FailureClass, Phase};
 use tower_llm_failover::dialect::TerminalMode;
-use tower_llm_failover::stream::{StreamPhase, StreamState, StreamStateBody, StreamStateLayer};
+use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::chunks::{self, content, done, finish, role};
 use tower_llm_failover::testing::{ScriptedBody, Step, json_response, sse_response};
 
@@ -106,7 +106,7 @@ async fn field_report_40_tokens_then_in_band_429_ends_with_one_terminal_chunk() 
     }
 
     let snapshot = state.snapshot();
-    assert_eq!(snapshot.phase, StreamPhase::Failed);
+    assert_eq!(snapshot.status, StreamStatus::Failed);
     assert_eq!(snapshot.output_events, 40);
     assert_eq!(snapshot.bytes_flushed, bytes.len() as u64);
     let failure = snapshot.failure.unwrap();
@@ -129,7 +129,7 @@ async fn healthy_stream_passes_through_unchanged_and_uncopied() {
         assert_eq!(got.as_ptr(), sent.as_ptr(), "the same bytes, not a copy");
     }
     let snapshot = state.snapshot();
-    assert_eq!(snapshot.phase, StreamPhase::Finished);
+    assert_eq!(snapshot.status, StreamStatus::Finished);
     assert_eq!(snapshot.output_events, 20);
     assert_eq!(snapshot.finish_reason.as_deref(), Some("stop"));
     assert_eq!(snapshot.identity.id.as_deref(), Some(chunks::ID));
@@ -155,7 +155,7 @@ async fn reset_after_tokens_ends_with_terminal_chunk() {
     assert_eq!(terminal["error"]["code"], "connect");
     assert_eq!(terminal["error"]["output_events"], 2);
     assert_eq!(all[4], "data: [DONE]");
-    assert_eq!(state.phase(), StreamPhase::Failed);
+    assert_eq!(state.status(), StreamStatus::Failed);
 }
 
 #[tokio::test(start_paused = true)]
@@ -194,7 +194,7 @@ async fn idle_timer_restarts_on_every_frame() {
         steps,
     )
     .await;
-    assert_eq!(state.phase(), StreamPhase::Finished);
+    assert_eq!(state.status(), StreamStatus::Finished);
 }
 
 #[tokio::test]
@@ -220,7 +220,7 @@ async fn malformed_chunk_is_dropped_and_counted_and_the_stream_goes_on() {
     assert_eq!(bytes, want);
     let snapshot = state.snapshot();
     assert_eq!(snapshot.malformed_dropped, 1);
-    assert_eq!(snapshot.phase, StreamPhase::Finished);
+    assert_eq!(snapshot.status, StreamStatus::Finished);
 
     // A malformed event inside a frame with good ones: only it is cut out.
     let mixed = Bytes::from([content("m", "a"), bad.clone(), content("m", "b")].concat());
@@ -239,7 +239,7 @@ async fn too_many_malformed_chunks_fail_the_stream() {
     let (frames, state) = run(StreamStateLayer::new().max_malformed(2), steps).await;
     let all = events(&concat(&frames));
     assert_eq!(terminal_json(&all[2])["error"]["code"], "invalid_response");
-    assert_eq!(state.phase(), StreamPhase::Failed);
+    assert_eq!(state.status(), StreamStatus::Failed);
 }
 
 #[tokio::test]
@@ -249,7 +249,7 @@ async fn finish_without_done_gets_done_appended() {
     let all = events(&concat(&frames));
     assert_eq!(all.last().unwrap(), "data: [DONE]");
     assert_eq!(all.len(), 4);
-    assert_eq!(state.phase(), StreamPhase::Finished);
+    assert_eq!(state.status(), StreamStatus::Finished);
     assert!(state.snapshot().failure.is_none());
 }
 
@@ -284,7 +284,7 @@ async fn vllm_error_followed_by_done_is_not_success() {
         terminal["error"]["message"],
         "EngineCore encountered an issue"
     );
-    assert_eq!(state.phase(), StreamPhase::Failed);
+    assert_eq!(state.status(), StreamStatus::Failed);
 }
 
 #[tokio::test]
@@ -320,14 +320,14 @@ async fn client_disconnect_drops_upstream_and_records_cancellation() {
             .unwrap()
             .len();
     }
-    assert_eq!(state.phase(), StreamPhase::Committed);
+    assert_eq!(state.status(), StreamStatus::Committed);
     drop(body);
     assert!(
         upstream_dropped.load(Ordering::SeqCst),
         "upstream released at once"
     );
     let snapshot = state.snapshot();
-    assert_eq!(snapshot.phase, StreamPhase::Cancelled);
+    assert_eq!(snapshot.status, StreamStatus::Cancelled);
     let failure = snapshot.failure.unwrap();
     assert_eq!(failure.class, FailureClass::Cancelled);
     assert_eq!(failure.bytes_sent, received as u64);
@@ -434,7 +434,7 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let (frames, state) = runtime.block_on(run(StreamStateLayer::new(), steps));
         prop_assert_eq!(concat(&frames), wire);
-        prop_assert_eq!(state.phase(), StreamPhase::Finished);
+        prop_assert_eq!(state.status(), StreamStatus::Finished);
         prop_assert_eq!(state.output_events(), 12);
     }
 }
@@ -462,5 +462,5 @@ async fn a_huge_idle_timeout_means_no_idle_timeout_not_a_panic() {
     let steps = data([role("m"), content("m", "a"), finish("m", "stop"), done()]);
     let (frames, state) = run(StreamStateLayer::new().idle_timeout(Duration::MAX), steps).await;
     assert_eq!(events(&concat(&frames)).len(), 4);
-    assert_eq!(state.phase(), StreamPhase::Finished);
+    assert_eq!(state.status(), StreamStatus::Finished);
 }

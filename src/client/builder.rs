@@ -11,9 +11,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::endpoint::Endpoint;
 use super::proxy::{ProxySetting, UpstreamConnector};
 use super::service::Shared;
-use super::target::Target;
 use super::tls::TlsOptions;
 use super::{
     Auth, ClientError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_STRIP_PREFIX,
@@ -184,7 +184,7 @@ impl UpstreamClientBuilder {
     /// Builds the client: reads the CA and client certificate files and
     /// checks the proxy URL. Needs no runtime; requests need Tokio.
     pub fn build(self) -> Result<UpstreamClient, ClientError> {
-        let target = Target::parse(&self.base_url, self.strip_prefix.as_deref())?;
+        let target = Endpoint::parse(&self.base_url, self.strip_prefix.as_deref())?;
         let credential = self.auth.to_header()?;
         let connector = self.connector()?;
 

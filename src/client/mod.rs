@@ -148,12 +148,12 @@
 
 mod auth;
 mod builder;
+mod endpoint;
 mod error;
 mod future;
 mod headers;
 mod proxy;
 mod service;
-mod target;
 mod tls;
 
 use std::time::Duration;

@@ -18,8 +18,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use tower_service::Service;
 
+use super::endpoint::Endpoint;
 use super::proxy::UpstreamConnector;
-use super::target::Target;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
 use crate::classify::{Classification, FailureClass, Phase, UpstreamError};
 
@@ -31,7 +31,7 @@ pub(crate) type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// What every clone shares.
 pub(crate) struct Shared {
-    pub(crate) target: Target,
+    pub(crate) target: Endpoint,
     pub(crate) credential: Option<(HeaderName, HeaderValue)>,
     pub(crate) auth_kind: &'static str,
     pub(crate) strip_headers: Box<[HeaderName]>,

@@ -13,7 +13,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::failure::{FailureKind, classify};
-use super::state::{StreamFailure, StreamIdentity, StreamPhase, StreamState};
+use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
 use crate::classify::{Classification, Phase};
 use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, TerminalError};
@@ -284,96 +284,22 @@ impl<D: Dialect> Inspector<D> {
             ..
         } = self;
         decisions.clear();
-        // Output events held back until the commit window, released in the
-        // middle of this frame: a failure after them is post-commit.
-        let mut released_after: Option<u64> = None;
-        scanner.feed(&chunk, |item| {
-            if pending_failure.is_some() || *done {
-                return;
-            }
-            match item {
-                SseItem::Event(event) => {
-                    let chunk = config.dialect.inspect(&event);
-                    update_identity(identity, state, &chunk.identity);
-                    if let Some(usage) = chunk.usage {
-                        state.set_usage(usage);
-                    }
-                    if let Some(reason) = &chunk.finish_reason
-                        && !*finished
-                        && chunk.kind != ChunkKind::Error
-                    {
-                        *finished = true;
-                        state.set_finish_reason(reason);
-                    }
-                    match chunk.kind {
-                        ChunkKind::Output => {
-                            *output_events += 1;
-                            if first_output_at.is_none() {
-                                *first_output_at = Some(Instant::now());
-                            }
-                            if let Some(hold) = hold {
-                                hold.output_bytes += event.data().len() as u64;
-                            } else {
-                                state.add_output_event();
-                            }
-                            decisions.push(Decision::Forward(event.range().end));
-                        }
-                        ChunkKind::Preamble
-                            if *strip_usage
-                                && chunk.usage.is_some()
-                                && chunk.finish_reason.is_none() =>
-                        {
-                            // Usage was turned on upstream to count spend;
-                            // the client did not ask for it.
-                            decisions.push(Decision::Drop(event.range().end));
-                        }
-                        ChunkKind::Preamble => {
-                            decisions.push(Decision::Forward(event.range().end));
-                        }
-                        ChunkKind::Done => {
-                            *done = true;
-                            decisions.push(Decision::Forward(event.range().end));
-                        }
-                        ChunkKind::Error => {
-                            *pending_failure = Some(FailureKind::InBand {
-                                event: event.event().map(Bytes::copy_from_slice),
-                                data: event.data().clone(),
-                            });
-                        }
-                        ChunkKind::Malformed => {
-                            if state.add_malformed() > config.max_malformed {
-                                *pending_failure = Some(FailureKind::TooManyMalformed);
-                            } else {
-                                decisions.push(Decision::Drop(event.range().end));
-                            }
-                        }
-                    }
-                    // The commit point is an event in stream order: what
-                    // comes after it, even in the same frame, is committed.
-                    if let Some(h) = hold.as_ref()
-                        && pending_failure.is_none()
-                        && (*finished
-                            || *done
-                            || h.settings.window.reached(*output_events, h.output_bytes))
-                    {
-                        *hold = None;
-                        released_after = Some(*output_events);
-                    }
-                }
-                SseItem::Skipped { range } => decisions.push(Decision::Forward(range.end)),
-                SseItem::Error(error) if !error.is_fatal() => {
-                    // Data that is not UTF-8 is a malformed chunk.
-                    if state.add_malformed() > config.max_malformed {
-                        *pending_failure = Some(FailureKind::TooManyMalformed);
-                    } else if let crate::sse::SseError::InvalidUtf8 { range } = error {
-                        decisions.push(Decision::Drop(range.end));
-                    }
-                }
-                SseItem::Error(error) => {
-                    *pending_failure = Some(FailureKind::Oversize(error.to_string()));
-                }
-            }
-        });
+        let mut feed = Feed {
+            config,
+            state,
+            decisions,
+            pending_failure,
+            identity,
+            output_events,
+            finished,
+            done,
+            strip_usage: *strip_usage,
+            hold,
+            first_output_at,
+            released_after: None,
+        };
+        scanner.feed(&chunk, |item| feed.item(item));
+        let released_after = feed.released_after;
         if let Some(held_events) = released_after {
             for _ in 0..held_events {
                 self.state.add_output_event();
@@ -389,10 +315,10 @@ impl<D: Dialect> Inspector<D> {
         } else if self.done {
             self.held.clear();
             self.release();
-            self.state.set_phase(StreamPhase::Finished);
+            self.state.set_status(StreamStatus::Finished);
             self.end("finished");
-        } else if self.finished && self.state.phase() != StreamPhase::Finished {
-            self.state.set_phase(StreamPhase::Finished);
+        } else if self.finished && self.state.status() != StreamStatus::Finished {
+            self.state.set_status(StreamStatus::Finished);
         }
     }
 
@@ -494,7 +420,7 @@ impl<D: Dialect> Inspector<D> {
             // Finished without the end marker: the answer is whole.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
-            self.state.set_phase(StreamPhase::Finished);
+            self.state.set_status(StreamStatus::Finished);
             return self.end("finished, end marker added");
         }
         self.pending_failure = Some(FailureKind::Truncated {
@@ -554,7 +480,7 @@ impl<D: Dialect> Inspector<D> {
             // the failure for the logs only.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
-            self.state.set_failure(failure, StreamPhase::Finished);
+            self.state.set_failure(failure, StreamStatus::Finished);
             return self.end("finished, then failed");
         }
         let message = if classification.message.is_empty() {
@@ -585,7 +511,7 @@ impl<D: Dialect> Inspector<D> {
             message = %failure.message,
             "stream failed; ended with a terminal chunk"
         );
-        self.state.set_failure(failure, StreamPhase::Failed);
+        self.state.set_failure(failure, StreamStatus::Failed);
         self.ended = true;
     }
 
@@ -600,6 +526,119 @@ impl<D: Dialect> Inspector<D> {
     }
 }
 
+/// What one frame's events update, borrowed from the inspector while the
+/// scanner feeds the frame.
+struct Feed<'a, D> {
+    config: &'a InspectConfig<D>,
+    state: &'a StreamState,
+    decisions: &'a mut Vec<Decision>,
+    pending_failure: &'a mut Option<FailureKind>,
+    identity: &'a mut StreamIdentity,
+    output_events: &'a mut u64,
+    finished: &'a mut bool,
+    done: &'a mut bool,
+    strip_usage: bool,
+    hold: &'a mut Option<HoldState>,
+    first_output_at: &'a mut Option<Instant>,
+    /// Output events held back until the commit window, released in the
+    /// middle of this frame: a failure after them is post-commit.
+    released_after: Option<u64>,
+}
+
+impl<D: Dialect> Feed<'_, D> {
+    fn item(&mut self, item: SseItem) {
+        if self.pending_failure.is_some() || *self.done {
+            return;
+        }
+        match item {
+            SseItem::Event(event) => self.event(&event),
+            SseItem::Skipped { range } => self.decisions.push(Decision::Forward(range.end)),
+            // Data that is not UTF-8 is a malformed event.
+            SseItem::Error(error) if !error.is_fatal() => {
+                let drop_to = match error {
+                    crate::sse::SseError::InvalidUtf8 { range } => Some(range.end),
+                    _ => None,
+                };
+                self.malformed(drop_to);
+            }
+            SseItem::Error(error) => {
+                *self.pending_failure = Some(FailureKind::Oversize(error.to_string()));
+            }
+        }
+    }
+
+    fn event(&mut self, event: &crate::sse::SseEvent) {
+        let chunk = self.config.dialect.inspect(event);
+        let end = event.range().end;
+        update_identity(self.identity, self.state, &chunk.identity);
+        if let Some(usage) = chunk.usage {
+            self.state.set_usage(usage);
+        }
+        if let Some(reason) = &chunk.finish_reason
+            && !*self.finished
+            && chunk.kind != ChunkKind::Error
+        {
+            *self.finished = true;
+            self.state.set_finish_reason(reason);
+        }
+        match chunk.kind {
+            ChunkKind::Output => {
+                *self.output_events += 1;
+                if self.first_output_at.is_none() {
+                    *self.first_output_at = Some(Instant::now());
+                }
+                match self.hold {
+                    Some(hold) => hold.output_bytes += event.data().len() as u64,
+                    None => self.state.add_output_event(),
+                }
+                self.decisions.push(Decision::Forward(end));
+            }
+            // Usage was turned on upstream to count spend; the client did
+            // not ask for it.
+            ChunkKind::Preamble
+                if self.strip_usage && chunk.usage.is_some() && chunk.finish_reason.is_none() =>
+            {
+                self.decisions.push(Decision::Drop(end));
+            }
+            ChunkKind::Preamble => self.decisions.push(Decision::Forward(end)),
+            ChunkKind::Done => {
+                *self.done = true;
+                self.decisions.push(Decision::Forward(end));
+            }
+            ChunkKind::Error => {
+                *self.pending_failure = Some(FailureKind::InBand {
+                    event: event.event().map(Bytes::copy_from_slice),
+                    data: event.data().clone(),
+                });
+            }
+            ChunkKind::Malformed => self.malformed(Some(end)),
+        }
+        // The commit point is an event in stream order: what comes after
+        // it, even in the same frame, is committed.
+        if let Some(h) = self.hold.as_ref()
+            && self.pending_failure.is_none()
+            && (*self.finished
+                || *self.done
+                || h.settings
+                    .window
+                    .reached(*self.output_events, h.output_bytes))
+        {
+            *self.hold = None;
+            self.released_after = Some(*self.output_events);
+        }
+    }
+
+    /// One rule in every phase: a malformed event is dropped and counted;
+    /// more than the configured number fail the stream.
+    fn malformed(&mut self, drop_to: Option<u64>) {
+        if self.state.add_malformed() > self.config.max_malformed {
+            *self.pending_failure = Some(FailureKind::TooManyMalformed);
+        } else if let Some(end) = drop_to {
+            self.decisions.push(Decision::Drop(end));
+        }
+    }
+}
+
 impl<D> Drop for Inspector<D> {
     fn drop(&mut self) {
         self.cancel_if_running();
@@ -611,7 +650,7 @@ impl<D> Drop for Inspector<D> {
 
 impl<D> Inspector<D> {
     fn cancel_if_running(&mut self) {
-        if self.state.phase().is_terminal() {
+        if self.state.status().is_terminal() {
             return;
         }
         // The client went away: the upstream body is dropped with us.
@@ -632,7 +671,7 @@ impl<D> Inspector<D> {
                 bytes_sent,
                 output_events: self.output_events,
             },
-            StreamPhase::Cancelled,
+            StreamStatus::Cancelled,
         );
     }
 }

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 pub use body::CommitBody;
 pub(crate) use body::{Hold, OnEnd, Release, is_event_stream};
-pub use state::{StreamFailure, StreamIdentity, StreamPhase, StreamSnapshot, StreamState};
+pub use state::{StreamFailure, StreamIdentity, StreamSnapshot, StreamState, StreamStatus};
 pub use window::CommitWindow;
 
 use crate::classify::Classifier;

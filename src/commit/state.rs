@@ -6,9 +6,10 @@ use tokio::time::Instant;
 use crate::classify::{FailureClass, Phase};
 use crate::dialect::Usage;
 
-/// Where a stream is. Failover is legal only in [`StreamPhase::Preamble`].
+/// Where a stream is (its [`Phase`]: preamble or committed) or how it
+/// ended. Failover is legal only in [`StreamStatus::Preamble`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StreamPhase {
+pub enum StreamStatus {
     /// No model output has reached the client yet.
     Preamble,
     /// Model output has been yielded to the client: the stream is committed.
@@ -21,7 +22,7 @@ pub enum StreamPhase {
     Cancelled,
 }
 
-impl StreamPhase {
+impl StreamStatus {
     fn from_u8(value: u8) -> Self {
         match value {
             0 => Self::Preamble,
@@ -86,8 +87,8 @@ pub struct StreamIdentity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StreamSnapshot {
-    /// The phase.
-    pub phase: StreamPhase,
+    /// The status.
+    pub status: StreamStatus,
     /// Bytes yielded to the client so far (synthetic frames included).
     pub bytes_flushed: u64,
     /// Model output events yielded to the client.
@@ -108,7 +109,7 @@ pub struct StreamSnapshot {
 
 #[derive(Debug)]
 struct Shared {
-    phase: AtomicU8,
+    status: AtomicU8,
     bytes_flushed: AtomicU64,
     output_events: AtomicU64,
     malformed: AtomicU64,
@@ -139,7 +140,7 @@ impl StreamState {
     pub(crate) fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
-                phase: AtomicU8::new(StreamPhase::Preamble.as_u8()),
+                status: AtomicU8::new(StreamStatus::Preamble.as_u8()),
                 bytes_flushed: AtomicU64::new(0),
                 output_events: AtomicU64::new(0),
                 malformed: AtomicU64::new(0),
@@ -150,9 +151,9 @@ impl StreamState {
         }
     }
 
-    /// The current phase.
-    pub fn phase(&self) -> StreamPhase {
-        StreamPhase::from_u8(self.shared.phase.load(Ordering::Acquire))
+    /// The current status: where the stream is (its phase) or how it ended.
+    pub fn status(&self) -> StreamStatus {
+        StreamStatus::from_u8(self.shared.status.load(Ordering::Acquire))
     }
 
     /// Bytes yielded to the client so far.
@@ -169,7 +170,7 @@ impl StreamState {
     pub fn snapshot(&self) -> StreamSnapshot {
         let details = self.details();
         StreamSnapshot {
-            phase: self.phase(),
+            status: self.status(),
             bytes_flushed: self.bytes_flushed(),
             output_events: self.output_events(),
             malformed_dropped: self.shared.malformed.load(Ordering::Acquire),
@@ -201,7 +202,7 @@ impl StreamState {
     pub(crate) fn add_output_event(&self) {
         if self.shared.output_events.fetch_add(1, Ordering::AcqRel) == 0 {
             let _ = self.shared.first_output.set(Instant::now());
-            self.set_phase_if(StreamPhase::Preamble, StreamPhase::Committed);
+            self.set_status_if(StreamStatus::Preamble, StreamStatus::Committed);
         }
     }
 
@@ -209,12 +210,12 @@ impl StreamState {
         self.shared.malformed.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    pub(crate) fn set_phase(&self, phase: StreamPhase) {
-        self.shared.phase.store(phase.as_u8(), Ordering::Release);
+    pub(crate) fn set_status(&self, phase: StreamStatus) {
+        self.shared.status.store(phase.as_u8(), Ordering::Release);
     }
 
-    fn set_phase_if(&self, from: StreamPhase, to: StreamPhase) {
-        let _ = self.shared.phase.compare_exchange(
+    fn set_status_if(&self, from: StreamStatus, to: StreamStatus) {
+        let _ = self.shared.status.compare_exchange(
             from.as_u8(),
             to.as_u8(),
             Ordering::AcqRel,
@@ -237,8 +238,8 @@ impl StreamState {
         self.details().usage = Some(usage);
     }
 
-    pub(crate) fn set_failure(&self, failure: StreamFailure, phase: StreamPhase) {
+    pub(crate) fn set_failure(&self, failure: StreamFailure, status: StreamStatus) {
         self.details().failure = Some(failure);
-        self.set_phase(phase);
+        self.set_status(status);
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::classify::Note;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -18,13 +18,14 @@ use super::body::FailoverBody;
 use super::decision::Decision;
 use super::health::{FailureReport, SuccessReport};
 use super::later;
+use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
 use crate::BoxError;
-use crate::budget::{Cost, TurnBudget};
-use crate::classify::{Classification, Classify, Phase};
-use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamState};
+use crate::budget::TurnBudget;
+use crate::classify::{Classification, Classify, FailureClass, Phase};
+use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState};
 use crate::dialect::{Dialect, Usage};
-use crate::record::{AttemptRecord, RunRecord};
+use crate::record::RunRecord;
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B, D> {
@@ -48,8 +49,7 @@ pub(crate) enum Outcome<B, D> {
 /// Everything an attempt needs besides the shared configuration.
 pub(crate) struct AttemptPlan {
     pub(crate) index: usize,
-    pub(crate) number: u32,
-    pub(crate) upstream_model: String,
+    pub(crate) start: AttemptStart,
     pub(crate) stream: bool,
     pub(crate) strip_usage: bool,
     pub(crate) prompt_tokens: u64,
@@ -71,28 +71,7 @@ where
     B::Error: Into<BoxError>,
 {
     let target = &shared.targets[plan.index];
-    let started = Instant::now();
-    let started_wall = SystemTime::now();
-    let provider = Some(&*target.provider);
-
-    // The response head, within the turn's deadline and: for a stream, the
-    // head timeout and the first output timeout (no output can come before
-    // the head); for a whole answer, the response timeout.
-    let limit = if plan.stream {
-        Some(
-            shared
-                .timeouts
-                .head
-                .map_or(shared.timeouts.first_output, |h| {
-                    h.min(shared.timeouts.first_output)
-                }),
-        )
-    } else {
-        shared.timeouts.response
-    };
-    let head_deadline = limit.map_or(budget.deadline(), |limit| {
-        later(started, limit).min(budget.deadline())
-    });
+    let head_deadline = head_deadline(shared, &plan, budget);
     let service: Classify<S> = target.service.clone();
     let head = tokio::time::timeout_at(head_deadline, service.oneshot(request)).await;
     let response = match head {
@@ -107,15 +86,52 @@ where
         Ok(Err(error)) => return failed(error.into_classification(), 0),
         Ok(Ok(response)) => response,
     };
-    let status = response.status();
     if plan.stream && crate::commit::is_event_stream(&response) {
-        return hold_until_commit(shared, plan, budget, run, response, started, started_wall).await;
+        hold_until_commit(shared, plan, budget, run, response).await
+    } else {
+        receive_whole(shared, plan, budget, run, response, head_deadline).await
     }
+}
 
-    // A whole body: received with a cap, validated, then released.
+/// When the response head must have come: within the turn's deadline and,
+/// for a stream, the head timeout and the first-output timeout (no output
+/// can come before the head); for a whole answer, the response timeout.
+fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Instant {
+    let timeouts = &shared.timeouts;
+    let limit = if plan.stream {
+        Some(
+            timeouts
+                .head
+                .map_or(timeouts.first_output, |h| h.min(timeouts.first_output)),
+        )
+    } else {
+        timeouts.response
+    };
+    limit.map_or(budget.deadline(), |limit| {
+        later(plan.start.clock, limit).min(budget.deadline())
+    })
+}
+
+/// A whole body: received with a cap, checked by the dialect, then released.
+async fn receive_whole<S, D, B>(
+    shared: &Shared<S, D>,
+    plan: AttemptPlan,
+    budget: &TurnBudget,
+    run: &RunRecord,
+    response: Response<B>,
+    deadline: Instant,
+) -> Outcome<B, D>
+where
+    D: Dialect,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let target = &shared.targets[plan.index];
+    let provider = Some(&*target.provider);
+    let status = response.status();
     let (mut parts, body) = response.into_parts();
     let collected = tokio::time::timeout_at(
-        head_deadline,
+        deadline,
         Limited::new(body, shared.max_response_bytes).collect(),
     )
     .await;
@@ -146,42 +162,15 @@ where
             Ok(read) => read,
             Err(failure) => return failed(failure.with_status(status), 0),
         };
-    let (usage, estimated) = match usage {
-        Some(usage) => (usage, false),
-        None => (
-            Usage {
-                prompt_tokens: plan.prompt_tokens,
-                completion_tokens: (bytes.len() as u64).div_ceil(4),
-            },
-            true,
-        ),
-    };
-    let cost = target
-        .pricing
-        .map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
-    if let Some(cost) = cost {
-        budget.record_spend(cost, estimated);
-    }
-    run.push(AttemptRecord {
-        attempt: plan.number,
-        target: Arc::clone(&target.name),
-        provider: Arc::clone(&target.provider),
-        upstream_model: plan.upstream_model,
-        response_model,
-        started: started_wall,
-        duration: started.elapsed(),
-        class: None,
-        phase: None,
-        status: Some(status.as_u16()),
-        bytes_flushed: bytes.len() as u64,
-        output_events: 0,
-        time_to_first_output: None,
-        usage: Some(usage),
-        cost,
-        estimated,
-        message: None,
-        decision: Decision::Committed,
-    });
+    // No usage reported: about four bytes of answer per token.
+    let estimate = Usage::new(plan.prompt_tokens, (bytes.len() as u64).div_ceil(4));
+    let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
+    let mut record = plan.start.record(Decision::Committed);
+    record.response_model = response_model;
+    record.status = Some(status.as_u16());
+    record.bytes_flushed = bytes.len() as u64;
+    charge.fill(&mut record);
+    run.push(record);
     parts.headers.remove(TRANSFER_ENCODING);
     parts
         .headers
@@ -189,7 +178,7 @@ where
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::full(bytes))),
         whole: true,
-        ttft: Some(started.elapsed()),
+        ttft: Some(plan.start.clock.elapsed()),
     }
 }
 
@@ -208,8 +197,6 @@ async fn hold_until_commit<S, D, B>(
     budget: &TurnBudget,
     run: &RunRecord,
     response: Response<B>,
-    started: Instant,
-    started_wall: SystemTime,
 ) -> Outcome<B, D>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -221,7 +208,8 @@ where
     let state = StreamState::new();
     let hold = Hold {
         window: shared.commit,
-        first_output_by: later(started, shared.timeouts.first_output).min(budget.deadline()),
+        first_output_by: later(plan.start.clock, shared.timeouts.first_output)
+            .min(budget.deadline()),
         max_held_bytes: shared.max_held_bytes,
     };
     let mut body = Box::pin(CommitBody::inspect(
@@ -240,98 +228,78 @@ where
             output_events,
         } => return failed(failure, output_events),
     }
-    let first_output = body.first_output_at();
-    let output_events = state.output_events();
-
-    // Commit: the held bytes and the rest of the upstream go to the client,
-    // through the stream inspector that ends a later failure cleanly.
-    let ttft = first_output.map(|f| f.saturating_duration_since(started));
-    run.push(AttemptRecord {
-        attempt: plan.number,
-        target: Arc::clone(&target.name),
-        provider: Arc::clone(&target.provider),
-        upstream_model: plan.upstream_model.clone(),
-        response_model: None,
-        started: started_wall,
-        duration: started.elapsed(),
-        class: None,
-        phase: None,
-        status: Some(StatusCode::OK.as_u16()),
-        bytes_flushed: 0,
-        output_events,
-        time_to_first_output: ttft,
-        usage: None,
-        cost: None,
-        estimated: false,
-        message: None,
-        decision: Decision::Committed,
-    });
-    let on_end = {
-        let run = run.clone();
-        let health = Arc::clone(&shared.health);
-        let key = target.health_key(&plan.upstream_model);
-        let scopes = shared.scopes.clone();
-        let client_named = target.passes_client_model();
-        let budget = budget.clone();
-        let pricing = target.pricing;
-        let prompt_tokens = plan.prompt_tokens;
-        Box::new(move |snapshot: &crate::commit::StreamSnapshot| {
-            let (usage, estimated) = match snapshot.usage {
-                Some(usage) => (usage, false),
-                // No usage reported: one output event is about one token.
-                None => (
-                    Usage {
-                        prompt_tokens,
-                        completion_tokens: snapshot.output_events,
-                    },
-                    true,
-                ),
-            };
-            let cost: Option<Cost> =
-                pricing.map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
-            if let Some(cost) = cost {
-                budget.record_spend(cost, estimated);
-            }
-            // A provider that fails after commit is unwell all the same
-            // (not when the client left or the turn's deadline passed).
-            match &snapshot.failure {
-                None => health.success(&key, SuccessReport::Whole { ttft: None }),
-                Some(failure)
-                    if failure.class != crate::classify::FailureClass::Cancelled
-                        && failure.note != Some(Note::TurnDeadline) =>
-                {
-                    let scope = scopes.scope(failure.class, client_named);
-                    health.failure(&key, FailureReport::new(failure.class, scope));
-                }
-                Some(_) => {}
-            }
-            run.finish_last(|record| {
-                record.duration = started.elapsed();
-                // Bytes of the provider's answer the client got: without the
-                // terminal chunk the stream inspector added after a failure.
-                record.bytes_flushed = snapshot
-                    .failure
-                    .as_ref()
-                    .map_or(snapshot.bytes_flushed, |f| f.bytes_sent);
-                record.output_events = snapshot.output_events;
-                record.usage = Some(usage);
-                record.cost = cost;
-                record.estimated = estimated;
-                record.response_model.clone_from(&snapshot.identity.model);
-                if let Some(failure) = &snapshot.failure {
-                    record.class = Some(failure.class);
-                    record.phase = Some(failure.phase);
-                    record.message = Some(failure.message.clone());
-                }
-            });
-        }) as OnEnd
-    };
+    // Commit: the held frames and the rest of the upstream go to the
+    // client through the same body, which ends a later failure cleanly.
+    let ttft = body
+        .first_output_at()
+        .map(|f| f.saturating_duration_since(plan.start.clock));
+    let mut record = plan.start.record(Decision::Committed);
+    record.status = Some(StatusCode::OK.as_u16());
+    record.output_events = state.output_events();
+    record.time_to_first_output = ttft;
+    run.push(record);
+    body.as_mut()
+        .on_end(on_stream_end(shared, &plan, budget, run));
     parts.headers.remove(CONTENT_LENGTH);
     parts.extensions.insert(state);
-    body.as_mut().on_end(on_end);
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
         whole: false,
         ttft,
     }
+}
+
+/// What happens when a committed stream ends: its spend is charged, its
+/// target's health learns the outcome, and its record is completed.
+fn on_stream_end<S, D>(
+    shared: &Shared<S, D>,
+    plan: &AttemptPlan,
+    budget: &TurnBudget,
+    run: &RunRecord,
+) -> OnEnd {
+    let target = &shared.targets[plan.index];
+    let run = run.clone();
+    let health = Arc::clone(&shared.health);
+    let key = target.health_key(&plan.start.upstream_model);
+    let scopes = shared.scopes.clone();
+    let client_named = target.passes_client_model();
+    let budget = budget.clone();
+    let pricing = target.pricing;
+    let prompt_tokens = plan.prompt_tokens;
+    let started = plan.start.clock;
+    Box::new(move |snapshot: &StreamSnapshot| {
+        // No usage reported: one output event is about one token.
+        let estimate = Usage::new(prompt_tokens, snapshot.output_events);
+        let charge = Charge::to_turn(&budget, pricing, snapshot.usage, estimate);
+        // A provider that fails after commit is unwell all the same (not
+        // when the client left or the turn's deadline passed).
+        match &snapshot.failure {
+            None => health.success(&key, SuccessReport::Whole { ttft: None }),
+            Some(failure)
+                if failure.class != FailureClass::Cancelled
+                    && failure.note != Some(Note::TurnDeadline) =>
+            {
+                let scope = scopes.scope(failure.class, client_named);
+                health.failure(&key, FailureReport::new(failure.class, scope));
+            }
+            Some(_) => {}
+        }
+        run.finish_last(|record| {
+            record.duration = started.elapsed();
+            // Bytes of the provider's answer the client got: without the
+            // terminal event the commit machine added after a failure.
+            record.bytes_flushed = snapshot
+                .failure
+                .as_ref()
+                .map_or(snapshot.bytes_flushed, |f| f.bytes_sent);
+            record.output_events = snapshot.output_events;
+            charge.fill(record);
+            record.response_model.clone_from(&snapshot.identity.model);
+            if let Some(failure) = &snapshot.failure {
+                record.class = Some(failure.class);
+                record.phase = Some(failure.phase);
+                record.message = Some(failure.message.clone());
+            }
+        });
+    })
 }

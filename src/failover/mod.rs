@@ -107,6 +107,7 @@ mod body;
 mod decision;
 mod health;
 mod layer;
+mod ledger;
 mod reply;
 mod resting;
 mod select;

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,6 +15,7 @@ use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Decision, decide};
 use super::health::{Admitted, Scope};
+use super::ledger::{AttemptStart, Charge};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
@@ -24,7 +25,7 @@ use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::{Dialect, Requirements, Usage};
-use crate::record::{AttemptRecord, RunRecord};
+use crate::record::RunRecord;
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -167,23 +168,27 @@ where
                 Err(response) => return *response,
             };
             let target = &self.shared.targets[index];
-            let upstream_model = target.upstream_model(&self.requirements.model).to_owned();
-            let plan = AttemptPlan {
-                index,
+            let start = AttemptStart {
                 number,
-                upstream_model: upstream_model.clone(),
-                stream: self.requirements.stream,
-                strip_usage: self.requirements.stream && !self.requirements.include_usage,
-                prompt_tokens: self.requirements.prompt_tokens,
+                target: Arc::clone(&target.name),
+                provider: Arc::clone(&target.provider),
+                upstream_model: target.upstream_model(&self.requirements.model).to_owned(),
+                wall: SystemTime::now(),
+                clock: tokio::time::Instant::now(),
             };
-            let started = SystemTime::now();
-            let attempt_started = tokio::time::Instant::now();
             let request = upstream::request(
                 &self.shared.dialect,
                 self.parts,
                 &self.request,
-                &upstream_model,
+                &start.upstream_model,
             );
+            let plan = AttemptPlan {
+                index,
+                start: start.clone(),
+                stream: self.requirements.stream,
+                strip_usage: self.requirements.stream && !self.requirements.include_usage,
+                prompt_tokens: self.requirements.prompt_tokens,
+            };
             match attempt::run(self.shared, plan, request, self.budget, self.run).await {
                 Outcome::Committed {
                     response,
@@ -203,10 +208,7 @@ where
                 } => {
                     let attempt = FailedAttempt {
                         index,
-                        number,
-                        upstream_model,
-                        started,
-                        duration: attempt_started.elapsed(),
+                        start,
                         output_events,
                     };
                     if let Next::Stop(response) = self.on_failure(attempt, admitted, failure).await
@@ -321,7 +323,7 @@ where
         if failure.class == FailureClass::ModelNotFound && scope != Scope::Request {
             tracing::error!(
                 target = %target.name,
-                upstream_model = %escape_for_log(&attempt.upstream_model),
+                upstream_model = %escape_for_log(&attempt.start.upstream_model),
                 "the provider does not know a model the gateway's configuration names: \
                  fix the configuration"
             );
@@ -332,51 +334,29 @@ where
             && scope == Scope::Request
             && target.passes_client_model();
         let cooldown = admitted.failure(failure.class, scope, failure.retry.after);
-        let (usage, cost) = self.charge_preamble(attempt.index, &failure, attempt.output_events);
-        let mut decision = if client_named_unknown_model {
+        // An attempt that got as far as a stream was processed by the
+        // provider: its estimated cost counts.
+        let charge = (failure.phase == Phase::Preamble).then(|| {
+            let estimate = Usage::new(self.requirements.prompt_tokens, attempt.output_events);
+            Charge::to_turn(self.budget, target.pricing, None, estimate)
+        });
+        let decision = if client_named_unknown_model {
             Decision::Stop
         } else {
-            decide(
-                &failure,
-                self.retries_here,
-                shared.max_retries_per_target,
-                self.budget,
-                cooldown,
-                self.queue.len() > 1,
-            )
+            self.decide(attempt.index, &failure, cooldown)
         };
-        if decision == Decision::Reroute {
-            self.queue.pop_front();
-            self.retries_here = 0;
-            if failure.class == FailureClass::ContextLengthExceeded {
-                self.keep_larger_windows(attempt.index);
-            }
-            if self.queue.is_empty() && !self.resting.can_probe() {
-                decision = Decision::Stop;
-            }
+        // Every failure here is before commit: nothing reached the client
+        // (bytes_flushed stays 0).
+        let mut record = attempt.start.record(decision);
+        record.class = Some(failure.class);
+        record.phase = Some(failure.phase);
+        record.status = failure.status.map(|s| s.as_u16());
+        record.output_events = attempt.output_events;
+        record.message = Some(failure.message.clone());
+        if let Some(charge) = charge {
+            charge.fill(&mut record);
         }
-        self.run.push(AttemptRecord {
-            attempt: attempt.number,
-            target: Arc::clone(&target.name),
-            provider: Arc::clone(&target.provider),
-            upstream_model: attempt.upstream_model,
-            response_model: None,
-            started: attempt.started,
-            duration: attempt.duration,
-            class: Some(failure.class),
-            phase: Some(failure.phase),
-            status: failure.status.map(|s| s.as_u16()),
-            // Every failure here is before commit: nothing reached the
-            // client.
-            bytes_flushed: 0,
-            output_events: attempt.output_events,
-            time_to_first_output: None,
-            estimated: usage.is_some(),
-            usage,
-            cost,
-            message: Some(failure.message.clone()),
-            decision,
-        });
+        self.run.push(record);
         let request_error = failure.recovery == Recovery::Stop || client_named_unknown_model;
         let first = self
             .first_failure
@@ -411,27 +391,36 @@ where
         }
     }
 
-    /// An attempt that got as far as a stream was processed by the
-    /// provider: its estimated cost counts.
-    fn charge_preamble(
-        &self,
+    /// The policy's decision, with the queue moved on for a reroute (a
+    /// reroute with nothing left, not even a resting target to probe, is a
+    /// stop).
+    fn decide(
+        &mut self,
         index: usize,
         failure: &Classification,
-        output_events: u64,
-    ) -> (Option<Usage>, Option<crate::budget::Cost>) {
-        if failure.phase != Phase::Preamble {
-            return (None, None);
+        cooldown: Option<std::time::Duration>,
+    ) -> Decision {
+        let decision = decide(
+            failure,
+            self.retries_here,
+            self.shared.max_retries_per_target,
+            self.budget,
+            cooldown,
+            self.queue.len() > 1,
+        );
+        if decision != Decision::Reroute {
+            return decision;
         }
-        let usage = Usage {
-            prompt_tokens: self.requirements.prompt_tokens,
-            completion_tokens: output_events,
-        };
-        let cost =
-            self.shared.targets[index].estimate(usage.prompt_tokens, usage.completion_tokens);
-        if let Some(cost) = cost {
-            self.budget.record_spend(cost, true);
+        self.queue.pop_front();
+        self.retries_here = 0;
+        if failure.class == FailureClass::ContextLengthExceeded {
+            self.keep_larger_windows(index);
         }
-        (Some(usage), cost)
+        if self.queue.is_empty() && !self.resting.can_probe() {
+            Decision::Stop
+        } else {
+            Decision::Reroute
+        }
     }
 
     /// After a context-length failure, only targets with a larger declared
@@ -454,10 +443,7 @@ where
 /// The facts of one failed attempt, for its record.
 struct FailedAttempt {
     index: usize,
-    number: u32,
-    upstream_model: String,
-    started: SystemTime,
-    duration: Duration,
+    start: AttemptStart,
     output_events: u64,
 }
 

@@ -2,7 +2,7 @@
 //! failures.
 //!
 //! The layer wraps every `text/event-stream` response body (other responses
-//! pass through untouched) and tracks the stream's [`StreamPhase`]: preamble
+//! pass through untouched) and tracks the stream's [`StreamStatus`]: preamble
 //! (no model output yet), committed (model output has been yielded),
 //! finished, failed or cancelled, with the bytes flushed to the client, the
 //! output events, the time of the first output and the last chunk identity.
@@ -23,7 +23,7 @@
 //! use http::{Request, Response};
 //! use http_body_util::{BodyExt, StreamBody};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_llm_failover::stream::{StreamPhase, StreamState, StreamStateLayer};
+//! use tower_llm_failover::stream::{StreamStatus, StreamState, StreamStateLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -55,7 +55,7 @@
 //! assert!(text.starts_with("data: {\"id\":\"c1\""));
 //! assert!(text.contains("\"finish_reason\":\"error\""));
 //! assert!(text.ends_with("data: [DONE]\n\n"));
-//! assert_eq!(state.phase(), StreamPhase::Failed);
+//! assert_eq!(state.status(), StreamStatus::Failed);
 //! assert_eq!(state.output_events(), 1);
 //! # }
 //! ```
@@ -65,7 +65,7 @@ mod layer;
 mod service;
 
 pub use crate::commit::{
-    DEFAULT_MAX_MALFORMED, StreamFailure, StreamIdentity, StreamPhase, StreamSnapshot, StreamState,
+    DEFAULT_MAX_MALFORMED, StreamFailure, StreamIdentity, StreamSnapshot, StreamState, StreamStatus,
 };
 pub use future::ResponseFuture;
 pub use layer::StreamStateLayer;

@@ -10,7 +10,7 @@ use super::ClientError;
 /// Where requests go: the base URL split into its parts, plus the prefix
 /// stripped from request paths.
 #[derive(Clone)]
-pub(crate) struct Target {
+pub(crate) struct Endpoint {
     scheme: Scheme,
     authority: Authority,
     /// Without a trailing `/`; empty for the root.
@@ -21,7 +21,7 @@ pub(crate) struct Target {
     strip_prefix: Option<Box<str>>,
 }
 
-impl Target {
+impl Endpoint {
     pub(crate) fn parse(base_url: &str, strip_prefix: Option<&str>) -> Result<Self, ClientError> {
         let uri: Uri = base_url
             .trim()
@@ -116,7 +116,7 @@ impl Target {
     }
 }
 
-impl fmt::Debug for Target {
+impl fmt::Debug for Endpoint {
     // The query may carry a key (`?key=...`): shown as present, never printed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)?;
@@ -132,7 +132,7 @@ mod tests {
     use super::*;
 
     fn join(base: &str, request: &str) -> String {
-        let target = Target::parse(base, Some("/v1")).unwrap();
+        let target = Endpoint::parse(base, Some("/v1")).unwrap();
         let pq: PathAndQuery = request.parse().unwrap();
         target.join(Some(&pq)).unwrap().to_string()
     }
@@ -207,18 +207,18 @@ mod tests {
 
     #[test]
     fn without_a_strip_prefix_the_whole_path_is_appended() {
-        let target = Target::parse("http://h/api", None).unwrap();
+        let target = Endpoint::parse("http://h/api", None).unwrap();
         let pq: PathAndQuery = "/v1/chat/completions".parse().unwrap();
         assert_eq!(
             target.join(Some(&pq)).unwrap().to_string(),
             "http://h/api/v1/chat/completions"
         );
-        let target = Target::parse("http://h/api", Some("/")).unwrap();
+        let target = Endpoint::parse("http://h/api", Some("/")).unwrap();
         assert_eq!(
             target.join(Some(&pq)).unwrap().to_string(),
             "http://h/api/v1/chat/completions"
         );
-        let target = Target::parse("http://h/api", Some("openai/v1/")).unwrap();
+        let target = Endpoint::parse("http://h/api", Some("openai/v1/")).unwrap();
         let pq: PathAndQuery = "/openai/v1/models".parse().unwrap();
         assert_eq!(
             target.join(Some(&pq)).unwrap().to_string(),
@@ -230,30 +230,30 @@ mod tests {
     #[test]
     fn bad_base_urls_are_typed_errors() {
         assert!(matches!(
-            Target::parse("ftp://h/v1", None),
+            Endpoint::parse("ftp://h/v1", None),
             Err(ClientError::UnsupportedScheme(s)) if s == "ftp"
         ));
         assert!(matches!(
-            Target::parse("/v1", None),
+            Endpoint::parse("/v1", None),
             Err(ClientError::InvalidBaseUrl(_))
         ));
         assert!(matches!(
-            Target::parse("http://user:sk-secret@h/v1", None),
+            Endpoint::parse("http://user:sk-secret@h/v1", None),
             Err(ClientError::CredentialsInUrl)
         ));
         assert!(matches!(
-            Target::parse("not a url", None),
+            Endpoint::parse("not a url", None),
             Err(ClientError::InvalidBaseUrl(_))
         ));
         assert!(matches!(
-            Target::parse("", None),
+            Endpoint::parse("", None),
             Err(ClientError::InvalidBaseUrl(_))
         ));
     }
 
     #[test]
     fn debug_hides_the_base_query() {
-        let target = Target::parse("https://h/v1beta/openai?key=AIzaSECRET", None).unwrap();
+        let target = Endpoint::parse("https://h/v1beta/openai?key=AIzaSECRET", None).unwrap();
         let text = format!("{target:?}");
         assert_eq!(text, "https://h/v1beta/openai?[redacted]");
     }
