@@ -1061,3 +1061,28 @@ async fn an_event_stream_content_type_is_recognised_in_any_case() {
     assert!(reply.body.ends_with("data: [DONE]\n\n"));
     assert_eq!(primary.calls(), 1, "streamed through, not rerouted");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_a_gateway_already_read_is_not_parsed_again() {
+    use tower_llm_failover::dialect::{Dialect, OpenAiChat, ParsedRequest};
+    let primary = FakeProvider::new("primary");
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .build();
+    // What the gateway read, in the extensions; the body it forwards is not
+    // read again (here it is not even JSON).
+    let (requirements, chat) = OpenAiChat
+        .read_request(Bytes::from_static(
+            br#"{"model":"read-once","stream":false,"messages":[{"role":"user","content":"hi"}]}"#,
+        ))
+        .unwrap();
+    let mut request = Request::post("/v1/chat/completions")
+        .body(Full::new(Bytes::from_static(b"not json")))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(ParsedRequest::new(requirements, chat));
+    let reply = send(&failover, request).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(primary.seen()[0].body["model"], "read-once");
+}

@@ -33,7 +33,7 @@ use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 struct LineDialect;
 
 /// What `LineDialect` keeps of a client's request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct LineRequest {
     stream: bool,
     prompt: String,

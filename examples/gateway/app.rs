@@ -19,8 +19,11 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
     Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
 };
+use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
-use tower_llm_failover::dialect::TerminalMode;
+use tower_llm_failover::dialect::{
+    Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
+};
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
     Strategy, Target,
@@ -506,20 +509,19 @@ impl Gateway {
     }
 }
 
-fn openai_error(status: StatusCode, message: &str, error_type: &str, code: &str) -> Response {
-    let body = serde_json::json!({
-        "error": {"message": message, "type": error_type, "param": null, "code": code}
-    });
-    let mut response = (status, axum::Json(body)).into_response();
+/// An error answer in the OpenAI dialect's shape.
+fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &str) -> Response {
+    let body = OpenAiChat.error_body(&ErrorReply::new(class, message).code(code));
+    let mut response = (status, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static(OpenAiChat.error_content_type()),
     );
     response
 }
 
 async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, gateway.max_request_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => {
@@ -530,66 +532,57 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
                 source = e.source();
             }
             return if too_large {
-                openai_error(
+                error_answer(
                     StatusCode::PAYLOAD_TOO_LARGE,
+                    FailureClass::PayloadTooLarge,
                     &format!(
                         "the request body exceeds the {}-byte limit",
                         gateway.max_request_bytes
                     ),
-                    "invalid_request_error",
                     "request_too_large",
                 )
             } else {
-                openai_error(
+                error_answer(
                     StatusCode::BAD_REQUEST,
+                    FailureClass::InvalidRequest,
                     &format!("the request body could not be read: {error}"),
-                    "invalid_request_error",
                     "invalid_body",
                 )
             };
         }
     };
-    // The model picks the route; the failover layer validates the rest.
-    #[derive(Deserialize)]
-    struct Peek<'a> {
-        #[serde(borrow, default)]
-        model: Option<std::borrow::Cow<'a, str>>,
-    }
-    let model = match serde_json::from_slice::<Peek<'_>>(&bytes) {
-        Err(e) if e.classify() == serde_json::error::Category::Data => {
-            return openai_error(
+    // Read once, by the dialect: the model picks the route, and the failover
+    // layer finds the parsed request in the extensions instead of parsing
+    // it again.
+    let (requirements, chat) = match OpenAiChat.read_request(bytes.clone()) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            let code = match error {
+                RequestError::NotJson(_) => "invalid_json",
+                _ => "invalid_request",
+            };
+            return error_answer(
                 StatusCode::BAD_REQUEST,
-                &format!("the request body has a field of the wrong type: {e}"),
-                "invalid_request_error",
-                "invalid_request",
+                FailureClass::InvalidRequest,
+                &error.to_string(),
+                code,
             );
         }
-        Err(e) => {
-            return openai_error(
-                StatusCode::BAD_REQUEST,
-                &format!("the request body is not valid JSON: {e}"),
-                "invalid_request_error",
-                "invalid_json",
-            );
-        }
-        Ok(Peek { model: None }) => {
-            return openai_error(
-                StatusCode::BAD_REQUEST,
-                "'model' is required and must be a string",
-                "invalid_request_error",
-                "invalid_request",
-            );
-        }
-        Ok(Peek { model: Some(model) }) => model.into_owned(),
     };
-    let Some(route) = gateway.route(&model) else {
-        return openai_error(
+    let Some(route) = gateway.route(&requirements.model) else {
+        return error_answer(
             StatusCode::NOT_FOUND,
-            &format!("the model `{model}` does not exist"),
-            "invalid_request_error",
+            FailureClass::ModelNotFound,
+            &format!(
+                "the model `{}` does not exist",
+                requirements.model.escape_debug()
+            ),
             "model_not_found",
         );
     };
+    parts
+        .extensions
+        .insert(ParsedRequest::new(requirements, chat));
     let request = http::Request::from_parts(parts, Full::new(bytes));
     match route.service.clone().oneshot(request).await {
         Ok(response) => response.map(Body::new),

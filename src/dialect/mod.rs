@@ -240,6 +240,36 @@ impl<'a> ErrorReply<'a> {
     }
 }
 
+/// A request a dialect has already read. A gateway that read the body to
+/// pick a route puts it in the request's extensions, and
+/// [`Failover`](crate::failover::Failover) uses it instead of reading the
+/// body again: one parse per turn.
+#[derive(Debug, Clone)]
+pub struct ParsedRequest<R> {
+    requirements: Requirements,
+    request: R,
+}
+
+impl<R> ParsedRequest<R> {
+    /// What [`Dialect::read_request`] returned.
+    pub fn new(requirements: Requirements, request: R) -> Self {
+        Self {
+            requirements,
+            request,
+        }
+    }
+
+    /// The request's requirements.
+    pub fn requirements(&self) -> &Requirements {
+        &self.requirements
+    }
+
+    /// The parts back.
+    pub fn into_parts(self) -> (Requirements, R) {
+        (self.requirements, self.request)
+    }
+}
+
 /// What a dialect found in a whole (non-streaming) answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -291,7 +321,7 @@ impl BodyFault {
 /// each target's body without parsing it again.
 pub trait Dialect: Clone + Send + Sync + 'static {
     /// What the dialect keeps of a parsed request.
-    type Request: Send + Sync + 'static;
+    type Request: Clone + Send + Sync + 'static;
 
     /// Reads a client's request body once: what it needs from a target,
     /// and what the upstream bodies are built from.

@@ -24,7 +24,7 @@ use super::upstream;
 use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
-use crate::dialect::{Dialect, Requirements, Usage};
+use crate::dialect::{Dialect, ParsedRequest, Requirements, Usage};
 use crate::record::RunRecord;
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
@@ -42,11 +42,16 @@ where
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
 {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let budget =
         TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| shared.limits.start());
     let run = RunRecord::new(budget.run_id().clone());
-    let response = match read(&shared, body).await {
+    // Read by a gateway in front already: not parsed again.
+    let parsed = match parts.extensions.remove::<ParsedRequest<D::Request>>() {
+        Some(parsed) => Ok(parsed.into_parts()),
+        None => read(&shared, body).await,
+    };
+    let response = match parsed {
         Err(response) => response,
         Ok((requirements, request)) => {
             let turn = Turn {
