@@ -1086,3 +1086,47 @@ async fn a_request_a_gateway_already_read_is_not_parsed_again() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(primary.seen()[0].body["model"], "read-once");
 }
+
+#[tokio::test(start_paused = true)]
+async fn frames_ready_together_reach_the_client_as_one_write() {
+    // Role chunk and first token in separate upstream frames: held back
+    // until the token commits, then released together.
+    let primary = FakeProvider::new("primary").always(Reply::Stream(vec![
+        Step::Data(chunks::role("primary")),
+        Step::Data(chunks::content("primary", "hello")),
+        Step::Wait(Duration::from_millis(10)),
+        // One upstream read with a token, the usage chunk the client did not
+        // ask for, and the end.
+        Step::Data(Bytes::from(
+            [
+                chunks::content("primary", " world"),
+                chunks::usage("primary", 10, 2),
+                chunks::finish("primary", "stop"),
+                chunks::done(),
+            ]
+            .concat(),
+        )),
+    ]));
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary))
+        .build();
+    let response = failover
+        .oneshot(request(true, serde_json::json!({})))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        frames.push(frame.unwrap().into_data().unwrap());
+    }
+    let text: Vec<String> = frames
+        .iter()
+        .map(|f| String::from_utf8(f.to_vec()).unwrap())
+        .collect();
+    assert_eq!(frames.len(), 2, "one write per upstream read: {text:?}");
+    assert_eq!(sse_events(&text[0]).len(), 2, "preamble and token together");
+    assert!(text[0].contains("hello"));
+    // The usage chunk is gone without an empty write; the rest is one frame.
+    assert!(!text[1].contains("\"usage\""), "{}", text[1]);
+    assert!(text[1].contains(" world") && text[1].ends_with("data: [DONE]\n\n"));
+}

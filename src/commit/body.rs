@@ -354,6 +354,37 @@ impl<D: Dialect> Inspector<D> {
         }
     }
 
+    /// The next frame for the client. Data frames that are ready together
+    /// (a released preamble, the pieces around a dropped usage event, an
+    /// answer's end and the terminal event) go out as one frame, so the
+    /// client gets one write per upstream read; the common case, one frame
+    /// queued, is handed on as the very same `Bytes`.
+    fn next_frame(&mut self) -> Option<Frame<Bytes>> {
+        let first = self.out.pop_front()?;
+        let ready_data = self.out.iter().take_while(|f| f.is_data()).count();
+        if ready_data == 0 || !first.is_data() {
+            return Some(first);
+        }
+        let Ok(first) = first.into_data() else {
+            return None; // cannot happen: checked above
+        };
+        let len = first.len()
+            + self
+                .out
+                .iter()
+                .take(ready_data)
+                .filter_map(|f| f.data_ref().map(Bytes::len))
+                .sum::<usize>();
+        let mut merged = bytes::BytesMut::with_capacity(len);
+        merged.extend_from_slice(&first);
+        for _ in 0..ready_data {
+            if let Some(Ok(data)) = self.out.pop_front().map(Frame::into_data) {
+                merged.extend_from_slice(&data);
+            }
+        }
+        Some(Frame::data(merged.freeze()))
+    }
+
     /// Forwards or drops undecided bytes as decided, then holds the rest.
     fn apply_decisions(&mut self, chunk: Bytes, base: u64) {
         let end = base + chunk.len() as u64;
@@ -820,7 +851,7 @@ where
             let Some(inspector) = self.as_mut().project().inspector.as_mut() else {
                 return Poll::Ready(None);
             };
-            if let Some(frame) = inspector.out.pop_front() {
+            if let Some(frame) = inspector.next_frame() {
                 if let Some(data) = frame.data_ref() {
                     inspector.state.add_flushed(data.len() as u64);
                 }
