@@ -10,7 +10,7 @@ use super::cost::{Cost, Pricing};
 use super::retry_budget::RetryBudget;
 use super::service::Budget;
 use super::turn::TurnLimits;
-use crate::dialect::OpenAiChat;
+use crate::dialect::DefaultDialect;
 
 /// Applies a per-turn [`TurnBudget`](super::TurnBudget) to every request:
 /// made on the first hop, reused by every later one.
@@ -20,7 +20,7 @@ use crate::dialect::OpenAiChat;
 /// backoff, no retry budget, no pricing, refusals answered in the OpenAI
 /// chat dialect's error shape ([`dialect`](Self::dialect) to change).
 #[derive(Debug, Clone)]
-pub struct BudgetLayer<D = OpenAiChat> {
+pub struct BudgetLayer<D = DefaultDialect> {
     pub(crate) settings: Arc<Settings>,
     pub(crate) dialect: D,
 }
@@ -45,7 +45,7 @@ impl BudgetLayer {
                 limits: TurnLimits::new(),
                 pricing: None,
             }),
-            dialect: OpenAiChat,
+            dialect: DefaultDialect::default(),
         }
     }
 }

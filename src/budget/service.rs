@@ -12,7 +12,7 @@ use super::body::BudgetBody;
 use super::future::ResponseFuture;
 use super::layer::{BudgetLayer, Settings};
 use super::turn::TurnBudget;
-use crate::dialect::{Dialect, OpenAiChat};
+use crate::dialect::{DefaultDialect, Dialect};
 
 /// Middleware that gives each turn one [`TurnBudget`] and enforces its
 /// deadline on the response head and body. Made by [`BudgetLayer`]; see the
@@ -22,7 +22,7 @@ use crate::dialect::{Dialect, OpenAiChat};
 /// not failed: an error response in the dialect's shape. Its error type is
 /// the inner service's, so over an infallible stack it stays infallible.
 #[derive(Debug, Clone)]
-pub struct Budget<S, D = OpenAiChat> {
+pub struct Budget<S, D = DefaultDialect> {
     inner: S,
     settings: Arc<Settings>,
     dialect: D,

@@ -64,7 +64,7 @@
 //!
 //! // What a gateway answers when no other provider is left, in the shape
 //! // of the client's wire dialect.
-//! let (status, body) = error.to_error(&tower_llm_failover::dialect::OpenAiChat);
+//! let (status, body) = error.to_error(&tower_llm_failover::dialect::DefaultDialect::default());
 //! assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
 //! assert!(body.starts_with(br#"{"error":{"#));
 //! # }

@@ -49,6 +49,11 @@ use crate::failure::{FailureClass, Phase};
 use crate::sse::SseEvent;
 
 pub use openai::{ChatRequest, OpenAiChat};
+
+/// The dialect the layers speak unless told otherwise (OpenAI chat
+/// completions). The one place outside a dialect's own module that names
+/// it: the layers' default type parameters say `DefaultDialect`.
+pub type DefaultDialect = OpenAiChat;
 pub use request::{RequestError, Requirements, ResponseFormat};
 
 /// What one event of a model stream is.

@@ -6,7 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::commit::CommitBody;
-use crate::dialect::{Dialect, OpenAiChat};
+use crate::dialect::{DefaultDialect, Dialect};
 
 use crate::BoxError;
 
@@ -16,7 +16,7 @@ pin_project! {
     /// [commit machine](crate::commit)'s body that held the preamble back,
     /// releasing it and then the rest of the upstream, so a later failure
     /// ends it cleanly.
-    pub struct FailoverBody<B, D = OpenAiChat> {
+    pub struct FailoverBody<B, D = DefaultDialect> {
         #[pin]
         kind: Kind<B, D>,
     }

@@ -5,7 +5,7 @@ use tower_layer::Layer;
 use super::health::MemoryHealthStore;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
-use crate::dialect::{Dialect, OpenAiChat};
+use crate::dialect::{DefaultDialect, Dialect};
 
 /// Makes the wrapped service the primary target of a [`Failover`], with the
 /// backups and settings of a [`FailoverBuilder`].
@@ -31,7 +31,7 @@ use crate::dialect::{Dialect, OpenAiChat};
 /// # let _ = service;
 /// ```
 #[derive(Clone)]
-pub struct FailoverLayer<S, F, D = OpenAiChat> {
+pub struct FailoverLayer<S, F, D = DefaultDialect> {
     primary: F,
     builder: FailoverBuilder<S, D>,
 }

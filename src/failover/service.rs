@@ -20,7 +20,7 @@ use crate::BoxError;
 use crate::budget::TurnLimits;
 use crate::classify::Classifier;
 use crate::commit::CommitWindow;
-use crate::dialect::{Dialect, OpenAiChat};
+use crate::dialect::{DefaultDialect, Dialect};
 use crate::stream::StreamStateLayer;
 
 /// Zero-token failover across targets: a Tower service for the requests of
@@ -31,7 +31,7 @@ use crate::stream::StreamStateLayer;
 /// expects of services it routes to, so `poll_ready` is always ready. Every
 /// outcome is a response (an OpenAI-shaped error when the turn stops), so
 /// the error type is [`Infallible`].
-pub struct Failover<S, D = OpenAiChat> {
+pub struct Failover<S, D = DefaultDialect> {
     shared: Arc<Shared<S, D>>,
 }
 
@@ -94,7 +94,7 @@ impl<S, D> Failover<S, D> {
 /// (used when no [`BudgetLayer`](crate::budget::BudgetLayer) set a turn
 /// budget), 8 MiB request and 16 MiB response caps, 1 MiB held back.
 #[derive(Clone)]
-pub struct FailoverBuilder<S, D = OpenAiChat> {
+pub struct FailoverBuilder<S, D = DefaultDialect> {
     dialect: D,
     targets: Vec<Target<S>>,
     strategy: Strategy,
@@ -133,7 +133,7 @@ impl<S> FailoverBuilder<S> {
     /// completions.
     pub fn new() -> Self {
         Self {
-            dialect: OpenAiChat,
+            dialect: DefaultDialect::default(),
             targets: Vec::new(),
             strategy: Strategy::Ordered,
             classifier: Classifier::default(),
@@ -368,7 +368,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
 /// several attempts, backoff sleeps and the held-back preamble, which a
 /// hand-written state machine would only make harder to read; one
 /// allocation per turn is noise next to the upstream call.
-pub struct ResponseFuture<B, D = OpenAiChat> {
+pub struct ResponseFuture<B, D = DefaultDialect> {
     inner: BoxTurn<B, D>,
 }
 

@@ -7,13 +7,13 @@ use tower_layer::Layer;
 use super::StreamStateService;
 use crate::classify::Classifier;
 use crate::commit::InspectConfig;
-use crate::dialect::{OpenAiChat, TerminalMode};
+use crate::dialect::{DefaultDialect, TerminalMode};
 
 /// Wraps a service's `text/event-stream` responses in a
 /// [`StreamStateBody`](super::StreamStateBody) that tracks the commit point
 /// and ends failed streams cleanly. See the [module docs](super).
 #[derive(Debug, Clone)]
-pub struct StreamStateLayer<D = OpenAiChat> {
+pub struct StreamStateLayer<D = DefaultDialect> {
     config: InspectConfig<D>,
 }
 
@@ -29,7 +29,7 @@ impl StreamStateLayer {
     /// timeout, three malformed chunks tolerated, 1 MiB line and event caps.
     pub fn new() -> Self {
         Self {
-            config: InspectConfig::new(OpenAiChat),
+            config: InspectConfig::new(DefaultDialect::default()),
         }
     }
 }
