@@ -1130,3 +1130,61 @@ async fn frames_ready_together_reach_the_client_as_one_write() {
     assert!(!text[1].contains("\"usage\""), "{}", text[1]);
     assert!(text[1].contains(" world") && text[1].ends_with("data: [DONE]\n\n"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_stream_that_ends_with_done_is_rerouted_not_committed() {
+    let primary = FakeProvider::new("primary").always(Reply::Stream(vec![
+        Step::Data(chunks::role("primary")),
+        Step::Data(chunks::done()),
+    ]));
+    let backup = FakeProvider::new("backup");
+    let reply = send(
+        &two(&primary, &backup).build(),
+        request(true, serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+    assert!(!reply.body.contains("primary"), "{}", reply.body);
+    assert_eq!(
+        reply.run.attempts()[0].class,
+        Some(FailureClass::InvalidResponse)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_answered_with_whole_json_is_rerouted() {
+    let primary = FakeProvider::new("primary").always(Reply::completion("primary"));
+    let backup = FakeProvider::new("backup");
+    let reply = send(
+        &two(&primary, &backup).build(),
+        request(true, serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.headers["content-type"], "text/event-stream");
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+    assert!(reply.body.ends_with("data: [DONE]\n\n"), "{}", reply.body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_idle_timeout_ends_a_stalled_committed_stream() {
+    let primary =
+        FakeProvider::new("primary").always(Reply::tokens_then("primary", 2, vec![Step::Stall]));
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary))
+        .build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(30),
+        "the 30 s default"
+    );
+    assert!(
+        reply.body.contains(r#""finish_reason":"error""#),
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.ends_with("data: [DONE]\n\n"));
+}

@@ -475,3 +475,53 @@ proptest! {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_ones() {
+    let store = MemoryHealthStore::default();
+    let key = HealthKey::model("p", "m");
+    let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    // A long cooldown from a hint...
+    assert_eq!(
+        store.failure(&key, report.retry_after(Some(Duration::from_secs(80)))),
+        Some(Duration::from_secs(80))
+    );
+    // ...then the failures of requests that were already in flight.
+    for _ in 0..10 {
+        store.failure(&key, report);
+        store.failure(&key, report.retry_after(Some(Duration::from_secs(1))));
+    }
+    tokio::time::advance(Duration::from_secs(79)).await;
+    assert!(
+        matches!(store.availability(&key), Availability::Cooling(_)),
+        "still resting after 79 s"
+    );
+    let entry = store.snapshot().into_iter().find(|e| e.key == key).unwrap();
+    assert_eq!(entry.cooldowns, 1, "one cooldown, not eleven");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
+    let store = MemoryHealthStore::default();
+    let key = HealthKey::model("p", "m");
+    store.failure(
+        &key,
+        FailureReport::new(FailureClass::RateLimited, Scope::Model)
+            .retry_after(Some(Duration::from_secs(60))),
+    );
+    assert_eq!(
+        store.admit(&key, true),
+        tower_llm_failover::failover::Admission::Probe
+    );
+    // The turn's budget refuses the attempt: the probe slot is given back.
+    store.release_probe(&key);
+    assert!(
+        matches!(store.availability(&key), Availability::Cooling(_)),
+        "{:?}",
+        store.availability(&key)
+    );
+    assert!(matches!(
+        store.admit(&key, false),
+        tower_llm_failover::failover::Admission::Refused(_)
+    ));
+}

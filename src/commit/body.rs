@@ -229,6 +229,9 @@ struct Inspector<D> {
     rejected: Option<(Classification, u64)>,
     /// When the first model output arrived (held or not).
     first_output_at: Option<Instant>,
+    /// The frames queued now belong together (a release, a dropped event,
+    /// an end): hand them out as one.
+    merge_queued: bool,
 }
 
 #[derive(Debug)]
@@ -263,6 +266,7 @@ impl<D: Dialect> Inspector<D> {
             hold: None,
             rejected: None,
             first_output_at: None,
+            merge_queued: false,
         }
     }
 
@@ -301,6 +305,8 @@ impl<D: Dialect> Inspector<D> {
         scanner.feed(&chunk, |item| feed.item(item));
         let released_after = feed.released_after;
         if let Some(held_events) = released_after {
+            // Released in this frame: what was held goes out with it.
+            self.merge_queued = true;
             for _ in 0..held_events {
                 self.state.add_output_event();
             }
@@ -349,18 +355,23 @@ impl<D: Dialect> Inspector<D> {
         if self.hold.take().is_none() {
             return;
         }
+        self.merge_queued = true;
         for _ in 0..self.output_events {
             self.state.add_output_event();
         }
     }
 
-    /// The next frame for the client. Data frames that are ready together
-    /// (a released preamble, the pieces around a dropped usage event, an
-    /// answer's end and the terminal event) go out as one frame, so the
-    /// client gets one write per upstream read; the common case, one frame
-    /// queued, is handed on as the very same `Bytes`.
+    /// The next frame for the client. Data frames that belong together (a
+    /// released preamble, the pieces around a dropped usage event, the end
+    /// marker or terminal event after the last pieces) go out as one frame,
+    /// so the client gets one write per upstream read. Otherwise frames go
+    /// out as they are, the very same `Bytes`: an event split across
+    /// upstream frames is not copied to be joined.
     fn next_frame(&mut self) -> Option<Frame<Bytes>> {
         let first = self.out.pop_front()?;
+        if !std::mem::take(&mut self.merge_queued) {
+            return Some(first);
+        }
         let ready_data = self.out.iter().take_while(|f| f.is_data()).count();
         if ready_data == 0 || !first.is_data() {
             return Some(first);
@@ -401,6 +412,13 @@ impl<D: Dialect> Inspector<D> {
             self.decided = end;
             self.out.push_back(Frame::data(chunk));
             return;
+        }
+        if self
+            .decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Drop(_)))
+        {
+            self.merge_queued = true;
         }
         for i in 0..self.decisions.len() {
             let (upto, forward) = match self.decisions[i] {
@@ -451,6 +469,7 @@ impl<D: Dialect> Inspector<D> {
             // Finished without the end marker: the answer is whole.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
+            self.merge_queued = true;
             self.state.set_status(StreamStatus::Finished);
             return self.end("finished, end marker added");
         }
@@ -493,6 +512,16 @@ impl<D: Dialect> Inspector<D> {
             // Nothing was released: the failover loop may still reroute.
             self.out.clear();
             self.held.clear();
+            let failure = StreamFailure {
+                class: classification.class,
+                phase,
+                message: classification.message.clone(),
+                provider_code: classification.provider_code.clone(),
+                note: classification.note,
+                bytes_sent: 0,
+                output_events: self.output_events,
+            };
+            self.state.set_failure(failure, StreamStatus::Failed);
             self.rejected = Some((classification, self.output_events));
             self.ended = true;
             return;
@@ -511,6 +540,7 @@ impl<D: Dialect> Inspector<D> {
             // the failure for the logs only.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
+            self.merge_queued = true;
             self.state.set_failure(failure, StreamStatus::Finished);
             return self.end("finished, then failed");
         }
@@ -534,6 +564,7 @@ impl<D: Dialect> Inspector<D> {
             self.config.terminal_mode,
         );
         self.out.push_back(Frame::data(terminal));
+        self.merge_queued = true;
         tracing::warn!(
             class = %failure.class,
             phase = %phase,
@@ -632,6 +663,12 @@ impl<D: Dialect> Feed<'_, D> {
                 self.decisions.push(Decision::Drop(end));
             }
             ChunkKind::Preamble => self.decisions.push(Decision::Forward(end)),
+            // The end marker with no output and no finish reason: an empty
+            // answer is not an answer (and before commit, another target
+            // may give one).
+            ChunkKind::Done if *self.output_events == 0 && !*self.finished => {
+                *self.pending_failure = Some(FailureKind::Truncated { cut_event: false });
+            }
             ChunkKind::Done => {
                 *self.done = true;
                 self.decisions.push(Decision::Forward(end));
@@ -685,7 +722,7 @@ impl<D> Inspector<D> {
             return;
         }
         // The client went away: the upstream body is dropped with us.
-        let phase = if self.output_events > 0 {
+        let phase = if self.output_events > 0 && self.hold.is_none() {
             Phase::Committed
         } else {
             Phase::Preamble
@@ -817,6 +854,19 @@ where
                     }
                 }
                 None => *this.hold_timer = None,
+            }
+        }
+        // An upstream that never pauses still meets the hold's time limits.
+        if inspector.hold.is_some()
+            && this
+                .hold_timer
+                .as_ref()
+                .is_some_and(|timer| timer.deadline() <= Instant::now())
+        {
+            if inspector.output_events == 0 {
+                inspector.fail(FailureKind::FirstOutput);
+            } else {
+                inspector.release();
             }
         }
         Poll::Ready(())

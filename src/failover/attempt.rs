@@ -86,10 +86,17 @@ where
         Ok(Err(error)) => return failed(error.into_classification(), 0),
         Ok(Ok(response)) => response,
     };
-    if plan.stream && crate::commit::is_event_stream(&response) {
-        hold_until_commit(shared, plan, budget, run, response).await
-    } else {
-        receive_whole(shared, plan, budget, run, response, head_deadline).await
+    match (plan.stream, crate::commit::is_event_stream(&response)) {
+        (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
+        (false, _) => receive_whole(shared, plan, budget, run, response, head_deadline).await,
+        // A client reading a stream cannot read a whole JSON body: the
+        // provider broke the contract, another may keep it.
+        (true, false) => failed(
+            Classification::new(FailureClass::InvalidResponse, Phase::Head)
+                .with_status(response.status())
+                .with_message("a streaming request was answered without an event stream"),
+            0,
+        ),
     }
 }
 

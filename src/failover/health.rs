@@ -521,7 +521,6 @@ impl MemoryHealthStore {
         now: Instant,
     ) -> Option<Duration> {
         let policy = &self.policy;
-        let was_cooling = entry.cooling_until.is_some();
         let cooldown = match (report.scope, report.retry_after) {
             (Scope::Account, hint) => Some(hint.unwrap_or(policy.account)),
             // A configured model the provider does not know stays unknown
@@ -539,12 +538,11 @@ impl MemoryHealthStore {
                 while entry.recent.len() > policy.failure_threshold as usize {
                     entry.recent.pop_front();
                 }
-                if entry.recent.len() >= policy.failure_threshold as usize {
+                // Enough failures inside the window, or a failed probe:
+                // rest, doubling for each cooldown in a row.
+                if entry.recent.len() >= policy.failure_threshold as usize || report.was_probe {
                     let doublings = entry.cooldowns.min(16);
                     Some(policy.base.saturating_mul(1 << doublings))
-                } else if was_cooling {
-                    // A failed probe rests again.
-                    Some(policy.base)
                 } else {
                     None
                 }
@@ -593,13 +591,11 @@ impl HealthStore for MemoryHealthStore {
         if probe_keys.iter().all(Option::is_none) {
             return Admission::Open;
         }
+        // A forced probe leaves the cooldown as it is: if the probe is never
+        // sent (a refused budget, a cancelled turn) nobody else is let in.
         for k in probe_keys.into_iter().flatten() {
             if let Some(entry) = map.get_mut(k) {
                 entry.probe_started = Some(now);
-                if force {
-                    // The turn probes early: the cooldown is over for it.
-                    entry.cooling_until = entry.cooling_until.map(|until| until.min(now));
-                }
             }
         }
         Admission::Probe
@@ -673,8 +669,19 @@ impl HealthStore for MemoryHealthStore {
         entry.last_class = Some(report.class);
         let cooldown = self.cooldown(entry, &report, now);
         if let Some(cooldown) = cooldown {
-            entry.cooling_until = Some(super::later(now, cooldown));
-            entry.cooldowns = entry.cooldowns.saturating_add(1);
+            let until = super::later(now, cooldown);
+            match entry.cooling_until {
+                // Failures of requests that were in flight when the key
+                // started resting: they may lengthen the rest, never
+                // shorten it, and it is still one cooldown.
+                Some(current) if current > now && !report.was_probe => {
+                    entry.cooling_until = Some(current.max(until));
+                }
+                _ => {
+                    entry.cooling_until = Some(until);
+                    entry.cooldowns = entry.cooldowns.saturating_add(1);
+                }
+            }
             entry.recent.clear();
             tracing::warn!(
                 key = %charged,

@@ -151,7 +151,7 @@ impl<S> FailoverBuilder<S> {
             max_held_bytes: 1 << 20,
             max_retries_per_target: 2,
             default_output_tokens: 512,
-            stream: StreamStateLayer::new(),
+            stream: StreamStateLayer::new().idle_timeout(Duration::from_secs(30)),
             health: None,
             scopes: ScopeRules::new(),
             refuse_when_cooling: false,

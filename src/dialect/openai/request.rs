@@ -40,7 +40,9 @@ struct Top<'a> {
     response_format: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    // `null` is kept as a value (not `None`) so the splice replaces it
+    // rather than adding a second `stream_options`.
+    #[serde(borrow, default, deserialize_with = "present")]
     stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     max_completion_tokens: Option<&'a RawValue>,
@@ -76,6 +78,14 @@ struct Typed<'a> {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
+}
+
+/// A field that is present, `null` included.
+fn present<'de, D>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <&RawValue>::deserialize(deserializer).map(Some)
 }
 
 /// The position of `raw` inside `body` (it was borrowed from it).
@@ -337,6 +347,15 @@ mod tests {
         assert_eq!(
             json["stream_options"],
             serde_json::json!({"include_usage": true, "x": 1})
+        );
+
+        // `stream_options: null` is replaced, not doubled.
+        let raw = r#"{"model":"m","stream":true,"stream_options":null,"messages":[]}"#;
+        let (_, request) = read(Bytes::from_static(raw.as_bytes())).unwrap();
+        let body = upstream_body(&request, "t");
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"model":"t","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#
         );
 
         // Not a stream: only the model changes.
