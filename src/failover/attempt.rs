@@ -244,7 +244,7 @@ where
     record.status = Some(StatusCode::OK.as_u16());
     record.output_events = state.output_events();
     record.time_to_first_output = ttft;
-    run.push(record);
+    run.push_streaming(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));
     parts.headers.remove(CONTENT_LENGTH);

@@ -126,6 +126,16 @@ impl RunRecord {
 
     pub(crate) fn push(&self, record: AttemptRecord) {
         emit(self.run_id.as_str(), &record);
+        self.push_quietly(record);
+    }
+
+    /// Adds a committed stream's record, logged once, when the stream ends
+    /// ([`finish_last`](Self::finish_last)) with its final figures.
+    pub(crate) fn push_streaming(&self, record: AttemptRecord) {
+        self.push_quietly(record);
+    }
+
+    fn push_quietly(&self, record: AttemptRecord) {
         let mut inner = self.lock();
         if record.decision == Decision::Committed {
             inner.winner = Some(record.target.clone());
@@ -163,7 +173,7 @@ impl RunRecord {
     }
 }
 
-/// One tracing event per attempt (and one more when a committed stream ends).
+/// One tracing event per attempt (a committed stream's when it ends).
 fn emit(run_id: &str, r: &AttemptRecord) {
     tracing::info!(
         target: "tower_llm_failover::attempt",
