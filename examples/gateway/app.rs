@@ -113,6 +113,12 @@ pub(crate) struct FailoverConfig {
     pub(crate) cooldown_max_ms: Option<u64>,
     /// Refuse at once when every target rests instead of probing one.
     pub(crate) refuse_when_cooling: bool,
+    /// Client request headers that reach the provider, besides the
+    /// library's defaults (`openai-organization`, say).
+    pub(crate) forward_request_headers: Vec<String>,
+    /// Provider response headers that reach the client, besides the
+    /// library's defaults.
+    pub(crate) forward_response_headers: Vec<String>,
 }
 
 impl Default for FailoverConfig {
@@ -132,6 +138,8 @@ impl Default for FailoverConfig {
             cooldown_base_ms: None,
             cooldown_max_ms: None,
             refuse_when_cooling: false,
+            forward_request_headers: Vec::new(),
+            forward_response_headers: Vec::new(),
         }
     }
 }
@@ -441,6 +449,8 @@ impl Gateway {
                 .max_request_bytes(f.max_request_bytes)
                 .health(health.clone())
                 .refuse_when_cooling(f.refuse_when_cooling)
+                .forward_request_headers(&f.forward_request_headers)
+                .forward_response_headers(&f.forward_response_headers)
                 .stream(stream_layer.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -171,7 +171,7 @@ where
     record.bytes_flushed = bytes.len() as u64;
     charge.fill(&mut record);
     run.push(record);
-    parts.headers.remove(TRANSFER_ENCODING);
+    shared.headers.filter_response(&mut parts.headers);
     parts
         .headers
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
@@ -240,7 +240,7 @@ where
     run.push(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));
-    parts.headers.remove(CONTENT_LENGTH);
+    shared.headers.filter_response(&mut parts.headers);
     parts.extensions.insert(state);
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),

@@ -12,6 +12,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use super::body::FailoverBody;
+use super::headers::HeaderPolicy;
 use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::shared::{Shared, Timeouts};
@@ -90,9 +91,11 @@ impl<S, D> Failover<S, D> {
 
 /// Builds a [`Failover`]. Defaults: configured order, commit on the first
 /// output, 10 s head timeout for streams, 15 s to the first output, 30 s
-/// idle gap, 2 retries on one target, turn limits of [`TurnLimits::new`]
-/// (used when no [`BudgetLayer`](crate::budget::BudgetLayer) set a turn
-/// budget), 8 MiB request and 16 MiB response caps, 1 MiB held back.
+/// idle gap, 2 retries on one target, turn
+/// limits of [`TurnLimits::new`] (used when no
+/// [`BudgetLayer`](crate::budget::BudgetLayer) set a turn budget), 8 MiB
+/// request and 16 MiB response caps, 1 MiB held back, and the header
+/// allow-lists of [`HeaderPolicy::new`].
 #[derive(Clone)]
 pub struct FailoverBuilder<S, D = OpenAiChat> {
     dialect: D,
@@ -102,6 +105,7 @@ pub struct FailoverBuilder<S, D = OpenAiChat> {
     limits: TurnLimits,
     commit: CommitWindow,
     timeouts: Timeouts,
+    headers: HeaderPolicy,
     cooldown: CooldownPolicy,
     max_request_bytes: usize,
     max_response_bytes: usize,
@@ -145,6 +149,7 @@ impl<S> FailoverBuilder<S> {
                 first_output: Duration::from_secs(15),
                 idle: Duration::from_secs(30),
             },
+            headers: HeaderPolicy::new(),
             cooldown: CooldownPolicy::default(),
             max_request_bytes: 8 << 20,
             max_response_bytes: 16 << 20,
@@ -172,6 +177,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             limits: self.limits,
             commit: self.commit,
             timeouts: self.timeouts,
+            headers: self.headers,
             cooldown: self.cooldown,
             max_request_bytes: self.max_request_bytes,
             max_response_bytes: self.max_response_bytes,
@@ -284,6 +290,36 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Which headers cross the layer, each way (default
+    /// [`HeaderPolicy::new`]). Replaces the lists set so far.
+    pub fn header_policy(mut self, policy: HeaderPolicy) -> Self {
+        self.headers = policy;
+        self
+    }
+
+    /// Adds client request headers that reach the provider, to the
+    /// defaults (see [`HeaderPolicy::forward_request_headers`]): name
+    /// `openai-organization` here to let clients choose it.
+    pub fn forward_request_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.headers = self.headers.forward_request_headers(names);
+        self
+    }
+
+    /// Adds provider response headers that reach the client, to the
+    /// defaults (see [`HeaderPolicy::forward_response_headers`]).
+    pub fn forward_response_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.headers = self.headers.forward_response_headers(names);
+        self
+    }
+
     /// Cooldowns of failing targets, for the store [`build`](Self::build)
     /// makes when none is given with [`health`](Self::health).
     pub fn cooldown(mut self, policy: CooldownPolicy) -> Self {
@@ -353,6 +389,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 limits: self.limits,
                 commit: self.commit,
                 timeouts: self.timeouts,
+                headers: self.headers,
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
                 max_held_bytes: self.max_held_bytes,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::headers::HeaderPolicy;
 use super::health::{HealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
@@ -31,6 +32,7 @@ pub(crate) struct Shared<S, D> {
     pub(crate) limits: TurnLimits,
     pub(crate) commit: CommitWindow,
     pub(crate) timeouts: Timeouts,
+    pub(crate) headers: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) max_held_bytes: u64,

@@ -183,6 +183,7 @@ where
             };
             let request = upstream::request(
                 &self.shared.dialect,
+                &self.shared.headers,
                 self.parts,
                 &self.request,
                 &start.upstream_model,
