@@ -64,6 +64,10 @@ pub(crate) struct BudgetConfig {
     pub(crate) idle_timeout_ms: u64,
     /// Response head of a stream (the library's 10 s when absent).
     pub(crate) head_timeout_ms: Option<u64>,
+    /// Response head of a non-streaming answer (30 s: half the default
+    /// deadline, so a silent upstream leaves the backup time). `None`: the
+    /// library's 60 s.
+    pub(crate) non_streaming_head_timeout_ms: Option<u64>,
     /// A whole non-streaming answer (the turn deadline when absent).
     pub(crate) response_timeout_ms: Option<u64>,
     pub(crate) spend_ceiling_usd: Option<f64>,
@@ -79,6 +83,7 @@ impl Default for BudgetConfig {
             first_token_timeout_ms: 10_000,
             idle_timeout_ms: 10_000,
             head_timeout_ms: None,
+            non_streaming_head_timeout_ms: Some(30_000),
             response_timeout_ms: None,
             spend_ceiling_usd: None,
             retry_percent: 0.2,
@@ -454,6 +459,9 @@ impl Gateway {
                 .stream(stream_layer.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));
+            }
+            if let Some(ms) = b.non_streaming_head_timeout_ms {
+                builder = builder.non_streaming_head_timeout(Some(Duration::from_millis(ms)));
             }
             for target in &route.targets {
                 let client = clients.get(target.provider.as_str()).ok_or_else(|| {

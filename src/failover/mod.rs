@@ -57,6 +57,23 @@
 //! [`FailoverBuilder::forward_response_headers`] add to the defaults,
 //! [`FailoverBuilder::header_policy`] replaces them.
 //!
+//! # Timeouts
+//!
+//! Every wait is bounded by the turn's deadline, and sooner by:
+//!
+//! | wait | default | builder |
+//! |---|---|---|
+//! | response head of a stream | 10 s (and never past the first-output timeout) | [`head_timeout`](FailoverBuilder::head_timeout) |
+//! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout) |
+//! | response head of a non-streaming answer | 60 s | [`non_streaming_head_timeout`](FailoverBuilder::non_streaming_head_timeout) |
+//! | gap between body frames, streamed or whole | 30 s | [`idle_timeout`](FailoverBuilder::idle_timeout) |
+//! | a whole non-streaming answer, head and body | none | [`response_timeout`](FailoverBuilder::response_timeout) |
+//!
+//! A silent head or a stalled body before commit is rerouted while the turn
+//! still has time. A non-streaming head comes only once the provider has
+//! written the whole answer: raise its timeout (or stream) for long
+//! completions.
+//!
 //! # Health
 //!
 //! Health is keyed by what failed: a [`HealthKey`] is (provider credential,

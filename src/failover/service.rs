@@ -90,8 +90,10 @@ impl<S, D> Failover<S, D> {
 }
 
 /// Builds a [`Failover`]. Defaults: configured order, commit on the first
-/// output, 10 s head timeout for streams, 15 s to the first output, 30 s
-/// idle gap, 2 retries on one target, turn
+/// output, 10 s head timeout for streams, 60 s head timeout for
+/// non-streaming answers, 15 s to the first output, 30 s idle gap between
+/// body frames (streams and whole answers), no cap on a whole answer
+/// beyond those and the turn's deadline, 2 retries on one target, turn
 /// limits of [`TurnLimits::new`] (used when no
 /// [`BudgetLayer`](crate::budget::BudgetLayer) set a turn budget), 8 MiB
 /// request and 16 MiB response caps, 1 MiB held back, and the header
@@ -145,6 +147,7 @@ impl<S> FailoverBuilder<S> {
             commit: CommitWindow::default(),
             timeouts: Timeouts {
                 head: Some(Duration::from_secs(10)),
+                whole_head: Some(Duration::from_secs(60)),
                 response: None,
                 first_output: Duration::from_secs(15),
                 idle: Duration::from_secs(30),
@@ -269,9 +272,24 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Time allowed for the response head of a non-streaming request
+    /// (default 60 s, half the default turn deadline): a silent upstream is
+    /// rerouted while the turn still has time. A non-streaming head comes
+    /// only once the provider has written the whole answer, so raise it (or
+    /// stream) for long completions such as reasoning models or a large
+    /// `max_tokens`, and keep it well under the turn's deadline so a backup
+    /// still has time.
+    /// `None`: bounded by the [response timeout](Self::response_timeout)
+    /// and the turn's deadline.
+    pub fn non_streaming_head_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeouts.whole_head = timeout;
+        self
+    }
+
     /// Time allowed for a whole non-streaming answer (head and body).
-    /// `None` (the default): bounded only by the turn's deadline, since a
-    /// long completion arrives all at once.
+    /// `None` (the default): bounded only by the turn's deadline, the
+    /// [head timeout](Self::non_streaming_head_timeout) and the
+    /// [idle timeout](Self::idle_timeout) between body frames.
     pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeouts.response = timeout;
         self
@@ -283,7 +301,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Longest gap between frames of a stream, before and after commit.
+    /// Longest gap between frames of an upstream body: of a stream, before
+    /// and after commit, and of a non-streaming answer while it is received
+    /// (a stall there is rerouted).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.idle = timeout;
         self.stream = self.stream.idle_timeout(timeout);

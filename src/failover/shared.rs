@@ -15,7 +15,11 @@ use crate::commit::{CommitWindow, InspectConfig};
 /// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Timeouts {
+    /// Response head of a stream.
     pub(crate) head: Option<Duration>,
+    /// Response head of a non-streaming answer.
+    pub(crate) whole_head: Option<Duration>,
+    /// A whole non-streaming answer, head and body.
     pub(crate) response: Option<Duration>,
     pub(crate) first_output: Duration,
     pub(crate) idle: Duration,
