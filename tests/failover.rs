@@ -1033,7 +1033,7 @@ async fn headers_named_by_connection_are_hop_by_hop_and_dropped() {
     let request = Request::post("/v1/chat/completions")
         .header("connection", "x-hop-secret")
         .header("x-hop-secret", "1")
-        .header("x-trace", "kept")
+        .header("x-request-id", "kept")
         .body(Full::new(Bytes::from_static(
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
         )))
@@ -1042,7 +1042,7 @@ async fn headers_named_by_connection_are_hop_by_hop_and_dropped() {
     let seen = &primary.seen()[0].headers;
     assert!(seen.get("x-hop-secret").is_none());
     assert!(seen.get("connection").is_none());
-    assert_eq!(seen["x-trace"], "kept");
+    assert_eq!(seen["x-request-id"], "kept");
 }
 
 #[tokio::test(start_paused = true)]

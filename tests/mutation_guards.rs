@@ -233,7 +233,7 @@ fn with_client_credentials(body: &Value) -> Request<Full<Bytes>> {
     }
     request
         .headers_mut()
-        .insert("x-client-trace", "kept".parse().unwrap());
+        .insert("x-request-id", "kept".parse().unwrap());
     request
 }
 
@@ -270,7 +270,7 @@ async fn no_provider_ever_sees_the_clients_credentials() {
                 );
             }
             // Not a provider that sees no headers at all: the rest passes.
-            assert_eq!(request.headers["x-client-trace"], "kept");
+            assert_eq!(request.headers["x-request-id"], "kept");
             assert_eq!(request.headers["content-type"], "application/json");
             assert_eq!(request.body["model"], "gpt-x");
         }

@@ -64,6 +64,10 @@ pub(crate) struct BudgetConfig {
     pub(crate) idle_timeout_ms: u64,
     /// Response head of a stream (the library's 10 s when absent).
     pub(crate) head_timeout_ms: Option<u64>,
+    /// Response head of a non-streaming answer (30 s: half the default
+    /// deadline, so a silent upstream leaves the backup time). `None`: the
+    /// library's 60 s.
+    pub(crate) non_streaming_head_timeout_ms: Option<u64>,
     /// A whole non-streaming answer (the turn deadline when absent).
     pub(crate) response_timeout_ms: Option<u64>,
     pub(crate) spend_ceiling_usd: Option<f64>,
@@ -79,6 +83,7 @@ impl Default for BudgetConfig {
             first_token_timeout_ms: 10_000,
             idle_timeout_ms: 10_000,
             head_timeout_ms: None,
+            non_streaming_head_timeout_ms: Some(30_000),
             response_timeout_ms: None,
             spend_ceiling_usd: None,
             retry_percent: 0.2,
@@ -113,6 +118,12 @@ pub(crate) struct FailoverConfig {
     pub(crate) cooldown_max_ms: Option<u64>,
     /// Refuse at once when every target rests instead of probing one.
     pub(crate) refuse_when_cooling: bool,
+    /// Client request headers that reach the provider, besides the
+    /// library's defaults (`openai-organization`, say).
+    pub(crate) forward_request_headers: Vec<String>,
+    /// Provider response headers that reach the client, besides the
+    /// library's defaults.
+    pub(crate) forward_response_headers: Vec<String>,
 }
 
 impl Default for FailoverConfig {
@@ -132,6 +143,8 @@ impl Default for FailoverConfig {
             cooldown_base_ms: None,
             cooldown_max_ms: None,
             refuse_when_cooling: false,
+            forward_request_headers: Vec::new(),
+            forward_response_headers: Vec::new(),
         }
     }
 }
@@ -441,9 +454,14 @@ impl Gateway {
                 .max_request_bytes(f.max_request_bytes)
                 .health(health.clone())
                 .refuse_when_cooling(f.refuse_when_cooling)
+                .forward_request_headers(&f.forward_request_headers)
+                .forward_response_headers(&f.forward_response_headers)
                 .stream(stream_layer.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));
+            }
+            if let Some(ms) = b.non_streaming_head_timeout_ms {
+                builder = builder.non_streaming_head_timeout(Some(Duration::from_millis(ms)));
             }
             for target in &route.targets {
                 let client = clients.get(target.provider.as_str()).ok_or_else(|| {

@@ -172,8 +172,8 @@ where
                             source,
                         })?;
                 tracing::info!(
-                    action_id = %request.action_id,
-                    attempt_id = request.attempt_id.as_deref().unwrap_or(""),
+                    action_id = %Escaped(request.action_id.as_str()),
+                    attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
                     run = run.get(),
                     answer = reconciliation_name(&answer),
                     "action reconciled"
@@ -307,9 +307,9 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
     match &claimed.transition {
         Some(transition) => trace_transition(request, transition, cause),
         None => tracing::debug!(
-            action_id = %request.action_id,
-            attempt_id = request.attempt_id.as_deref().unwrap_or(""),
-            tool = %request.tool,
+            action_id = %Escaped(request.action_id.as_str()),
+            attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
+            tool = %Escaped(&request.tool),
             state = claimed.claim.kind().as_str(),
             cause,
             "action answered from store"
@@ -321,9 +321,9 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
 /// and the states before and after.
 fn trace_transition(request: &ClaimRequest, transition: &Transition, cause: &'static str) {
     tracing::info!(
-        action_id = %request.action_id,
-        attempt_id = request.attempt_id.as_deref().unwrap_or(""),
-        tool = %request.tool,
+        action_id = %Escaped(request.action_id.as_str()),
+        attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
+        tool = %Escaped(&request.tool),
         run = transition.run.get(),
         before = transition.before.as_str(),
         after = transition.after.as_str(),
@@ -340,9 +340,9 @@ fn report(
     match stored {
         Ok(transition) => trace_transition(request, &transition, cause),
         Err(error) => tracing::error!(
-            action_id = %request.action_id,
-            attempt_id = request.attempt_id.as_deref().unwrap_or(""),
-            tool = %request.tool,
+            action_id = %Escaped(request.action_id.as_str()),
+            attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
+            tool = %Escaped(&request.tool),
             cause,
             %error,
             "action outcome could not be stored; the record turns unknown when its lease ends"
@@ -381,9 +381,26 @@ impl Drop for RunGuard {
                 });
             }
             Err(_) => tracing::warn!(
-                action_id = %request.action_id,
+                action_id = %Escaped(request.action_id.as_str()),
                 "effect dropped outside a runtime; the record turns unknown when its lease ends"
             ),
         }
+    }
+}
+
+/// An application-chosen value (an id, a tool name) made safe for one log
+/// line: control characters, quotes and backslashes escaped as
+/// [`char::escape_debug`] does, so it cannot forge a line. (The same rule
+/// as `record::log_safe`; kept here, since `action` imports nothing of the
+/// rest of the crate.)
+struct Escaped<'a>(&'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        self.0
+            .chars()
+            .flat_map(char::escape_debug)
+            .try_for_each(|c| f.write_char(c))
     }
 }

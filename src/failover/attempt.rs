@@ -5,8 +5,8 @@ use crate::classify::Note;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use bytes::{Bytes, BytesMut};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -88,7 +88,7 @@ where
     };
     match (plan.stream, crate::commit::is_event_stream(&response)) {
         (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
-        (false, _) => receive_whole(shared, plan, budget, run, response, head_deadline).await,
+        (false, _) => receive_whole(shared, plan, budget, run, response).await,
         // A client reading a stream cannot read a whole JSON body: the
         // provider broke the contract, another may keep it.
         (true, false) => failed(
@@ -102,7 +102,8 @@ where
 
 /// When the response head must have come: within the turn's deadline and,
 /// for a stream, the head timeout and the first-output timeout (no output
-/// can come before the head); for a whole answer, the response timeout.
+/// can come before the head); for a whole answer, its head timeout and the
+/// response timeout.
 fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Instant {
     let timeouts = &shared.timeouts;
     let limit = if plan.stream {
@@ -112,21 +113,88 @@ fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnB
                 .map_or(timeouts.first_output, |h| h.min(timeouts.first_output)),
         )
     } else {
-        timeouts.response
+        shortest(timeouts.whole_head, timeouts.response)
     };
     limit.map_or(budget.deadline(), |limit| {
         later(plan.start.clock, limit).min(budget.deadline())
     })
 }
 
-/// A whole body: received with a cap, checked by the dialect, then released.
+fn shortest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// When a whole answer must be in hand: the response timeout from the
+/// attempt's start, within the turn's deadline.
+fn whole_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Instant {
+    shared.timeouts.response.map_or(budget.deadline(), |limit| {
+        later(plan.start.clock, limit).min(budget.deadline())
+    })
+}
+
+/// Why a whole body was not received.
+enum NotReceived {
+    /// The response timeout (or the turn's deadline) passed.
+    TimedOut,
+    /// No frame came within the idle timeout.
+    Stalled,
+    /// The body failed or passed its cap.
+    Failed(BoxError),
+}
+
+/// Receives a whole body under a size cap, a deadline, and an idle limit
+/// between frames.
+async fn collect_whole<B>(
+    body: B,
+    limit: usize,
+    deadline: Instant,
+    idle: Duration,
+) -> Result<Bytes, NotReceived>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        let gap_ends = later(Instant::now(), idle);
+        let frame = tokio::time::timeout_at(gap_ends.min(deadline), body.frame()).await;
+        match frame {
+            Err(_) if deadline <= gap_ends => return Err(NotReceived::TimedOut),
+            Err(_) => return Err(NotReceived::Stalled),
+            Ok(None) => break,
+            Ok(Some(Err(error))) => return Err(NotReceived::Failed(error)),
+            Ok(Some(Ok(frame))) => {
+                // Trailers carry nothing a whole answer needs.
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    chunks.push(data);
+                }
+            }
+        }
+    }
+    if chunks.len() == 1 {
+        return Ok(chunks.swap_remove(0));
+    }
+    let mut whole = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for chunk in &chunks {
+        whole.extend_from_slice(chunk);
+    }
+    Ok(whole.freeze())
+}
+
+/// A whole body: received with a cap, a deadline and an idle limit,
+/// checked by the dialect, then released.
 async fn receive_whole<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
     run: &RunRecord,
     response: Response<B>,
-    deadline: Instant,
 ) -> Outcome<B, D>
 where
     D: Dialect,
@@ -137,19 +205,29 @@ where
     let provider = Some(&*target.provider);
     let status = response.status();
     let (mut parts, body) = response.into_parts();
-    let collected = tokio::time::timeout_at(
-        deadline,
-        Limited::new(body, shared.max_response_bytes).collect(),
+    let collected = collect_whole(
+        body,
+        shared.max_response_bytes,
+        whole_deadline(shared, &plan, budget),
+        shared.timeouts.idle,
     )
     .await;
     let bytes = match collected {
-        Err(_) => {
+        Err(NotReceived::TimedOut) => {
             return failed(
                 Classification::timeout(Phase::Preamble, "the response body"),
                 0,
             );
         }
-        Ok(Err(error)) => {
+        Err(NotReceived::Stalled) => {
+            // A body gone silent: never waited on again within this turn.
+            return failed(
+                Classification::timeout(Phase::Preamble, "the next frame of the response body")
+                    .with_recovery(crate::classify::Recovery::Reroute),
+                0,
+            );
+        }
+        Err(NotReceived::Failed(error)) => {
             let failure = if error.is::<http_body_util::LengthLimitError>() {
                 Classification::oversize(Phase::Preamble, "response body")
             } else {
@@ -159,7 +237,7 @@ where
             };
             return failed(failure, 0);
         }
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(bytes) => bytes,
     };
     let (usage, response_model) =
         match shared
@@ -178,7 +256,7 @@ where
     record.bytes_flushed = bytes.len() as u64;
     charge.fill(&mut record);
     run.push(record);
-    parts.headers.remove(TRANSFER_ENCODING);
+    shared.headers.filter_response(&mut parts.headers);
     parts
         .headers
         .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
@@ -247,7 +325,7 @@ where
     run.push_streaming(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));
-    parts.headers.remove(CONTENT_LENGTH);
+    shared.headers.filter_response(&mut parts.headers);
     parts.extensions.insert(state);
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),

@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::classify::FailureClass;
+use crate::record::log_safe;
 
 /// What a health entry is about: one upstream model of one provider
 /// credential, or (with no model) the credential itself.
@@ -505,7 +506,7 @@ impl MemoryHealthStore {
                 map.retain(|_, e| !e.is_idle());
             }
             if map.len() >= self.max_keys {
-                tracing::warn!(key = %key, "health store full; key not tracked");
+                tracing::warn!(key = %log_safe(key), "health store full; key not tracked");
                 return None;
             }
             map.insert(key.clone(), Entry::default());
@@ -620,7 +621,7 @@ impl HealthStore for MemoryHealthStore {
             && let Some(account) = map.get_mut(&key.to_account())
         {
             if account.cooling_until.is_some() {
-                tracing::info!(key = %key.to_account(), "account recovered; back in rotation");
+                tracing::info!(key = %log_safe(key.to_account()), "account recovered; back in rotation");
             }
             account.cooling_until = None;
             account.probe_started = None;
@@ -637,7 +638,7 @@ impl HealthStore for MemoryHealthStore {
             return;
         };
         if entry.cooling_until.is_some() {
-            tracing::info!(key = %key, "target recovered; back in rotation");
+            tracing::info!(key = %log_safe(key), "target recovered; back in rotation");
         }
         entry.cooling_until = None;
         entry.probe_started = None;
@@ -684,7 +685,7 @@ impl HealthStore for MemoryHealthStore {
             }
             entry.recent.clear();
             tracing::warn!(
-                key = %charged,
+                key = %log_safe(&charged),
                 scope = %report.scope,
                 class = %report.class,
                 cooldown_ms = cooldown.as_millis() as u64,

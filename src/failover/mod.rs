@@ -30,8 +30,49 @@
 //! [`ClassifyLayer`](crate::classify::ClassifyLayer) named after its
 //! provider, and each upstream request carries the target's model, has
 //! `stream_options.include_usage` turned on for streams (the usage chunk is
-//! removed again when the client did not ask for it), and none of the
-//! client's credentials.
+//! removed again when the client did not ask for it), and only the client
+//! headers the [header policy](#headers) forwards.
+//!
+//! # Headers
+//!
+//! Headers cross the layer by allow-list, each way ([`HeaderPolicy`]):
+//!
+//! - **to the provider**, only the client headers in
+//!   [`DEFAULT_REQUEST_HEADERS`] (`accept`, `content-type`,
+//!   `x-request-id`, `traceparent`, `tracestate`, `anthropic-version`,
+//!   `anthropic-beta`), so a client cannot choose the organisation or
+//!   project the gateway's key bills, nor send a credential of its own;
+//! - **to the client**, only the provider headers in
+//!   [`DEFAULT_RESPONSE_HEADERS`] (`content-type`, `cache-control`, the
+//!   provider's request id `x-request-id` / `request-id`, and rate limits
+//!   under the provider's names: `x-ratelimit-*`, `anthropic-ratelimit-*`,
+//!   `retry-after`, `retry-after-ms`), on streams and on whole answers
+//!   alike; `set-cookie`, `openai-organization`, debug headers and the rest
+//!   are dropped. The layer's own `x-failover-*` headers are added after.
+//!
+//! Hop-by-hop headers never pass either way. Credential and account headers
+//! (`authorization`, `x-api-key`, `api-key`, `x-goog-api-key`, cookies,
+//! `openai-organization`, `openai-project`) pass only when the operator
+//! names them exactly: [`FailoverBuilder::forward_request_headers`] and
+//! [`FailoverBuilder::forward_response_headers`] add to the defaults,
+//! [`FailoverBuilder::header_policy`] replaces them.
+//!
+//! # Timeouts
+//!
+//! Every wait is bounded by the turn's deadline, and sooner by:
+//!
+//! | wait | default | builder |
+//! |---|---|---|
+//! | response head of a stream | 10 s (and never past the first-output timeout) | [`head_timeout`](FailoverBuilder::head_timeout) |
+//! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout) |
+//! | response head of a non-streaming answer | 60 s | [`non_streaming_head_timeout`](FailoverBuilder::non_streaming_head_timeout) |
+//! | gap between body frames, streamed or whole | 30 s | [`idle_timeout`](FailoverBuilder::idle_timeout) |
+//! | a whole non-streaming answer, head and body | none | [`response_timeout`](FailoverBuilder::response_timeout) |
+//!
+//! A silent head or a stalled body before commit is rerouted while the turn
+//! still has time. A non-streaming head comes only once the provider has
+//! written the whole answer: raise its timeout (or stream) for long
+//! completions.
 //!
 //! # Health
 //!
@@ -105,6 +146,7 @@
 mod attempt;
 mod body;
 mod decision;
+mod headers;
 mod health;
 mod layer;
 mod ledger;
@@ -122,6 +164,7 @@ pub use body::FailoverBody;
 pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
 pub use decision::Decision;
+pub use headers::{DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy};
 pub use health::{
     Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
     KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,

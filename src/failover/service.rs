@@ -12,6 +12,7 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use super::body::FailoverBody;
+use super::headers::HeaderPolicy;
 use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::shared::{Shared, Timeouts};
@@ -89,10 +90,14 @@ impl<S, D> Failover<S, D> {
 }
 
 /// Builds a [`Failover`]. Defaults: configured order, commit on the first
-/// output, 10 s head timeout for streams, 15 s to the first output, 30 s
-/// idle gap, 2 retries on one target, turn limits of [`TurnLimits::new`]
-/// (used when no [`BudgetLayer`](crate::budget::BudgetLayer) set a turn
-/// budget), 8 MiB request and 16 MiB response caps, 1 MiB held back.
+/// output, 10 s head timeout for streams, 60 s head timeout for
+/// non-streaming answers, 15 s to the first output, 30 s idle gap between
+/// body frames (streams and whole answers), no cap on a whole answer
+/// beyond those and the turn's deadline, 2 retries on one target, turn
+/// limits of [`TurnLimits::new`] (used when no
+/// [`BudgetLayer`](crate::budget::BudgetLayer) set a turn budget), 8 MiB
+/// request and 16 MiB response caps, 1 MiB held back, and the header
+/// allow-lists of [`HeaderPolicy::new`].
 #[derive(Clone)]
 pub struct FailoverBuilder<S, D = DefaultDialect> {
     dialect: D,
@@ -102,6 +107,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     limits: TurnLimits,
     commit: CommitWindow,
     timeouts: Timeouts,
+    headers: HeaderPolicy,
     cooldown: CooldownPolicy,
     max_request_bytes: usize,
     max_response_bytes: usize,
@@ -141,10 +147,12 @@ impl<S> FailoverBuilder<S> {
             commit: CommitWindow::default(),
             timeouts: Timeouts {
                 head: Some(Duration::from_secs(10)),
+                whole_head: Some(Duration::from_secs(60)),
                 response: None,
                 first_output: Duration::from_secs(15),
                 idle: Duration::from_secs(30),
             },
+            headers: HeaderPolicy::new(),
             cooldown: CooldownPolicy::default(),
             max_request_bytes: 8 << 20,
             max_response_bytes: 16 << 20,
@@ -172,6 +180,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             limits: self.limits,
             commit: self.commit,
             timeouts: self.timeouts,
+            headers: self.headers,
             cooldown: self.cooldown,
             max_request_bytes: self.max_request_bytes,
             max_response_bytes: self.max_response_bytes,
@@ -263,9 +272,24 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Time allowed for the response head of a non-streaming request
+    /// (default 60 s, half the default turn deadline): a silent upstream is
+    /// rerouted while the turn still has time. A non-streaming head comes
+    /// only once the provider has written the whole answer, so raise it (or
+    /// stream) for long completions such as reasoning models or a large
+    /// `max_tokens`, and keep it well under the turn's deadline so a backup
+    /// still has time.
+    /// `None`: bounded by the [response timeout](Self::response_timeout)
+    /// and the turn's deadline.
+    pub fn non_streaming_head_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeouts.whole_head = timeout;
+        self
+    }
+
     /// Time allowed for a whole non-streaming answer (head and body).
-    /// `None` (the default): bounded only by the turn's deadline, since a
-    /// long completion arrives all at once.
+    /// `None` (the default): bounded only by the turn's deadline, the
+    /// [head timeout](Self::non_streaming_head_timeout) and the
+    /// [idle timeout](Self::idle_timeout) between body frames.
     pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeouts.response = timeout;
         self
@@ -277,10 +301,42 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Longest gap between frames of a stream, before and after commit.
+    /// Longest gap between frames of an upstream body: of a stream, before
+    /// and after commit, and of a non-streaming answer while it is received
+    /// (a stall there is rerouted).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.idle = timeout;
         self.stream = self.stream.idle_timeout(timeout);
+        self
+    }
+
+    /// Which headers cross the layer, each way (default
+    /// [`HeaderPolicy::new`]). Replaces the lists set so far.
+    pub fn header_policy(mut self, policy: HeaderPolicy) -> Self {
+        self.headers = policy;
+        self
+    }
+
+    /// Adds client request headers that reach the provider, to the
+    /// defaults (see [`HeaderPolicy::forward_request_headers`]): name
+    /// `openai-organization` here to let clients choose it.
+    pub fn forward_request_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.headers = self.headers.forward_request_headers(names);
+        self
+    }
+
+    /// Adds provider response headers that reach the client, to the
+    /// defaults (see [`HeaderPolicy::forward_response_headers`]).
+    pub fn forward_response_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.headers = self.headers.forward_response_headers(names);
         self
     }
 
@@ -353,6 +409,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 limits: self.limits,
                 commit: self.commit,
                 timeouts: self.timeouts,
+                headers: self.headers,
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
                 max_held_bytes: self.max_held_bytes,

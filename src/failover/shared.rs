@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::headers::HeaderPolicy;
 use super::health::{HealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
@@ -14,7 +15,11 @@ use crate::commit::{CommitWindow, InspectConfig};
 /// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Timeouts {
+    /// Response head of a stream.
     pub(crate) head: Option<Duration>,
+    /// Response head of a non-streaming answer.
+    pub(crate) whole_head: Option<Duration>,
+    /// A whole non-streaming answer, head and body.
     pub(crate) response: Option<Duration>,
     pub(crate) first_output: Duration,
     pub(crate) idle: Duration,
@@ -31,6 +36,7 @@ pub(crate) struct Shared<S, D> {
     pub(crate) limits: TurnLimits,
     pub(crate) commit: CommitWindow,
     pub(crate) timeouts: Timeouts,
+    pub(crate) headers: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) max_held_bytes: u64,

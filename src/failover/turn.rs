@@ -25,7 +25,7 @@ use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::{Dialect, ParsedRequest, Requirements, Usage};
-use crate::record::RunRecord;
+use crate::record::{RunRecord, log_safe};
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -183,6 +183,7 @@ where
             };
             let request = upstream::request(
                 &self.shared.dialect,
+                &self.shared.headers,
                 self.parts,
                 &self.request,
                 &start.upstream_model,
@@ -327,8 +328,8 @@ where
             .scope(failure.class, target.passes_client_model());
         if failure.class == FailureClass::ModelNotFound && scope != Scope::Request {
             tracing::error!(
-                target = %target.name,
-                upstream_model = %escape_for_log(&attempt.start.upstream_model),
+                target = %log_safe(&target.name),
+                upstream_model = %log_safe(&attempt.start.upstream_model),
                 "the provider does not know a model the gateway's configuration names: \
                  fix the configuration"
             );
@@ -450,9 +451,4 @@ struct FailedAttempt {
     index: usize,
     start: AttemptStart,
     output_events: u64,
-}
-
-/// A client-chosen value made safe for one log line.
-fn escape_for_log(value: &str) -> String {
-    value.escape_debug().collect()
 }

@@ -11,6 +11,7 @@
 //! extensions. For a stream it is completed when the stream ends, so read it
 //! after the body is done (or watch it live).
 
+use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -174,14 +175,15 @@ impl RunRecord {
 }
 
 /// One tracing event per attempt (a committed stream's when it ends).
+/// The run id and the model may be the client's, so they are escaped.
 fn emit(run_id: &str, r: &AttemptRecord) {
     tracing::info!(
         target: "tower_llm_failover::attempt",
-        run_id,
+        run_id = %log_safe(run_id),
         attempt = r.attempt,
-        target = %r.target,
-        provider = %r.provider,
-        upstream_model = %r.upstream_model,
+        target = %log_safe(&r.target),
+        provider = %log_safe(&r.provider),
+        upstream_model = %log_safe(&r.upstream_model),
         class = r.class.map(FailureClass::as_str),
         phase = r.phase.map(Phase::as_str),
         status = r.status,
@@ -195,4 +197,45 @@ fn emit(run_id: &str, r: &AttemptRecord) {
         decision = r.decision.as_str(),
         "attempt"
     );
+}
+
+/// A value made safe for one log line: its [`Display`](fmt::Display) text
+/// with control characters (newlines, ANSI escapes), quotes and
+/// backslashes escaped as Rust's [`char::escape_debug`] does, so a
+/// client-chosen value (a model name, an id) can never forge a line or
+/// restyle a terminal. Nothing is allocated.
+///
+/// ```
+/// use tower_llm_failover::record::log_safe;
+///
+/// let model = "gpt-x\nINFO forged \u{1b}[31mred";
+/// assert_eq!(log_safe(model).to_string(), r"gpt-x\nINFO forged \u{1b}[31mred");
+/// ```
+pub fn log_safe<T: fmt::Display>(value: T) -> LogSafe<T> {
+    LogSafe(value)
+}
+
+/// A value escaped for a log line: see [`log_safe`].
+#[derive(Debug, Clone, Copy)]
+pub struct LogSafe<T>(T);
+
+impl<T: fmt::Display> fmt::Display for LogSafe<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        write!(Escaping(f), "{}", self.0)
+    }
+}
+
+/// Writes through to a formatter, escaping as it goes.
+struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            for e in c.escape_debug() {
+                self.0.write_char(e)?;
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,303 @@
+//! Which headers cross the gateway, each way: an allow-list for the
+//! client's request headers (to the provider) and one for the provider's
+//! response headers (to the client). See [`HeaderPolicy`].
+
+use http::header::CONNECTION;
+use http::{HeaderMap, HeaderName};
+
+/// Client request headers that reach the provider by default.
+///
+/// - `accept`, `content-type`: what the body is and what the client reads
+///   (the gateway sets `content-type: application/json` itself);
+/// - `x-request-id`, `traceparent`, `tracestate`: the client's request id
+///   and W3C trace context, so one request can be followed end to end;
+/// - `anthropic-version`, `anthropic-beta`: the shape of an Anthropic
+///   Messages request (which API version and beta features it is written
+///   for), which the provider needs to read it.
+///
+/// Not forwarded by default: `user-agent` (the gateway is the provider's
+/// client), `accept-encoding` (the gateway reads the answer, so it takes
+/// it uncompressed), SDK telemetry such as `x-stainless-*`, and every
+/// other custom header.
+pub const DEFAULT_REQUEST_HEADERS: [&str; 7] = [
+    "accept",
+    "content-type",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "anthropic-version",
+    "anthropic-beta",
+];
+
+/// Provider response headers that reach the client by default (a name
+/// ending in `*` is a prefix).
+///
+/// - `content-type`, `cache-control`: what the answer is and how it may be
+///   cached;
+/// - `x-request-id` (OpenAI) and `request-id` (Anthropic): the provider's
+///   id of the request, which its support asks for;
+/// - `x-ratelimit-*`, `anthropic-ratelimit-*`, `retry-after`,
+///   `retry-after-ms`: rate-limit state under the provider's own names, which
+///   the official SDKs read to pace themselves.
+///
+/// Not forwarded by default: `set-cookie`, `openai-organization`,
+/// `openai-project`, `openai-version`, `openai-processing-ms` (the
+/// provider's account and internals: the gateway reports its own timing in
+/// its records), debug and tracing headers of the provider's
+/// infrastructure, and anything else. The failover layer's own
+/// `x-failover-*` headers are added after this filter.
+pub const DEFAULT_RESPONSE_HEADERS: [&str; 8] = [
+    "content-type",
+    "cache-control",
+    "x-request-id",
+    "request-id",
+    "x-ratelimit-*",
+    "anthropic-ratelimit-*",
+    "retry-after",
+    "retry-after-ms",
+];
+
+/// Headers that carry a credential or choose whose account pays: they
+/// pass only when the operator names them exactly, never by a `*` prefix.
+const SENSITIVE: [&str; 8] = [
+    "authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "openai-organization",
+    "openai-project",
+];
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), and the framing headers the
+/// gateway writes itself: never forwarded either way, whatever the lists
+/// say. Headers a `Connection` header names are hop-by-hop too.
+const NEVER: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "proxy-connection",
+];
+
+/// Which headers cross the failover layer, each way.
+///
+/// Both directions are allow-lists: a header passes only when a list
+/// names it ([`DEFAULT_REQUEST_HEADERS`] and [`DEFAULT_RESPONSE_HEADERS`]
+/// by default). A name ending in `*` is a prefix (`x-ratelimit-*`). Names
+/// are case-insensitive.
+///
+/// Three rules hold whatever the lists say:
+///
+/// - hop-by-hop headers (`connection`, `keep-alive`, `te`, `trailer`,
+///   `transfer-encoding`, `upgrade`, `proxy-*` (`proxy-authorization`
+///   included), and any header a
+///   `Connection` header names), `host` and `content-length` are never
+///   forwarded, either way;
+/// - credential and account headers (`authorization`, `cookie`, `set-cookie`, `x-api-key`, `api-key`,
+///   `x-goog-api-key`, `openai-organization`, `openai-project`) pass only
+///   when named exactly, never through a prefix;
+/// - the target's own credential is set by its client
+///   ([`UpstreamClient`](crate::client::UpstreamClient)), not by this
+///   policy.
+///
+/// ```
+/// use tower_llm_failover::failover::HeaderPolicy;
+///
+/// let policy = HeaderPolicy::new()
+///     .forward_request_headers(["openai-organization", "x-tenant-*"])
+///     .forward_response_headers(["openai-processing-ms"]);
+/// assert!(policy.forwards_request_header("OpenAI-Organization"));
+/// assert!(policy.forwards_request_header("x-tenant-id"));
+/// assert!(!policy.forwards_request_header("openai-project"));
+/// assert!(policy.forwards_response_header("x-ratelimit-remaining-requests"));
+/// assert!(!policy.forwards_response_header("set-cookie"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderPolicy {
+    request: Vec<Box<str>>,
+    response: Vec<Box<str>>,
+}
+
+impl Default for HeaderPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HeaderPolicy {
+    /// The default lists: [`DEFAULT_REQUEST_HEADERS`] and
+    /// [`DEFAULT_RESPONSE_HEADERS`].
+    pub fn new() -> Self {
+        Self::empty()
+            .forward_request_headers(DEFAULT_REQUEST_HEADERS)
+            .forward_response_headers(DEFAULT_RESPONSE_HEADERS)
+    }
+
+    /// Empty lists: no header crosses but those named later (and those the
+    /// gateway writes itself, such as `content-type` on a request).
+    pub fn empty() -> Self {
+        Self {
+            request: Vec::new(),
+            response: Vec::new(),
+        }
+    }
+
+    /// Adds client request headers that reach the provider.
+    pub fn forward_request_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        add(&mut self.request, names);
+        self
+    }
+
+    /// Adds provider response headers that reach the client.
+    pub fn forward_response_headers<I>(mut self, names: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        add(&mut self.response, names);
+        self
+    }
+
+    /// The client request headers that reach the provider, as configured.
+    pub fn request_headers(&self) -> impl Iterator<Item = &str> {
+        self.request.iter().map(|n| &**n)
+    }
+
+    /// The provider response headers that reach the client, as configured.
+    pub fn response_headers(&self) -> impl Iterator<Item = &str> {
+        self.response.iter().map(|n| &**n)
+    }
+
+    /// Whether a client request header named `name` reaches the provider
+    /// (when no `Connection` header names it).
+    pub fn forwards_request_header(&self, name: &str) -> bool {
+        allowed(&self.request, &name.to_ascii_lowercase())
+    }
+
+    /// Whether a provider response header named `name` reaches the client
+    /// (when no `Connection` header names it).
+    pub fn forwards_response_header(&self, name: &str) -> bool {
+        allowed(&self.response, &name.to_ascii_lowercase())
+    }
+
+    /// Copies the client's headers this policy forwards into `upstream`.
+    pub(crate) fn copy_request(&self, client: &HeaderMap, upstream: &mut HeaderMap) {
+        let named = named_by_connection(client);
+        for (name, value) in client {
+            if passes(&self.request, name, &named) {
+                upstream.append(name.clone(), value.clone());
+            }
+        }
+    }
+
+    /// Drops the provider's headers this policy does not forward.
+    pub(crate) fn filter_response(&self, headers: &mut HeaderMap) {
+        let named = named_by_connection(headers);
+        let dropped: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| !passes(&self.response, name, &named))
+            .cloned()
+            .collect();
+        for name in dropped {
+            headers.remove(name);
+        }
+    }
+}
+
+fn add<I>(list: &mut Vec<Box<str>>, names: I)
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    for name in names {
+        let name = name.as_ref().trim().to_ascii_lowercase();
+        if !name.is_empty() && !list.iter().any(|n| **n == *name) {
+            list.push(name.into());
+        }
+    }
+}
+
+/// Whether `name` (lowercase) passes `list`, hop-by-hop rules first.
+fn allowed(list: &[Box<str>], name: &str) -> bool {
+    if NEVER.contains(&name) || name.starts_with("proxy-") {
+        return false;
+    }
+    let sensitive = SENSITIVE.contains(&name);
+    list.iter().any(|entry| match entry.strip_suffix('*') {
+        Some(prefix) => !sensitive && name.starts_with(prefix),
+        None => **entry == *name,
+    })
+}
+
+fn passes(list: &[Box<str>], name: &HeaderName, named: &[String]) -> bool {
+    allowed(list, name.as_str()) && !named.iter().any(|n| n == name.as_str())
+}
+
+/// The headers a `Connection` header names: hop-by-hop as well.
+fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_never_passes_even_when_named() {
+        let policy = HeaderPolicy::empty()
+            .forward_request_headers(["connection", "te", "proxy-*", "x-*", "*"])
+            .forward_response_headers(["transfer-encoding", "keep-alive", "*"]);
+        for name in [
+            "connection",
+            "te",
+            "proxy-connection",
+            "host",
+            "content-length",
+        ] {
+            assert!(!policy.forwards_request_header(name), "{name}");
+        }
+        for name in ["transfer-encoding", "keep-alive", "upgrade", "trailer"] {
+            assert!(!policy.forwards_response_header(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn credentials_pass_only_when_named_exactly() {
+        let wide = HeaderPolicy::new().forward_request_headers(["*", "x-*", "openai-*"]);
+        for name in SENSITIVE {
+            assert!(!wide.forwards_request_header(name), "{name}");
+        }
+        assert!(wide.forwards_request_header("x-custom"));
+        let named = HeaderPolicy::new().forward_request_headers(["X-Api-Key"]);
+        assert!(named.forwards_request_header("x-api-key"));
+    }
+
+    #[test]
+    fn headers_named_by_connection_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", "x-request-id".parse().unwrap());
+        headers.insert("x-request-id", "r".parse().unwrap());
+        headers.insert("content-type", "application/json".parse().unwrap());
+        HeaderPolicy::new().filter_response(&mut headers);
+        assert!(headers.get("x-request-id").is_none());
+        assert!(headers.get("connection").is_none());
+        assert_eq!(headers["content-type"], "application/json");
+    }
+}
