@@ -337,23 +337,41 @@ targets = [
 }
 
 #[tokio::test]
-async fn models_and_health_endpoints() {
+async fn models_lists_names_a_client_can_ask_for_and_a_pattern_is_refused() {
     let routes = r#"
 [[routes]]
 model = "gpt-*"
+models = ["gpt-4o", "gpt-4o-mini"]
 targets = [{ provider = "primary" }]
+
+[[routes]]
+model = "claude-x"
+targets = [{ provider = "backup" }]
+
+[[routes]]
+model = "other-*"
+targets = [{ provider = "backup" }]
 "#;
     let s = setup("", "", routes).await;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    for (path, want) in [("/v1/models", "gpt-*"), ("/healthz", "ok")] {
-        let response = client
-            .get(format!("http://{}{path}", s.gateway.addr).parse().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert!(std::str::from_utf8(&body).unwrap().contains(want));
-    }
+    let models = get_json(&s, "/v1/models").await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["gpt-4o", "gpt-4o-mini", "claude-x"], "no patterns");
+    assert_eq!(get_json(&s, "/healthz").await["status"], "ok");
+
+    // The literal pattern is not a model: refused before any upstream.
+    let reply = post(&s, &chat("gpt-*", true)).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.contains("invalid_model"), "{}", reply.body);
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (0, 0));
+    // A listed name is served.
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(s.primary.attempts(), 1);
 }
 
 #[tokio::test]

@@ -233,6 +233,10 @@ impl ProviderConfig {
 pub(crate) struct RouteConfig {
     /// Client-facing model name, `*` as wildcard.
     pub(crate) model: String,
+    /// The model names `GET /v1/models` lists for a wildcard route (a
+    /// route without `*` lists its own name).
+    #[serde(default)]
+    pub(crate) models: Vec<String>,
     pub(crate) targets: Vec<TargetConfig>,
 }
 
@@ -293,6 +297,8 @@ type RouteService = Budget<Failover<UpstreamClient>>;
 
 struct Route {
     pattern: String,
+    /// What `GET /v1/models` lists for this route.
+    listed: Vec<String>,
     service: RouteService,
 }
 
@@ -366,6 +372,7 @@ impl Gateway {
             // with the client's model.
             vec![RouteConfig {
                 model: "*".to_owned(),
+                models: Vec::new(),
                 targets: config
                     .providers
                     .iter()
@@ -495,8 +502,14 @@ impl Gateway {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
             let service = ServiceBuilder::new().layer(budget).service(builder.build());
+            let listed = if route.model.contains('*') {
+                route.models.clone()
+            } else {
+                vec![route.model.clone()]
+            };
             routes.push(Route {
                 pattern: route.model.clone(),
+                listed,
                 service,
             });
         }
@@ -587,6 +600,19 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             );
         }
     };
+    // A model name is a name, not a pattern: `gpt-*` must not reach a
+    // provider (or match a route) as if it were one.
+    if requirements.model.contains(['*', '?']) {
+        return error_answer(
+            StatusCode::BAD_REQUEST,
+            FailureClass::InvalidRequest,
+            &format!(
+                "the model `{}` is not a model name",
+                requirements.model.escape_debug()
+            ),
+            "invalid_model",
+        );
+    }
     let Some(route) = gateway.route(&requirements.model) else {
         return error_answer(
             StatusCode::NOT_FOUND,
@@ -608,11 +634,18 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     }
 }
 
+/// `GET /v1/models`: the model names a client can ask for (a wildcard
+/// route's declared `models`; never a pattern).
 async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
-    let data: Vec<_> = gateway
-        .routes
+    let mut names: Vec<&str> = Vec::new();
+    for name in gateway.routes.iter().flat_map(|r| &r.listed) {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    let data: Vec<_> = names
         .iter()
-        .map(|r| serde_json::json!({"id": r.pattern, "object": "model", "created": 0, "owned_by": "gateway"}))
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "gateway"}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
