@@ -13,9 +13,10 @@ use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::dialect::{
-    BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorReply, RequestError,
-    Requirements, TerminalError, TerminalMode,
+    BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorFacts, ErrorReply,
+    RequestError, Requirements, TerminalError, TerminalMode,
 };
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::record::RunRecord;
@@ -66,13 +67,15 @@ impl Dialect for LineDialect {
         let model = object.get("model").and_then(Value::as_str);
         let prompt = object.get("prompt").and_then(Value::as_str);
         let stream = object.get("stream").and_then(Value::as_bool) == Some(true);
-        // `Requirements` is #[non_exhaustive]: built by assignment.
-        let mut requirements = Requirements::default();
-        requirements.model = model.ok_or(RequestError::MissingModel)?.to_owned();
-        // RequestError has no variant for "prompt"; the closest one.
-        let prompt = prompt.ok_or(RequestError::MissingMessages)?.to_owned();
-        requirements.stream = stream;
-        requirements.prompt_tokens = prompt.len() as u64 / 4 + 1;
+        let model = model.ok_or(RequestError::MissingModel)?;
+        let prompt = prompt.ok_or(RequestError::Invalid {
+            field: "prompt",
+            problem: "is required and must be a string",
+        })?;
+        let requirements = Requirements::new(model)
+            .stream(stream)
+            .prompt_tokens(prompt.len() as u64 / 4 + 1);
+        let prompt = prompt.to_owned();
         Ok((requirements, LineRequest { stream, prompt }))
     }
 
@@ -101,6 +104,16 @@ impl Dialect for LineDialect {
             finish_reason,
             ..Chunk::of(kind)
         }
+    }
+
+    fn error_facts(&self, event: &SseEvent) -> Option<ErrorFacts> {
+        let value: Value = serde_json::from_slice(event.data()).ok()?;
+        let fail = value.get("fail")?;
+        let facts = ErrorFacts::new().code(fail.get("kind")?.as_str()?);
+        Some(match fail.get("msg").and_then(Value::as_str) {
+            Some(msg) => facts.message(msg),
+            None => facts,
+        })
     }
 
     fn terminal(
@@ -231,6 +244,9 @@ async fn an_in_band_fail_after_the_preamble_is_rerouted_invisibly() {
     assert_eq!((primary.calls(), backup.calls()), (1, 1));
     let first = &record.attempts()[0];
     assert_eq!((first.bytes_flushed, first.output_events), (0, 0));
+    // The dialect read its own error: an overload, not a broken stream.
+    assert_eq!(first.class, Some(FailureClass::Overloaded));
+    assert_eq!(first.message.as_deref(), Some("busy"));
     // The dialect built the backup's body, with the backup's model.
     let sent = json!({"model": "backup-model", "stream": true, "prompt": "Say hi."});
     assert_eq!(backup.seen()[0].body, sent);

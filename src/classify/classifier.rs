@@ -194,6 +194,30 @@ impl Classifier {
         self.finish(provider, c, &parsed.codes())
     }
 
+    /// Classifies an error a dialect read itself ([`ErrorFacts`]): its
+    /// type, code and status go through the same contract rules and
+    /// overrides as a provider's error body; its retry hint is kept.
+    ///
+    /// [`ErrorFacts`]: crate::dialect::ErrorFacts
+    pub fn classify_error_facts(
+        &self,
+        provider: Option<&str>,
+        facts: &crate::dialect::ErrorFacts,
+        phase: Phase,
+    ) -> Classification {
+        let parsed = ErrorBody {
+            shape: Shape::Error,
+            message: facts.message.clone(),
+            kind: facts.kind.clone(),
+            code: facts.code.clone(),
+            code_num: facts.status.map(i64::from),
+            retry_delay: facts.retry_after,
+            ..ErrorBody::default()
+        };
+        let c = self.in_band_error(&parsed, phase);
+        self.finish(provider, c, &parsed.codes())
+    }
+
     /// Classifies a transport error from the upstream client by walking its
     /// `source()` chain (including errors wrapped inside `std::io::Error`):
     ///
@@ -248,6 +272,11 @@ impl Classifier {
             BodyCheck::Valid { usage, model } => return Ok((usage, model)),
             BodyCheck::Invalid { fault, message } => (fault, message),
         };
+        if let Some(facts) = dialect.body_error_facts(body) {
+            return Err(self
+                .classify_error_facts(provider, &facts, Phase::Preamble)
+                .with_note(Note::ErrorOn200));
+        }
         if let Some(error) = self.error_in_body(provider, body) {
             return Err(error);
         }

@@ -677,6 +677,7 @@ impl<D: Dialect> Feed<'_, D> {
                 *self.pending_failure = Some(FailureKind::InBand {
                     event: event.event().map(Bytes::copy_from_slice),
                     data: event.data().clone(),
+                    facts: self.config.dialect.error_facts(event),
                 });
             }
             ChunkKind::Malformed => self.malformed(Some(end)),

@@ -17,7 +17,12 @@ pub(crate) enum FailureKind {
     /// The turn's deadline passed mid-stream.
     Deadline,
     /// An in-band error event.
-    InBand { event: Option<Bytes>, data: Bytes },
+    InBand {
+        event: Option<Bytes>,
+        data: Bytes,
+        /// What the dialect read of it, when it reads its own errors.
+        facts: Option<crate::dialect::ErrorFacts>,
+    },
     /// The stream ended without a finish reason or end marker.
     Truncated { cut_event: bool },
     /// No frame for longer than the idle timeout.
@@ -39,7 +44,10 @@ pub(crate) fn classify(
     phase: Phase,
 ) -> Classification {
     let classification = match kind {
-        FailureKind::InBand { event, data } => {
+        FailureKind::InBand {
+            facts: Some(facts), ..
+        } => return classifier.classify_error_facts(provider, facts, phase),
+        FailureKind::InBand { event, data, .. } => {
             let event = event.as_deref().and_then(|e| std::str::from_utf8(e).ok());
             return classifier.classify_in_band(provider, event, data, phase);
         }

@@ -275,6 +275,63 @@ impl<R> ParsedRequest<R> {
     }
 }
 
+/// What an error says, as its dialect reads it: the facts classification's
+/// contract rules read. A dialect whose errors the classifier does not know
+/// by shape (OpenAI, Anthropic, Gemini, vLLM and their relatives it does)
+/// reports them here, so its overload is an overload and its bad request a
+/// bad request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ErrorFacts {
+    /// The error's type (`rate_limit_error`, `overloaded_error`, ...).
+    pub kind: Option<String>,
+    /// The error's code (`rate_limit_exceeded`, `context_length_exceeded`).
+    pub code: Option<String>,
+    /// The error's message.
+    pub message: Option<String>,
+    /// The HTTP status the error names, if it names one.
+    pub status: Option<u16>,
+    /// How long the provider asks to wait.
+    pub retry_after: Option<std::time::Duration>,
+}
+
+impl ErrorFacts {
+    /// No facts yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With the error's type.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// With the error's code.
+    pub fn code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// With the error's message.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    /// With the status the error names.
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// With the provider's retry hint.
+    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+}
+
 /// What a dialect found in a whole (non-streaming) answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -359,8 +416,23 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// The end-of-stream frame to append when a stream finished without one.
     fn done_frame(&self) -> Bytes;
 
+    /// What an in-band error event says (an event [`inspect`](Self::inspect)
+    /// called [`ChunkKind::Error`]). Default `None`: the classifier reads
+    /// the event's data with the error shapes it knows.
+    fn error_facts(&self, event: &SseEvent) -> Option<ErrorFacts> {
+        let _ = event;
+        None
+    }
+
     /// Checks a whole non-streaming answer before it is released.
     fn check_body(&self, body: &[u8]) -> BodyCheck;
+
+    /// What an error carried by a success body says. Default `None`: the
+    /// classifier reads the body with the error shapes it knows.
+    fn body_error_facts(&self, body: &[u8]) -> Option<ErrorFacts> {
+        let _ = body;
+        None
+    }
 
     /// The body of an error answer, in the shape this API's clients raise
     /// on. The status is the gateway's to choose ([`client_status`]).
