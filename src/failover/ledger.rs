@@ -7,8 +7,9 @@ use tokio::time::Instant;
 
 use super::decision::Decision;
 use crate::budget::{Cost, Pricing, TurnBudget};
+use crate::classify::{FailureClass, Phase};
 use crate::dialect::Usage;
-use crate::record::AttemptRecord;
+use crate::record::{AttemptRecord, RunRecord};
 
 /// Who made an attempt and when: what every record of it starts from.
 #[derive(Debug, Clone)]
@@ -44,6 +45,40 @@ impl AttemptStart {
             estimated: false,
             message: None,
             decision,
+        }
+    }
+}
+
+/// An attempt in flight. If the turn is dropped before the attempt ends
+/// (the client left, an outer layer answered first), the attempt still
+/// leaves its record: cancelled, in the preamble, nothing flushed.
+pub(super) struct InFlight<'a> {
+    run: &'a RunRecord,
+    start: Option<AttemptStart>,
+}
+
+impl<'a> InFlight<'a> {
+    pub(super) fn new(run: &'a RunRecord, start: AttemptStart) -> Self {
+        Self {
+            run,
+            start: Some(start),
+        }
+    }
+
+    /// The attempt ended; its own record says how.
+    pub(super) fn ended(mut self) {
+        self.start = None;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(start) = self.start.take() {
+            let mut record = start.record(Decision::Stop);
+            record.class = Some(FailureClass::Cancelled);
+            record.phase = Some(Phase::Preamble);
+            record.message = Some("the turn was cancelled before this attempt ended".to_owned());
+            self.run.push(record);
         }
     }
 }

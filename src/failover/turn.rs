@@ -15,7 +15,7 @@ use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Decision, decide};
 use super::health::{Admitted, Scope};
-use super::ledger::{AttemptStart, Charge};
+use super::ledger::{AttemptStart, Charge, InFlight};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
@@ -195,7 +195,10 @@ where
                 strip_usage: self.requirements.stream && !self.requirements.include_usage,
                 prompt_tokens: self.requirements.prompt_tokens,
             };
-            match attempt::run(self.shared, plan, request, self.budget, self.run).await {
+            let in_flight = InFlight::new(self.run, start.clone());
+            let outcome = attempt::run(self.shared, plan, request, self.budget, self.run).await;
+            in_flight.ended();
+            match outcome {
                 Outcome::Committed {
                     response,
                     ttft,
