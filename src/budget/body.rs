@@ -136,7 +136,7 @@ where
                 } else {
                     Phase::Committed
                 };
-                tracing::debug!(run_id = %this.budget.run_id(), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
+                tracing::debug!(run_id = %crate::record::log_safe(this.budget.run_id()), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
                 return Poll::Ready(Some(Err(Box::new(DeadlineExceeded {
                     run_id: this.budget.run_id().clone(),
                     phase,

@@ -129,7 +129,7 @@ where
                     .as_pin_mut()
                     .is_some_and(|sleep| sleep.poll(cx).is_ready())
                 {
-                    tracing::debug!(run_id = %this.budget.run_id(), "turn deadline passed before the response head");
+                    tracing::debug!(run_id = %crate::record::log_safe(this.budget.run_id()), "turn deadline passed before the response head");
                     let deadline = DeadlineExceeded {
                         run_id: this.budget.run_id().clone(),
                         phase: Phase::Head,

@@ -91,7 +91,7 @@ where
             }
         };
         if let Err(refusal) = budget.check_open() {
-            tracing::debug!(run_id = %budget.run_id(), %refusal, "turn budget refused the call");
+            tracing::debug!(run_id = %crate::record::log_safe(budget.run_id()), %refusal, "turn budget refused the call");
             // The inner service stays ready for the next call.
             return ResponseFuture::refused(budget, refusal, self.dialect.clone());
         }
