@@ -525,3 +525,31 @@ async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
         tower_llm_failover::failover::Admission::Refused(_)
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
+    let store = MemoryHealthStore::default();
+    let key = HealthKey::model("p", "m");
+    store.failure(
+        &key,
+        FailureReport::new(FailureClass::RateLimited, Scope::Model)
+            .retry_after(Some(Duration::from_secs(300))),
+    );
+    // Every target rests; a turn probes this one early, and it fails again.
+    assert_eq!(
+        store.admit(&key, true),
+        tower_llm_failover::failover::Admission::Probe
+    );
+    store.failure(
+        &key,
+        FailureReport::new(FailureClass::ServerError, Scope::Model).probe(true),
+    );
+    tokio::time::advance(Duration::from_secs(299)).await;
+    assert!(
+        matches!(store.availability(&key), Availability::Cooling(_)),
+        "the 300 s rest stands: {:?}",
+        store.availability(&key)
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(store.availability(&key), Availability::Probe);
+}

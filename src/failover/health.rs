@@ -672,11 +672,15 @@ impl HealthStore for MemoryHealthStore {
         if let Some(cooldown) = cooldown {
             let until = super::later(now, cooldown);
             match entry.cooling_until {
-                // Failures of requests that were in flight when the key
-                // started resting: they may lengthen the rest, never
-                // shorten it, and it is still one cooldown.
-                Some(current) if current > now && !report.was_probe => {
+                // A failure while the key rests (a request that was in
+                // flight, or a turn's forced probe) may lengthen the rest,
+                // never shorten it; only a failed probe counts as another
+                // cooldown in a row.
+                Some(current) if current > now => {
                     entry.cooling_until = Some(current.max(until));
+                    if report.was_probe {
+                        entry.cooldowns = entry.cooldowns.saturating_add(1);
+                    }
                 }
                 _ => {
                     entry.cooling_until = Some(until);
