@@ -53,6 +53,17 @@ struct Line<'a> {
     fail: Option<serde::de::IgnoredAny>,
 }
 
+/// What a `{"fail":{"kind":..,"msg":..}}` says, for classification.
+fn fail_facts(data: &[u8]) -> Option<ErrorFacts> {
+    let value: Value = serde_json::from_slice(data).ok()?;
+    let fail = value.get("fail")?;
+    let facts = ErrorFacts::new().code(fail.get("kind")?.as_str()?);
+    Some(match fail.get("msg").and_then(Value::as_str) {
+        Some(msg) => facts.message(msg),
+        None => facts,
+    })
+}
+
 fn frame(data: &Value) -> Bytes {
     Bytes::from(format!("data: {data}\n\n"))
 }
@@ -107,13 +118,11 @@ impl Dialect for LineDialect {
     }
 
     fn error_facts(&self, event: &SseEvent) -> Option<ErrorFacts> {
-        let value: Value = serde_json::from_slice(event.data()).ok()?;
-        let fail = value.get("fail")?;
-        let facts = ErrorFacts::new().code(fail.get("kind")?.as_str()?);
-        Some(match fail.get("msg").and_then(Value::as_str) {
-            Some(msg) => facts.message(msg),
-            None => facts,
-        })
+        fail_facts(event.data())
+    }
+
+    fn body_error_facts(&self, body: &[u8]) -> Option<ErrorFacts> {
+        fail_facts(body)
     }
 
     fn terminal(
@@ -290,6 +299,15 @@ async fn an_invalid_whole_answer_is_rerouted_and_a_valid_one_released() {
         assert_eq!((primary.calls(), backup.calls()), (1, 1));
         assert_eq!(backup.seen()[0].body["stream"], false);
     }
+
+    // A fail on a 200 is read by the dialect: an overload, rerouted.
+    let primary = FakeProvider::new("primary")
+        .always(json_reply(r#"{"fail":{"kind":"overloaded","msg":"busy"}}"#));
+    let backup = FakeProvider::new("backup").always(json_reply(answer));
+    let (_, record, body) = turn(&primary, &backup, false).await;
+    assert_eq!(body, answer);
+    assert_eq!(record.attempts()[0].class, Some(FailureClass::Overloaded));
+    assert_eq!(record.attempts()[0].message.as_deref(), Some("busy"));
 
     // Nobody answers validly: the client gets an error in the Line shape.
     let primary = FakeProvider::new("primary").always(json_reply(r#"{"hello":true}"#));
