@@ -1,5 +1,7 @@
 //! The provider's rate-limit headers, kept for the records.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Most headers kept from one response.
@@ -27,12 +29,13 @@ const MAX_VALUE_BYTES: usize = 256;
 /// assert_eq!(kept.len(), 2);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RateLimitHeaders(Vec<(HeaderName, HeaderValue)>);
+// One pointer wide, and shared by clones: a classification stays small.
+pub struct RateLimitHeaders(Option<Arc<Vec<(HeaderName, HeaderValue)>>>);
 
 impl RateLimitHeaders {
     /// The rate-limit headers among `headers`.
     pub fn from_headers(headers: &HeaderMap) -> Self {
-        let kept = headers
+        let kept: Vec<_> = headers
             .iter()
             .filter(|(name, value)| {
                 let name = name.as_str();
@@ -42,12 +45,12 @@ impl RateLimitHeaders {
             .take(MAX_HEADERS)
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect();
-        Self(kept)
+        Self((!kept.is_empty()).then(|| Arc::new(kept)))
     }
 
     /// The first value of `name` (case-insensitive), when it is text.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
+        self.all()
             .iter()
             .find(|(n, _)| n.as_str().eq_ignore_ascii_case(name))
             .and_then(|(_, v)| v.to_str().ok())
@@ -55,16 +58,20 @@ impl RateLimitHeaders {
 
     /// Every kept header, in the response's order.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.0.iter().map(|(n, v)| (n, v))
+        self.all().iter().map(|(n, v)| (n, v))
     }
 
     /// The number of headers kept.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.all().len()
     }
 
     /// Whether none were kept.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.all().is_empty()
+    }
+
+    fn all(&self) -> &[(HeaderName, HeaderValue)] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
     }
 }

@@ -39,7 +39,10 @@ pub(crate) fn non_empty_array(raw: Option<&RawValue>) -> bool {
 
 /// The body with each range replaced by its text; ranges are spans read
 /// from this body and must not overlap.
-pub(crate) fn splice(body: &[u8], mut edits: Vec<(Range<usize>, std::borrow::Cow<'_, str>)>) -> Vec<u8> {
+pub(crate) fn splice(
+    body: &[u8],
+    mut edits: Vec<(Range<usize>, std::borrow::Cow<'_, str>)>,
+) -> Vec<u8> {
     edits.sort_by_key(|(range, _)| range.start);
     let added: usize = edits.iter().map(|(_, text)| text.len()).sum();
     let mut out = Vec::with_capacity(body.len() + added);

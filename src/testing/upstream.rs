@@ -1183,7 +1183,10 @@ async fn chat(
 
     if let Some(key) = &state.api_key {
         let (header, expected) = match wire {
-            Wire::Chat => (http::header::AUTHORIZATION.as_str(), format!("Bearer {key}")),
+            Wire::Chat => (
+                http::header::AUTHORIZATION.as_str(),
+                format!("Bearer {key}"),
+            ),
             Wire::Messages => ("x-api-key", key.clone()),
         };
         let given = parts.headers.get(header).and_then(|v| v.to_str().ok());
@@ -1263,7 +1266,9 @@ async fn chat(
         }
         match &ask {
             Asked::Chat(ask) => completion_steps(&state.name, ask, tokens, fault.as_ref()),
-            Asked::Messages(ask) => messages::message_steps(&state.name, ask, tokens, fault.as_ref()),
+            Asked::Messages(ask) => {
+                messages::message_steps(&state.name, ask, tokens, fault.as_ref())
+            }
         }
     };
     let mut body = FakeBody::new(steps);
@@ -1326,7 +1331,11 @@ fn status_response(
     };
     let mut response = respond(status, content_type, FakeBody::new([Step::Data(bytes)]));
     if wire == Wire::Messages {
-        let remaining = if status == StatusCode::TOO_MANY_REQUESTS { 0 } else { 49 };
+        let remaining = if status == StatusCode::TOO_MANY_REQUESTS {
+            0
+        } else {
+            49
+        };
         add_ratelimit_headers(&mut response, remaining);
     }
     if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {

@@ -202,7 +202,10 @@ mod tests {
         let reads = read_all(include_str!("fixtures/overloaded_after_40_deltas.sse"));
         assert_eq!(reads.len(), 43);
         assert_eq!(reads.iter().filter(|r| r.1 == Output).count(), 40);
-        assert_eq!(reads[..2].iter().map(|r| r.1).collect::<Vec<_>>(), [Preamble, Preamble]);
+        assert_eq!(
+            reads[..2].iter().map(|r| r.1).collect::<Vec<_>>(),
+            [Preamble, Preamble]
+        );
         assert_eq!(reads[42].1, Error);
     }
 
@@ -221,8 +224,14 @@ mod tests {
             ),
             // An error event whose data does not parse is still an error.
             ("event: error\ndata: {\"type\": \"err\n\n", Error),
-            ("event: content_block_delta\ndata: {\"type\":\n\n", ChunkKind::Malformed),
-            ("event: content_block_delta\ndata: [1]\n\n", ChunkKind::Malformed),
+            (
+                "event: content_block_delta\ndata: {\"type\":\n\n",
+                ChunkKind::Malformed,
+            ),
+            (
+                "event: content_block_delta\ndata: [1]\n\n",
+                ChunkKind::Malformed,
+            ),
             (
                 "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"server_tool_use\",\"id\":\"srvtoolu_1\",\"name\":\"web_search\",\"input\":{}}}\n\n",
                 Output,
@@ -240,8 +249,14 @@ mod tests {
                 "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null},\"usage\":{\"output_tokens\":3}}\n\n",
                 Preamble,
             ),
-            ("event: future_event\ndata: {\"type\":\"future_event\"}\n\n", Preamble),
-            ("event: message_start\ndata: {\"type\":\"message_start\"}\n\n", ChunkKind::Malformed),
+            (
+                "event: future_event\ndata: {\"type\":\"future_event\"}\n\n",
+                Preamble,
+            ),
+            (
+                "event: message_start\ndata: {\"type\":\"message_start\"}\n\n",
+                ChunkKind::Malformed,
+            ),
         ];
         for (wire, kind) in cases {
             let reads = read_all(wire);
@@ -271,7 +286,8 @@ mod tests {
             .provider_code(Some("overloaded_error".to_owned()))
             .sent(1234, 40);
         for mode in [TerminalMode::ErrorChunk, TerminalMode::ErrorEvent] {
-            let frames = AnthropicMessages.terminal(&ChunkIdentity::default(), "error", &error, mode);
+            let frames =
+                AnthropicMessages.terminal(&ChunkIdentity::default(), "error", &error, mode);
             let text = std::str::from_utf8(&frames).unwrap();
             assert!(text.starts_with("event: error\ndata: "), "{text}");
             assert!(text.ends_with("\n\n") && text.matches("\n\n").count() == 1);
@@ -326,7 +342,8 @@ mod tests {
             .error_status(FailureClass::Overloaded, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(overloaded.as_u16(), 529);
         assert_eq!(
-            AnthropicMessages.error_status(FailureClass::RateLimited, StatusCode::TOO_MANY_REQUESTS),
+            AnthropicMessages
+                .error_status(FailureClass::RateLimited, StatusCode::TOO_MANY_REQUESTS),
             StatusCode::TOO_MANY_REQUESTS
         );
     }

@@ -140,12 +140,14 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         serde_json::from_str(messages.get()).map_err(|_| RequestError::MissingMessages)?;
     let max_tokens = match top.max_tokens {
         None => None,
-        Some(raw) => Some(serde_json::from_str::<u64>(raw.get()).map_err(|_| {
-            RequestError::Invalid {
-                field: "max_tokens",
-                problem: "must be a positive integer",
-            }
-        })?),
+        Some(raw) => {
+            Some(
+                serde_json::from_str::<u64>(raw.get()).map_err(|_| RequestError::Invalid {
+                    field: "max_tokens",
+                    problem: "must be a positive integer",
+                })?,
+            )
+        }
     };
 
     let mut tally = Tally::default();
@@ -285,14 +287,19 @@ mod tests {
         );
         assert!(matches!(
             read_json(serde_json::json!({"model": "m", "max_tokens": "x", "messages": []})),
-            Err(RequestError::Invalid { field: "max_tokens", .. })
+            Err(RequestError::Invalid {
+                field: "max_tokens",
+                ..
+            })
         ));
         assert_eq!(
             read_json(serde_json::json!("x")).err(),
             Some(RequestError::NotObject)
         );
         assert!(matches!(
-            read(Bytes::from_static(br#"{"model":"a","model":"b","messages":[]}"#)),
+            read(Bytes::from_static(
+                br#"{"model":"a","model":"b","messages":[]}"#
+            )),
             Err(RequestError::NotJson(_))
         ));
     }

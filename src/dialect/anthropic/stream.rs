@@ -11,7 +11,8 @@ use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMod
 use crate::sse::SseEvent;
 
 /// The end of a successful stream.
-pub(super) const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+pub(super) const MESSAGE_STOP: &[u8] =
+    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
 /// One event's data, borrowed from it: only what classification reads.
 /// Every Messages event is an object with a `type`.
