@@ -1,6 +1,11 @@
 //! The gateway's configuration and router: shared by the example's `main`
 //! and by the end-to-end tests, which include this file as a module.
 
+// Anthropic Messages routes; a submodule so the tests that include this
+// file get it too.
+#[path = "messages.rs"]
+pub(crate) mod messages;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -155,9 +160,13 @@ impl Default for FailoverConfig {
 pub(crate) struct ProviderConfig {
     pub(crate) name: String,
     pub(crate) base_url: String,
+    /// The wire dialect it speaks: `openai` (default) or `anthropic`.
+    #[serde(default)]
+    pub(crate) dialect: Option<String>,
     /// The key is read from this environment variable.
     pub(crate) api_key_env: Option<String>,
-    /// `bearer` (default), `x-api-key` or `api-key`.
+    /// `bearer` (default; `x-api-key` for an `anthropic` provider),
+    /// `x-api-key` or `api-key`.
     #[serde(default)]
     pub(crate) auth: Option<String>,
     pub(crate) connect_timeout_ms: Option<u64>,
@@ -305,6 +314,7 @@ struct Route {
 /// What the handlers share.
 pub(crate) struct Gateway {
     routes: Vec<Route>,
+    messages: Vec<messages::MessagesRoute>,
     max_request_bytes: usize,
     health: Arc<MemoryHealthStore>,
 }
@@ -342,7 +352,11 @@ impl Gateway {
                 Some(var) => {
                     let key = std::env::var(var)
                         .map_err(|_| format!("provider {}: ${var} is not set", provider.name))?;
-                    match provider.auth.as_deref().unwrap_or("bearer") {
+                    match provider
+                        .auth
+                        .as_deref()
+                        .unwrap_or(messages::default_auth(provider))
+                    {
                         "bearer" => Auth::bearer(key),
                         "x-api-key" => Auth::x_api_key(key),
                         "api-key" => Auth::api_key(key),
@@ -355,6 +369,7 @@ impl Gateway {
                     }
                 }
             };
+            messages::provider_dialect(provider)?;
             let mut builder = UpstreamClient::builder(provider.base_url.clone()).auth(auth);
             if let Some(ms) = provider.connect_timeout_ms {
                 builder = builder.connect_timeout(Duration::from_millis(ms));
@@ -367,7 +382,7 @@ impl Gateway {
                 .map_err(|e| format!("provider {}: {e}", provider.name))?;
             clients.insert(&provider.name, client);
         }
-        let routes_config = if config.routes.is_empty() {
+        let mut routes_config = if config.routes.is_empty() {
             // Without routes: every request tries the providers in order
             // with the client's model.
             vec![RouteConfig {
@@ -395,6 +410,13 @@ impl Gateway {
         } else {
             config.routes.clone()
         };
+        if config.routes.is_empty() {
+            routes_config = routes_config
+                .into_iter()
+                .map(|r| messages::split_by_dialect(r, &config.providers))
+                .collect::<Result<Vec<_>, _>>()?
+                .concat();
+        }
         let b = &config.budget;
         let f = &config.failover;
         let retry_budget = RetryBudget::new(
@@ -450,7 +472,9 @@ impl Gateway {
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
 
         let mut routes = Vec::new();
+        let mut messages_routes = Vec::new();
         for route in &routes_config {
+            let dialect = messages::route_dialect(route, &config.providers)?;
             let mut builder = Failover::builder()
                 .strategy(strategy.clone())
                 .commit_window(commit)
@@ -501,12 +525,24 @@ impl Gateway {
             if let Some(usd) = b.spend_ceiling_usd {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
-            let service = ServiceBuilder::new().layer(budget).service(builder.build());
             let listed = if route.model.contains('*') {
                 route.models.clone()
             } else {
                 vec![route.model.clone()]
             };
+            if dialect == messages::WireDialect::Anthropic {
+                let dialect = tower_llm_failover::dialect::AnthropicMessages;
+                let service = ServiceBuilder::new()
+                    .layer(budget.dialect(dialect))
+                    .service(builder.dialect(dialect).build());
+                messages_routes.push(messages::MessagesRoute {
+                    pattern: route.model.clone(),
+                    listed,
+                    service,
+                });
+                continue;
+            }
+            let service = ServiceBuilder::new().layer(budget).service(builder.build());
             routes.push(Route {
                 pattern: route.model.clone(),
                 listed,
@@ -515,6 +551,7 @@ impl Gateway {
         }
         Ok(Self {
             routes,
+            messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health,
         })
@@ -530,6 +567,7 @@ impl Gateway {
     pub(crate) fn router(self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/messages", post(messages::handler))
             .route("/v1/models", get(models))
             .route("/v1/health/targets", get(health_targets))
             .route(
@@ -638,7 +676,8 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
 /// route's declared `models`; never a pattern).
 async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
     let mut names: Vec<&str> = Vec::new();
-    for name in gateway.routes.iter().flat_map(|r| &r.listed) {
+    let chat = gateway.routes.iter().flat_map(|r| &r.listed);
+    for name in chat.chain(gateway.messages.iter().flat_map(|r| &r.listed)) {
         if !names.contains(&name.as_str()) {
             names.push(name);
         }

@@ -14,7 +14,12 @@
 //!   terminal chunk (`finish_reason: "error"`) and `[DONE]`, nothing spliced.
 //! - anything else: primary, then backup, with the client's model.
 //!
-//! Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /healthz` and
+//! The same fakes speak Anthropic Messages too, behind `/v1/messages`:
+//! `claude-demo-failover` (primary 529 `overloaded_error`, backup answers),
+//! `claude-demo-cut` (cut after 5 deltas: `event: error`) and `claude-*`.
+//!
+//! Serves `POST /v1/chat/completions`, `POST /v1/messages` (providers with
+//! `dialect = "anthropic"`), `GET /v1/models`, `GET /healthz` and
 //! `GET /v1/health/targets` (every health key: state, streak, last class).
 //! SIGINT/SIGTERM stop accepting and let running streams finish within
 //! `failover.shutdown_grace_ms`.
@@ -116,6 +121,11 @@ async fn main() {
             "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
              -d '{{\"model\":\"demo-failover\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
         );
+        println!("the same in Anthropic Messages (primary: 529 overloaded_error):");
+        println!(
+            "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
+             -d '{{\"model\":\"claude-demo-failover\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+        );
     }
 
     shutdown_signal().await;
@@ -175,7 +185,7 @@ targets = [
 model = "*"
 targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
 "#
-    );
+    ) + &app::messages::demo_routes(primary, backup);
     match Config::from_toml(&text) {
         Ok(config) => config,
         Err(e) => {

@@ -22,7 +22,7 @@ use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
 use crate::BoxError;
 use crate::budget::TurnBudget;
-use crate::classify::{Classification, Classify, FailureClass, Phase};
+use crate::classify::{Classification, Classify, FailureClass, Phase, RateLimitHeaders};
 use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState};
 use crate::dialect::{Dialect, Usage};
 use crate::record::RunRecord;
@@ -254,6 +254,7 @@ where
     record.response_model = response_model;
     record.status = Some(status.as_u16());
     record.bytes_flushed = bytes.len() as u64;
+    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     charge.fill(&mut record);
     run.push(record);
     shared.headers.filter_response(&mut parts.headers);
@@ -322,6 +323,7 @@ where
     record.status = Some(StatusCode::OK.as_u16());
     record.output_events = state.output_events();
     record.time_to_first_output = ttft;
+    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     run.push_streaming(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));

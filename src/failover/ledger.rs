@@ -44,6 +44,7 @@ impl AttemptStart {
             cost: None,
             estimated: false,
             message: None,
+            rate_limits: Default::default(),
             decision,
         }
     }

@@ -39,7 +39,7 @@ pub(super) fn error<B, D: Dialect>(
     reply: &ErrorReply<'_>,
 ) -> Response<FailoverBody<B, D>> {
     whole(
-        status,
+        dialect.error_status(reply.class, status),
         dialect.error_body(reply),
         dialect.error_content_type(),
     )

@@ -362,6 +362,7 @@ where
         record.status = failure.status.map(|s| s.as_u16());
         record.output_events = attempt.output_events;
         record.message = Some(failure.message.clone());
+        record.rate_limits = failure.rate_limits.clone();
         if let Some(charge) = charge {
             charge.fill(&mut record);
         }

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
+pub use crate::classify::RateLimitHeaders;
 use crate::classify::{FailureClass, Phase};
 use crate::dialect::Usage;
 use crate::failover::Decision;
@@ -68,6 +69,9 @@ pub struct AttemptRecord {
     pub estimated: bool,
     /// The failure's sanitized message.
     pub message: Option<String>,
+    /// The provider's rate-limit headers on the attempt's response
+    /// (`anthropic-ratelimit-*`, `x-ratelimit-*`, `retry-after`), as sent.
+    pub rate_limits: RateLimitHeaders,
     /// The decision taken.
     pub decision: Decision,
 }
