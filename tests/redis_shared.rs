@@ -481,3 +481,107 @@ async fn redis_killed_mid_run_then_restarted() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------- processes
+
+/// A gateway example process, killed when dropped.
+struct GatewayProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `target/<profile>/examples/gateway`, built by `cargo test`.
+fn gateway_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile = exe.parent()?.parent()?;
+    let binary = profile.join("examples").join("gateway");
+    binary.is_file().then_some(binary)
+}
+
+fn spawn_gateway(binary: &std::path::Path, config: &std::path::Path) -> GatewayProcess {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(binary)
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the gateway starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let addr = lines
+        .by_ref()
+        .take(50)
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.strip_prefix("gateway ready on http://")
+                .and_then(|a| a.trim().parse().ok())
+        })
+        .expect("the gateway says where it listens");
+    // Keep reading so the pipe never fills.
+    std::thread::spawn(move || lines.for_each(drop));
+    GatewayProcess { child, addr }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_processes_share_a_cooldown() {
+    let Some(redis) = RedisServer::start("two_gateway_processes_share_a_cooldown").await else {
+        return;
+    };
+    let Some(binary) = gateway_binary() else {
+        let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        assert!(!ci, "the gateway example is not built; CI=true, so this test cannot skip");
+        eprintln!("!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)");
+        return;
+    };
+    let primary = FakeUpstream::builder("primary").tokens(4).start().await.unwrap();
+    let backup = FakeUpstream::builder("backup").tokens(4).start().await.unwrap();
+    let config = format!(
+        r#"
+[failover]
+max_retries_per_target = 0
+
+[state]
+redis_url = "{}"
+health_refresh_ms = 20
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+"#,
+        redis.url(),
+        primary.base_url(),
+        backup.base_url()
+    );
+    let path = std::env::temp_dir().join(format!(
+        "tlf-gateway-{}-{}.toml",
+        std::process::id(),
+        redis.port
+    ));
+    std::fs::write(&path, config).unwrap();
+    let a = spawn_gateway(&binary, &path);
+    let b = spawn_gateway(&binary, &path);
+    let _ = std::fs::remove_file(&path);
+
+    primary.set_fault_times("status=429;retry_after=30".parse::<Fault>().unwrap(), 1);
+    let reply = post_to(a.addr, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(primary.requests().len(), 1);
+    eventually("process B sees the primary cooling", || cooling(b.addr, "primary")).await;
+    let reply = post_to(b.addr, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("backup"), "{}", reply.body);
+    assert_eq!(primary.requests().len(), 1, "process B never touched the primary");
+}
