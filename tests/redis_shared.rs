@@ -538,12 +538,25 @@ async fn two_gateway_processes_share_a_cooldown() {
     };
     let Some(binary) = gateway_binary() else {
         let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-        assert!(!ci, "the gateway example is not built; CI=true, so this test cannot skip");
-        eprintln!("!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)");
+        assert!(
+            !ci,
+            "the gateway example is not built; CI=true, so this test cannot skip"
+        );
+        eprintln!(
+            "!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)"
+        );
         return;
     };
-    let primary = FakeUpstream::builder("primary").tokens(4).start().await.unwrap();
-    let backup = FakeUpstream::builder("backup").tokens(4).start().await.unwrap();
+    let primary = FakeUpstream::builder("primary")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
     let config = format!(
         r#"
 [failover]
@@ -579,9 +592,16 @@ base_url = "{}"
     let reply = post_to(a.addr, None).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert_eq!(primary.requests().len(), 1);
-    eventually("process B sees the primary cooling", || cooling(b.addr, "primary")).await;
+    eventually("process B sees the primary cooling", || {
+        cooling(b.addr, "primary")
+    })
+    .await;
     let reply = post_to(b.addr, None).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(reply.body.contains("backup"), "{}", reply.body);
-    assert_eq!(primary.requests().len(), 1, "process B never touched the primary");
+    assert_eq!(
+        primary.requests().len(),
+        1,
+        "process B never touched the primary"
+    );
 }
