@@ -38,6 +38,9 @@ pub(crate) struct StateConfig {
     pub(crate) spend_fail_open: bool,
 }
 
+/// Health, retry budget and spend store, as one backend builds them.
+type Built = (Arc<dyn HealthStore>, RetryBudget, Arc<dyn SpendStore>);
+
 /// The stores built from `[state]`.
 pub(crate) struct Stores {
     pub(crate) health: Arc<dyn HealthStore>,
@@ -95,7 +98,7 @@ fn on_redis(
     state: &StateConfig,
     cooldown: CooldownPolicy,
     retry: RetryBudgetConfig,
-) -> Result<(Arc<dyn HealthStore>, RetryBudget, Arc<dyn SpendStore>), String> {
+) -> Result<Built, String> {
     use tower_llm_failover::redis::{
         DEFAULT_PREFIX, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
     };
@@ -125,7 +128,7 @@ fn on_redis(
     _state: &StateConfig,
     _cooldown: CooldownPolicy,
     _retry: RetryBudgetConfig,
-) -> Result<(Arc<dyn HealthStore>, RetryBudget, Arc<dyn SpendStore>), String> {
+) -> Result<Built, String> {
     Err("state.redis_url: this gateway was built without the `redis` feature".to_owned())
 }
 
