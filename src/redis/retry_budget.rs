@@ -26,9 +26,11 @@ use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError};
 /// was granted by the shared budget, so the fleet's total stays within it
 /// (it may refuse a little early, never allow more).
 ///
-/// Redis unreachable: withdrawals fall back to a local `TpsBudget` of the
-/// same settings (fed the same deposits), so retries stay capped per
-/// replica; the shared budget is used again once Redis answers.
+/// Redis unreachable (or not yet asked, right after start): withdrawals
+/// fall back to a local `TpsBudget` of the same settings (fed the same
+/// deposits), so retries stay capped per replica; what it granted is
+/// debited from the shared budget once Redis answers, so the fleet's total
+/// comes back within the shared budget.
 ///
 /// Use it through [`RetryBudget`]: [`into_retry_budget`](Self::into_retry_budget).
 pub struct RedisRetryBudget {
@@ -39,6 +41,9 @@ pub struct RedisRetryBudget {
 struct Shared {
     lease: AtomicU64,
     pending: AtomicU64,
+    /// Withdrawals the local fallback granted, debited from the shared
+    /// budget at the next exchange.
+    local_grants: AtomicU64,
     reachable: AtomicBool,
     fallback: TpsBudget,
     want: u64,
@@ -135,6 +140,7 @@ where
         let shared = Arc::new(Shared {
             lease: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            local_grants: AtomicU64::new(0),
             // Local until Redis first answered: a replica that just
             // started still retries (capped by its own budget).
             reachable: AtomicBool::new(false),
@@ -168,7 +174,11 @@ impl TowerBudget for RedisRetryBudget {
     fn withdraw(&self) -> bool {
         let shared = &self.shared;
         if !shared.reachable.load(Ordering::Acquire) {
-            return shared.fallback.withdraw();
+            let granted = shared.fallback.withdraw();
+            if granted {
+                shared.local_grants.fetch_add(1, Ordering::AcqRel);
+            }
+            return granted;
         }
         let taken = shared
             .lease
@@ -230,10 +240,11 @@ where
     async fn exchange(&self) -> Result<(), RedisError> {
         let shared = &self.shared;
         let deposits = shared.pending.swap(0, Ordering::AcqRel);
+        let debit = shared.local_grants.swap(0, Ordering::AcqRel);
         let want = shared
             .want
             .saturating_sub(shared.lease.load(Ordering::Acquire));
-        if deposits == 0 && want == 0 {
+        if deposits == 0 && want == 0 && debit == 0 {
             return Ok(());
         }
         let mut connection = self.connection.clone();
@@ -245,6 +256,7 @@ where
             .arg(self.ttl_ms)
             .arg(self.percent_milli)
             .arg(self.reserve_milli)
+            .arg(debit)
             .invoke_async::<u64>(&mut connection)
             .await;
         match reply {
@@ -256,8 +268,9 @@ where
                 Ok(())
             }
             Err(error) => {
-                // The deposits count again next time.
+                // The deposits and the debit count again next time.
                 shared.pending.fetch_add(deposits, Ordering::AcqRel);
+                shared.local_grants.fetch_add(debit, Ordering::AcqRel);
                 if is_unavailable(&error) && shared.reachable.swap(false, Ordering::AcqRel) {
                     tracing::warn!(%error, "Redis unreachable: the retry budget is local");
                 } else if !is_unavailable(&error) {
