@@ -133,6 +133,9 @@ pub mod dialect;
 pub mod failover;
 mod failure;
 pub mod record;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 pub mod sse;
 pub mod stream;
 #[cfg(feature = "testing")]

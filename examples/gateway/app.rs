@@ -5,6 +5,9 @@
 // file get it too.
 #[path = "messages.rs"]
 pub(crate) mod messages;
+// `[state]`: health, retry budget and tenant spend in memory or on Redis.
+#[path = "state.rs"]
+mod state;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,7 +25,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudgetConfig, TenantSpend,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
@@ -30,8 +33,7 @@ use tower_llm_failover::dialect::{
     Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
 };
 use tower_llm_failover::failover::{
-    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
-    Strategy, Target,
+    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
 use tower_llm_failover::stream::StreamStateLayer;
 
@@ -53,6 +55,8 @@ pub(crate) struct Config {
     /// Client-facing models and their targets, matched in file order.
     #[serde(default)]
     pub(crate) routes: Vec<RouteConfig>,
+    /// Shared state (Redis) and tenant ceilings; absent: all in memory.
+    pub(crate) state: Option<state::StateConfig>,
 }
 
 fn default_listen() -> String {
@@ -78,6 +82,11 @@ pub(crate) struct BudgetConfig {
     pub(crate) spend_ceiling_usd: Option<f64>,
     /// Extra attempts allowed across turns, as a fraction of first attempts.
     pub(crate) retry_percent: f32,
+    /// Extra attempts allowed per second whatever the first attempts
+    /// (tower's reserve; 10 by default).
+    pub(crate) retry_min_per_sec: u32,
+    /// How long a first attempt counts toward the retry budget (1–60 s).
+    pub(crate) retry_ttl_ms: u64,
 }
 
 impl Default for BudgetConfig {
@@ -92,6 +101,8 @@ impl Default for BudgetConfig {
             response_timeout_ms: None,
             spend_ceiling_usd: None,
             retry_percent: 0.2,
+            retry_min_per_sec: 10,
+            retry_ttl_ms: 10_000,
         }
     }
 }
@@ -316,7 +327,8 @@ pub(crate) struct Gateway {
     routes: Vec<Route>,
     messages: Vec<messages::MessagesRoute>,
     max_request_bytes: usize,
-    health: Arc<MemoryHealthStore>,
+    health: Arc<dyn HealthStore>,
+    tenant: Option<TenantSpend>,
 }
 
 /// `*` matches any run of characters; everything else literally.
@@ -419,12 +431,13 @@ impl Gateway {
         }
         let b = &config.budget;
         let f = &config.failover;
-        let retry_budget = RetryBudget::new(
-            RetryBudgetConfig::new()
-                .ttl(Duration::from_secs(10))
-                .retry_percent(b.retry_percent),
-        )
-        .map_err(|e| format!("budget: {e}"))?;
+        let retry_config = RetryBudgetConfig::new()
+            .ttl(Duration::from_millis(b.retry_ttl_ms))
+            .min_per_sec(b.retry_min_per_sec)
+            .retry_percent(b.retry_percent);
+        retry_config
+            .validate()
+            .map_err(|e| format!("budget: {e}"))?;
         let strategy = match f.strategy.as_str() {
             "ordered" => Strategy::Ordered,
             "cheapest_healthy" => Strategy::CheapestHealthy,
@@ -465,8 +478,10 @@ impl Gateway {
                     .map_or(defaults.max, Duration::from_millis),
             );
         // One health registry for the whole gateway: a provider shared by
-        // several routes has one health state.
-        let health = Arc::new(MemoryHealthStore::new(cooldown));
+        // several routes has one health state (shared by every replica on
+        // Redis when `[state] redis_url` is set).
+        let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
+        let (health, retry_budget) = (stores.health, stores.retry_budget);
         let stream_layer = StreamStateLayer::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
@@ -554,6 +569,7 @@ impl Gateway {
             messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health,
+            tenant: stores.tenant,
         })
     }
 
@@ -665,11 +681,15 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, chat));
+    let headers = parts.headers.clone();
     let request = http::Request::from_parts(parts, Full::new(bytes));
-    match route.service.clone().oneshot(request).await {
-        Ok(response) => response.map(Body::new),
-        Err(never) => match never {},
-    }
+    let turn = async move {
+        match route.service.clone().oneshot(request).await {
+            Ok(response) => response.map(Body::new),
+            Err(never) => match never {},
+        }
+    };
+    state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard

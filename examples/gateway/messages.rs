@@ -222,11 +222,15 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, messages));
+    let headers = parts.headers.clone();
     let request = http::Request::from_parts(parts, Full::new(bytes));
-    match route.service.clone().oneshot(request).await {
-        Ok(response) => response.map(Body::new),
-        Err(never) => match never {},
-    }
+    let turn = async move {
+        match route.service.clone().oneshot(request).await {
+            Ok(response) => response.map(Body::new),
+            Err(never) => match never {},
+        }
+    };
+    super::state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
 }
 
 /// The embedded demo's Messages providers and routes (TOML to append to the

@@ -172,6 +172,22 @@ pub(super) fn budget_stop<B, D: Dialect>(
             StatusCode::PAYMENT_REQUIRED,
             &ErrorReply::new(FailureClass::QuotaExhausted, &message).code("spend_ceiling_reached"),
         ),
+        // Another option was there, but the fleet is retrying too much
+        // right now: say so, rather than blame the first failure.
+        (BudgetExhausted::RetryBudget { .. }, _) => {
+            let message = match first {
+                Some((target, failure)) => format!(
+                    "{message}; first failure: {} from {target}: {}",
+                    failure.class, failure.message
+                ),
+                None => message,
+            };
+            error(
+                dialect,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &ErrorReply::new(FailureClass::Overloaded, &message).code("retry_budget_exhausted"),
+            )
+        }
         (_, Some(_)) => exhausted(dialect, first, budget, &message, false),
         (_, None) => error(
             dialect,
