@@ -198,7 +198,10 @@ async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_st
     let lines = lines_of("spend-turn");
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["class"], "rate_limited");
-    assert_eq!(lines[0]["decision"], "stop", "the decision taken: {lines:?}");
+    assert_eq!(
+        lines[0]["decision"], "stop",
+        "the decision taken: {lines:?}"
+    );
     let turn = turn_lines_of("spend-turn");
     assert_eq!(turn.len(), 1, "{turn:?}");
     assert_eq!(turn[0]["outcome"], "stopped_before_output");
@@ -258,7 +261,10 @@ async fn a_turn_with_every_target_cooling_leaves_a_turn_line() {
     assert_eq!(turn.len(), 1, "{turn:?}");
     assert_eq!(turn[0]["stop_reason"], "exhausted");
 
-    let second = failover.oneshot(chat(false, "cooling-second")).await.unwrap();
+    let second = failover
+        .oneshot(chat(false, "cooling-second"))
+        .await
+        .unwrap();
     assert_eq!(second.status(), 503);
     assert_eq!(primary.calls(), 1);
     assert!(lines_of("cooling-second").is_empty());

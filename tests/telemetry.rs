@@ -339,10 +339,7 @@ async fn failures_before_and_after_commit_land_under_different_phases() {
         1
     );
     assert_eq!(
-        counter(
-            metric::REROUTES,
-            &[(attr::FAILOVER_TARGET, "phase-before")]
-        ),
+        counter(metric::REROUTES, &[(attr::FAILOVER_TARGET, "phase-before")]),
         1
     );
     assert!(

@@ -166,7 +166,9 @@ fn promtool_check(text: &str) {
                 !ci,
                 "promtool is needed under CI=true (Debian package prometheus): {error}"
             );
-            eprintln!("!!! WARNING: promtool not found ({error}): `promtool check metrics` SKIPPED");
+            eprintln!(
+                "!!! WARNING: promtool not found ({error}): `promtool check metrics` SKIPPED"
+            );
             return;
         }
     };
@@ -271,7 +273,7 @@ targets = [
     assert_eq!(
         sample(
             &text,
-            "failover_attempts",
+            "failover_attempts_total",
             &[
                 ("failover_target", billing),
                 ("failover_phase", "preamble"),
@@ -285,7 +287,7 @@ targets = [
     assert_eq!(
         sample(
             &text,
-            "failover_attempts",
+            "failover_attempts_total",
             &[
                 ("failover_target", cut),
                 ("failover_phase", "committed"),
@@ -298,7 +300,7 @@ targets = [
     assert_eq!(
         sample(
             &text,
-            "failover_attempts",
+            "failover_attempts_total",
             &[("failover_target", cut), ("failover_class", "none")]
         ),
         None,
@@ -310,25 +312,37 @@ targets = [
         ("ended_after_commit", 1.0),
     ] {
         assert_eq!(
-            sample(&text, "failover_turns", &[("failover_outcome", outcome)]),
+            sample(
+                &text,
+                "failover_turns_total",
+                &[("failover_outcome", outcome)]
+            ),
             Some(count),
             "{outcome}: {text}"
         );
     }
     assert_eq!(
-        sample(&text, "failover_terminal_chunks", &[("failover_target", cut)]),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "failover_reroutes", &[("failover_target", billing)]),
+        sample(
+            &text,
+            "failover_terminal_chunks_total",
+            &[("failover_target", cut)]
+        ),
         Some(1.0),
         "{text}"
     );
     assert_eq!(
         sample(
             &text,
-            "failover_cooldowns",
+            "failover_reroutes_total",
+            &[("failover_target", billing)]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "failover_cooldowns_total",
             &[
                 ("failover_scope", "account"),
                 ("gen_ai_provider_name", "primary-billing")
@@ -351,7 +365,7 @@ targets = [
         "{text}"
     );
     assert_eq!(
-        sample(&text, "failover_retry_budget_deposits", &[]),
+        sample(&text, "failover_retry_budget_deposits_total", &[]),
         Some(3.0),
         "{text}"
     );
@@ -360,7 +374,10 @@ targets = [
         sample(
             &text,
             "gen_ai_client_operation_duration_count",
-            &[("failover_target", billing), ("error_type", "quota_exhausted")]
+            &[
+                ("failover_target", billing),
+                ("error_type", "quota_exhausted")
+            ]
         ),
         Some(1.0),
         "{text}"
@@ -418,7 +435,10 @@ targets = [
         .iter()
         .find(|s| string(s, "failover.target").as_deref() == Some(billing))
         .unwrap_or_else(|| panic!("no attempt span of {billing}: {spans:#?}"));
-    assert_eq!(failed.name, "chat primary-model#fault:status=429;error=quota");
+    assert_eq!(
+        failed.name,
+        "chat primary-model#fault:status=429;error=quota"
+    );
     assert_eq!(
         string(failed, "gen_ai.operation.name").as_deref(),
         Some("chat")
@@ -431,7 +451,12 @@ targets = [
         string(failed, "failover.phase").as_deref(),
         Some("preamble")
     );
-    assert_eq!(int(failed, "failover.bytes_flushed"), Some(0));
+    assert_eq!(
+        int(failed, "failover.bytes_flushed"),
+        Some(0),
+        "{:?}",
+        failed.attributes
+    );
     assert_eq!(
         string(failed, "failover.decision").as_deref(),
         Some("reroute")
@@ -454,8 +479,17 @@ targets = [
         .iter()
         .find(|s| s.span_id == failed.parent_span_id)
         .unwrap();
-    assert_eq!(string(turn, "failover.outcome").as_deref(), Some("after_hop"));
-    assert_eq!(turn.name, "chat demo-failover");
+    assert_eq!(
+        string(turn, "failover.outcome").as_deref(),
+        Some("after_hop")
+    );
+    // The client's model is known only once the request is read: it is an
+    // attribute of the turn span, whose exported name stays `chat`.
+    assert_eq!(turn.name, "chat");
+    assert_eq!(
+        string(turn, "gen_ai.request.model").as_deref(),
+        Some("demo-failover")
+    );
 
     let metric_names: Vec<&str> = received
         .metrics

@@ -73,10 +73,12 @@ impl Telemetry {
             "text" => fmt
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .boxed(),
-            // One JSON object per line, the event's fields flattened.
+            // One JSON object per line; the event's fields under
+            // "fields" (an attempt's `target` field would clash with the
+            // line's own `target` if flattened).
             "json" => fmt
                 .json()
-                .flatten_event(true)
+                .flatten_event(false)
                 .with_current_span(false)
                 .with_span_list(false)
                 .boxed(),
@@ -131,13 +133,14 @@ impl Telemetry {
 
         let prometheus = PrometheusBuilder::new().build_recorder();
         let handle = prometheus.handle();
-        let mut recorders = metrics_util::layers::FanoutBuilder::default().add_recorder(prometheus);
+        let mut recorders =
+            metrics_util::layers::FanoutBuilder::default().add_recorder(TotalSuffix(prometheus));
         if let Some(meter) = &meter {
             use opentelemetry::metrics::MeterProvider as _;
-            recorders = recorders.add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
+            recorders =
+                recorders.add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
         }
-        metrics::set_global_recorder(recorders.build())
-            .map_err(|e| format!("telemetry: {e}"))?;
+        metrics::set_global_recorder(recorders.build()).map_err(|e| format!("telemetry: {e}"))?;
         tower_llm_failover::telemetry::describe_metrics();
         Ok(Self {
             prometheus: handle,
@@ -165,6 +168,45 @@ impl Telemetry {
         if let Some(meter) = self.meter {
             let _ = meter.shutdown();
         }
+    }
+}
+
+/// Prometheus names a counter `*_total` (OpenTelemetry names do not carry
+/// it): the suffix is added on the way into the Prometheus recorder only.
+struct TotalSuffix<R>(R);
+
+fn with_total(name: &str) -> String {
+    format!("{name}.total")
+}
+
+impl<R: Recorder> Recorder for TotalSuffix<R> {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0
+            .describe_counter(KeyName::from(with_total(key.as_str())), unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        let key = Key::from_parts(
+            with_total(key.name()),
+            key.labels().cloned().collect::<Vec<_>>(),
+        );
+        self.0.register_counter(&key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.0.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.0.register_histogram(key, metadata)
     }
 }
 

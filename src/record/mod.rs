@@ -341,9 +341,10 @@ impl RunRecord {
             Some(a) if a.class == Some(FailureClass::Cancelled) => {
                 (TurnOutcome::EndedAfterCommit, Some(StopReason::Cancelled))
             }
-            Some(a) if a.class.is_some() => {
-                (TurnOutcome::EndedAfterCommit, Some(StopReason::StreamFailed))
-            }
+            Some(a) if a.class.is_some() => (
+                TurnOutcome::EndedAfterCommit,
+                Some(StopReason::StreamFailed),
+            ),
             Some(a) if a.attempt <= 1 => (TurnOutcome::FirstTry, None),
             Some(_) => (TurnOutcome::AfterHop, None),
             None => (

@@ -16,6 +16,9 @@
 //!
 //! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
 //! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
+//! The turn's model is known only once the request is read, after the span
+//! starts: `tracing-opentelemetry` exports the turn span as `chat`, with the
+//! model in `gen_ai.request.model`.
 //! A committed stream's attempt span (and its turn's) stays open until the
 //! stream ends, so its figures are the final ones; an attempt that is
 //! retried or rerouted ends when the next attempt begins, the moment its
@@ -315,7 +318,7 @@ pub(crate) fn attempt_span(
         { attr::GEN_AI_PROVIDER_NAME } = %crate::record::log_safe(provider),
         { attr::GEN_AI_REQUEST_MODEL } = %model,
         { attr::FAILOVER_TARGET } = %crate::record::log_safe(target),
-        { attr::FAILOVER_ATTEMPT } = attempt,
+        { attr::FAILOVER_ATTEMPT } = i64::from(attempt),
         { attr::GEN_AI_RESPONSE_MODEL } = tracing::field::Empty,
         { attr::GEN_AI_RESPONSE_ID } = tracing::field::Empty,
         { attr::GEN_AI_RESPONSE_FINISH_REASONS } = tracing::field::Empty,
@@ -351,19 +354,22 @@ pub(crate) fn attempt_ended(r: &crate::record::AttemptRecord, span: Option<&trac
             );
         }
         if let Some(usage) = r.usage.filter(|_| !r.estimated) {
-            span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens);
-            span.record(attr::GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens);
+            span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, int(usage.prompt_tokens));
+            span.record(
+                attr::GEN_AI_USAGE_OUTPUT_TOKENS,
+                int(usage.completion_tokens),
+            );
         }
         if let Some(status) = r.status {
-            span.record(attr::HTTP_RESPONSE_STATUS_CODE, status);
+            span.record(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
         }
         if let Some(class) = r.class {
             span.record(attr::ERROR_TYPE, class.as_str());
             span.record(attr::FAILOVER_CLASS, class.as_str());
         }
         span.record(attr::FAILOVER_PHASE, phase);
-        span.record(attr::FAILOVER_BYTES_FLUSHED, r.bytes_flushed);
-        span.record(attr::FAILOVER_OUTPUT_EVENTS, r.output_events);
+        span.record(attr::FAILOVER_BYTES_FLUSHED, int(r.bytes_flushed));
+        span.record(attr::FAILOVER_OUTPUT_EVENTS, int(r.output_events));
         span.record(attr::FAILOVER_DECISION, r.decision.as_str());
         if let Some(cost) = r.cost {
             span.record(attr::FAILOVER_COST_USD, cost.as_usd());
@@ -417,7 +423,7 @@ pub(crate) fn attempt_ended(r: &crate::record::AttemptRecord, span: Option<&trac
 pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>) {
     let reason = facts.reason.map_or("none", |r| r.as_str());
     if let Some(span) = facts.span {
-        span.record(attr::FAILOVER_ATTEMPTS, facts.attempts as u64);
+        span.record(attr::FAILOVER_ATTEMPTS, int(facts.attempts as u64));
         span.record(attr::FAILOVER_OUTCOME, facts.outcome.as_str());
         if let Some(reason) = facts.reason {
             span.record(attr::FAILOVER_STOP_REASON, reason.as_str());
@@ -454,4 +460,10 @@ pub(crate) fn turn_model(span: &tracing::Span, model: &str) {
         format_args!("{} {model}", span::OPERATION_CHAT).to_string(),
     );
     span.record(attr::GEN_AI_REQUEST_MODEL, model);
+}
+
+/// A count as a span field: `i64`, which OpenTelemetry exports as an
+/// integer (`u64` goes out as text).
+fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
