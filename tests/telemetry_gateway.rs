@@ -423,7 +423,7 @@ targets = [
     .await
     .unwrap();
     flush.1.unwrap();
-    let received = received.lock().unwrap();
+    let received = std::mem::take(&mut *received.lock().unwrap());
     let spans: Vec<&Span> = received
         .traces
         .iter()

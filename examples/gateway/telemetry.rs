@@ -150,6 +150,8 @@ impl Telemetry {
     }
 
     /// Pushes everything still buffered to the OTLP collector (blocking).
+    /// Used by the tests; the gateway flushes at shutdown.
+    #[allow(dead_code)]
     pub(crate) fn flush(&self) -> Result<(), String> {
         if let Some(tracer) = &self.tracer {
             tracer.force_flush().map_err(|e| e.to_string())?;
