@@ -40,7 +40,6 @@
 //! | [`metric::RETRY_BUDGET_DEPOSITS`], [`metric::RETRY_BUDGET_WITHDRAWALS`] | counter | `failover.result` (`granted`, `refused`) on withdrawals |
 //! | [`metric::BYTES_FLUSHED_BEFORE_FAILURE`] (By) | histogram | `failover.phase`, `failover.target` |
 //! | [`metric::ATTEMPTS_PER_TURN`] | histogram | `failover.outcome` |
-//! | [`metric::ACTIONS`] | counter | `failover.action.state` (`succeeded`, `failed`, `unknown`, `reconciled`, `replayed`, `in_progress`) |
 //!
 //! The model is left out of attempt metrics' labels (target and provider
 //! names are the operator's, a model may be the client's); health gauges
@@ -129,8 +128,6 @@ pub mod attr {
     pub const FAILOVER_STATE: &str = "failover.state";
     /// A retry-budget withdrawal's result.
     pub const FAILOVER_RESULT: &str = "failover.result";
-    /// An action's state.
-    pub const FAILOVER_ACTION_STATE: &str = "failover.action.state";
 }
 
 /// Metric names.
@@ -162,8 +159,6 @@ pub mod metric {
     pub const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
     /// Histogram: attempts a turn made.
     pub const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
-    /// Counter: tool actions by the state a call found or left.
-    pub const ACTIONS: &str = "failover.actions";
 }
 
 /// Describes every metric (units and help text) to the installed
@@ -218,7 +213,6 @@ pub fn describe_metrics() {
         Unit::Count,
         "Upstream attempts per turn."
     );
-    metrics::describe_counter!(metric::ACTIONS, "Tool actions by state.");
 }
 
 /// The states a health gauge names.
