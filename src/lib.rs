@@ -36,7 +36,8 @@
 //!   the above run every stream through.
 //! - [`dialect`]: everything about a wire format (OpenAI chat completions
 //!   first); [`sse`]: the zero-copy SSE scanner underneath.
-//! - [`record`]: run and attempt records.
+//! - [`record`]: run and attempt records; [`telemetry`]: GenAI spans and
+//!   metrics through `tracing` and the `metrics` facade.
 //! - `action` (feature `actions`, on by default): idempotent tool actions
 //!   keyed by the application.
 //! - `client` (feature `client`, on by default): `UpstreamClient`, the real
@@ -138,6 +139,7 @@ pub mod record;
 pub mod redis;
 pub mod sse;
 pub mod stream;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

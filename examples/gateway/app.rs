@@ -25,7 +25,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudgetConfig, TenantSpend,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig, TenantSpend,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
@@ -36,6 +36,11 @@ use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
 use tower_llm_failover::stream::StreamStateLayer;
+
+// A module of this file (not of main.rs): the tests that include this file
+// get the `[telemetry]` table and `GET /metrics` with it.
+#[path = "telemetry.rs"]
+pub(crate) mod telemetry;
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
@@ -57,6 +62,9 @@ pub(crate) struct Config {
     pub(crate) routes: Vec<RouteConfig>,
     /// Shared state (Redis) and tenant ceilings; absent: all in memory.
     pub(crate) state: Option<state::StateConfig>,
+    /// Logs, metrics and OTLP export.
+    #[serde(default)]
+    pub(crate) telemetry: telemetry::TelemetryConfig,
 }
 
 fn default_listen() -> String {
@@ -329,6 +337,9 @@ pub(crate) struct Gateway {
     max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
     tenant: Option<TenantSpend>,
+    retry_budget: RetryBudget,
+    /// What `GET /metrics` renders (404 without it).
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 /// `*` matches any run of characters; everything else literally.
@@ -570,7 +581,18 @@ impl Gateway {
             max_request_bytes: f.max_request_bytes,
             health,
             tenant: stores.tenant,
+            retry_budget,
+            prometheus: None,
         })
+    }
+
+    /// Serves `GET /metrics` from this Prometheus recorder's handle.
+    pub(crate) fn with_prometheus(
+        mut self,
+        handle: metrics_exporter_prometheus::PrometheusHandle,
+    ) -> Self {
+        self.prometheus = Some(handle);
+        self
     }
 
     fn route(&self, model: &str) -> Option<&Route> {
@@ -586,6 +608,7 @@ impl Gateway {
             .route("/v1/messages", post(messages::handler))
             .route("/v1/models", get(models))
             .route("/v1/health/targets", get(health_targets))
+            .route("/metrics", get(metrics_text))
             .route(
                 "/healthz",
                 get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
@@ -738,6 +761,24 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>) -> Response {
         })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": keys})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text, health and retry-budget figures read
+/// at the scrape.
+async fn metrics_text(State(gateway): State<Arc<Gateway>>) -> Response {
+    let Some(handle) = &gateway.prometheus else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    tower_llm_failover::telemetry::record_health(&*gateway.health);
+    tower_llm_failover::telemetry::record_retry_budget(&gateway.retry_budget);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        handle.render(),
+    )
+        .into_response()
 }
 
 /// A gateway serving on a bound listener, stopped by `shutdown`.

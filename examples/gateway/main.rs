@@ -19,8 +19,11 @@
 //! `claude-demo-cut` (cut after 5 deltas: `event: error`) and `claude-*`.
 //!
 //! Serves `POST /v1/chat/completions`, `POST /v1/messages` (providers with
-//! `dialect = "anthropic"`), `GET /v1/models`, `GET /healthz` and
-//! `GET /v1/health/targets` (every health key: state, streak, last class).
+//! `dialect = "anthropic"`), `GET /v1/models`, `GET /healthz`,
+//! `GET /v1/health/targets` (every health key: state, streak, last class)
+//! and `GET /metrics` (Prometheus text). `[telemetry]` picks the log format
+//! (`log_format = "json"`: one JSON line per event) and an
+//! `otlp_endpoint` to export spans and metrics to over OTLP/HTTP.
 //! SIGINT/SIGTERM stop accepting and let running streams finish within
 //! `failover.shutdown_grace_ms`.
 
@@ -38,14 +41,6 @@ fn usage() -> ! {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_llm_failover=info".into()),
-        )
-        .init();
-
     let mut args = std::env::args().skip(1);
     let (mut config_path, mut listen) = (None, None);
     while let Some(arg) = args.next() {
@@ -97,10 +92,18 @@ async fn main() {
     if let Some(listen) = listen {
         config.listen = listen;
     }
-    let gateway = Gateway::from_config(&config).unwrap_or_else(|e| {
-        eprintln!("bad config: {e}");
-        std::process::exit(1)
-    });
+    // Logs, `GET /metrics` and OTLP export, as `[telemetry]` says.
+    let telemetry = app::telemetry::Telemetry::install(&config.telemetry, std::io::stderr)
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        });
+    let gateway = Gateway::from_config(&config)
+        .unwrap_or_else(|e| {
+            eprintln!("bad config: {e}");
+            std::process::exit(1)
+        })
+        .with_prometheus(telemetry.prometheus.clone());
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .unwrap_or_else(|e| {
@@ -139,6 +142,8 @@ async fn main() {
     } else {
         println!("grace period over; remaining streams closed");
     }
+    // The OTLP exporters block while they flush.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
 }
 
 /// The embedded demo: two fake providers and three routes.

@@ -23,7 +23,7 @@ use super::shared::Shared;
 use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, Classify, FailureClass, Phase, RateLimitHeaders};
-use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState};
+use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState, StreamStatus};
 use crate::dialect::{Dialect, Usage};
 use crate::record::RunRecord;
 
@@ -354,6 +354,7 @@ fn on_stream_end<S, D>(
     let pricing = target.pricing;
     let prompt_tokens = plan.prompt_tokens;
     let started = plan.start.clock;
+    let target_name = Arc::clone(&target.name);
     Box::new(move |snapshot: &StreamSnapshot| {
         // No usage reported: one output event is about one token.
         let estimate = Usage::new(prompt_tokens, snapshot.output_events);
@@ -367,9 +368,19 @@ fn on_stream_end<S, D>(
                     && failure.note != Some(Note::TurnDeadline) =>
             {
                 let scope = scopes.scope(failure.class, client_named);
-                health.failure(&key, FailureReport::new(failure.class, scope));
+                if health
+                    .failure(&key, FailureReport::new(failure.class, scope))
+                    .is_some()
+                {
+                    crate::telemetry::cooldown_started(key.provider(), scope.as_str());
+                }
             }
             Some(_) => {}
+        }
+        if snapshot.status == StreamStatus::Failed
+            && let Some(failure) = &snapshot.failure
+        {
+            crate::telemetry::terminal_chunk_sent(&target_name, failure.class.as_str());
         }
         run.finish_last(|record| {
             record.duration = started.elapsed();
@@ -382,6 +393,8 @@ fn on_stream_end<S, D>(
             record.output_events = snapshot.output_events;
             charge.fill(record);
             record.response_model.clone_from(&snapshot.identity.model);
+            record.response_id.clone_from(&snapshot.identity.id);
+            record.finish_reason.clone_from(&snapshot.finish_reason);
             if let Some(failure) = &snapshot.failure {
                 record.class = Some(failure.class);
                 record.phase = Some(failure.phase);

@@ -24,8 +24,9 @@ pub(super) fn finish<B, D>(
     for (name, value) in run.summary_headers() {
         response.headers_mut().insert(name, value);
     }
+    // A stream's turn is concluded when the stream ends.
     if !response.body().is_stream() {
-        run.mark_done();
+        run.conclude();
     }
     response.extensions_mut().insert(run.clone());
     response.extensions_mut().insert(budget.clone());
