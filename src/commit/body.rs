@@ -913,7 +913,7 @@ where
             // Join what the upstream connection has already read: hyper's
             // client hands its body over one chunk at a time, so the events
             // of one socket read arrive as separate frames with the
-            // connection's task in between. Yield once to let it decode the
+            // connection's task in between. Yield to let it decode the
             // next; only when a yield brings nothing more does the join go
             // out. Without this, every event costs the client a write.
             if inspector.may_join_more() {
@@ -926,7 +926,12 @@ where
                         let yielded = self.as_mut().project().yielded;
                         if !*yielded {
                             *yielded = true;
-                            cx.waker().wake_by_ref();
+                            // A plain self-wake would poll this task again
+                            // at once (tokio's LIFO slot); `yield_now`
+                            // defers the wake-up until the runtime has run
+                            // the other ready tasks, the upstream
+                            // connection's among them.
+                            let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
                             return Poll::Pending;
                         }
                     }
