@@ -132,7 +132,9 @@ pub mod commit;
 pub mod dialect;
 pub mod failover;
 mod failure;
+pub mod limit;
 pub mod record;
+pub mod shutdown;
 pub mod sse;
 pub mod stream;
 #[cfg(feature = "testing")]

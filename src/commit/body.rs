@@ -43,6 +43,8 @@ pin_project! {
         // While held back: the first-output deadline, then the end of the
         // commit window's time limit.
         hold_timer: Option<Pin<Box<Sleep>>>,
+        // Fires when the gateway's shutdown grace period is over.
+        shutdown: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
         inspector: Option<Inspector<D>>,
     }
 }
@@ -111,6 +113,7 @@ where
                 last_frame: Instant::now(),
                 deadline: None,
                 hold_timer: None,
+                shutdown: None,
                 inspector: None,
             });
         }
@@ -151,6 +154,7 @@ where
             last_frame: Instant::now(),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             hold_timer,
+            shutdown: config.shutdown.as_ref().map(|s| Box::pin(s.ending())),
             inspector: Some(inspector),
         }
     }
@@ -800,6 +804,12 @@ where
             Poll::Ready(Some(Err(error))) => inspector.fail(FailureKind::Body(error.into())),
             Poll::Ready(None) => inspector.on_eof(),
             Poll::Pending => {
+                if let Some(shutdown) = this.shutdown.as_mut()
+                    && shutdown.as_mut().poll(cx).is_ready()
+                {
+                    inspector.fail(FailureKind::Shutdown);
+                    return Poll::Ready(());
+                }
                 if let Some(deadline) = this.deadline.as_mut()
                     && deadline.as_mut().poll(cx).is_ready()
                 {
