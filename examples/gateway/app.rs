@@ -34,7 +34,7 @@ use tower_llm_failover::stream::StreamStateLayer;
 // Connection and request limits, and graceful shutdown.
 #[path = "serve.rs"]
 mod serve;
-pub(crate) use serve::{Running, ServerConfig};
+pub(crate) use serve::{Running, ServerConfig, shutdown_signal};
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
