@@ -34,6 +34,7 @@ use tower_llm_failover::stream::StreamStateLayer;
 // Connection and request limits, and graceful shutdown.
 #[path = "serve.rs"]
 mod serve;
+#[allow(unused_imports)] // each includer of this file uses some
 pub(crate) use serve::{Running, ServerConfig, shutdown_signal};
 
 /// The TOML file `--config` reads.
