@@ -37,6 +37,9 @@
 //! - [`dialect`]: everything about a wire format (OpenAI chat completions
 //!   first); [`sse`]: the zero-copy SSE scanner underneath.
 //! - [`record`]: run and attempt records.
+//! - [`limit`]: request-body read limits and an in-flight cap that sheds
+//!   with the dialect's 503; [`shutdown`]: the signal that ends running
+//!   streams cleanly when a gateway's grace period is over.
 //! - `action` (feature `actions`, on by default): idempotent tool actions
 //!   keyed by the application.
 //! - `client` (feature `client`, on by default): `UpstreamClient`, the real

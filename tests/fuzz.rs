@@ -163,9 +163,8 @@ proptest! {
     }
 
     /// The commit machine (scanner + dialect + terminal events) on any
-    /// upstream bytes: no panic; the client's bytes are bounded by the
-    /// upstream's plus one terminal event; every complete `data:` event the
-    /// client receives after the last upstream one is valid JSON.
+    /// upstream bytes: no panic, and the client's bytes are bounded by the
+    /// upstream's plus one terminal event.
     #[test]
     fn commit_machine_takes_any_upstream_bytes(
         wire in wire_bytes(1500),

@@ -206,16 +206,12 @@ fn answer(
             vec![Step::Data(error_json("server_error"))]
         }
         Some(Fault::InBandError) if stream => {
-            let (_, commit) = full_stream(name, usage);
             // After 0..TOKENS content events (an event boundary).
-            let events: Vec<&[u8]> = body.split_inclusive(|b| *b == b'\n').collect();
-            let _ = events;
             let mut prefix = chunk(name, json!({"role": "assistant", "content": ""}), None);
             let n = rng.usize(0..TOKENS);
             for i in 0..n {
                 prefix.extend(chunk(name, json!({"content": token(name, i)}), None));
             }
-            let _ = commit;
             prefix.extend(
                 format!(
                     "data: {}\n\n",
