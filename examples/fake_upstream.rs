@@ -1,5 +1,5 @@
-//! An OpenAI-compatible fake provider on 127.0.0.1, for demos and manual
-//! tests of a gateway.
+//! A fake provider on 127.0.0.1 that speaks OpenAI chat completions and
+//! Anthropic Messages, for demos and manual tests of a gateway.
 //!
 //! ```text
 //! cargo run --example fake_upstream --features testing -- \
@@ -7,7 +7,9 @@
 //! ```
 //!
 //! It prints one ready line with its base URL and serves until Ctrl-C:
-//! `POST /v1/chat/completions` (streamed or not), `GET /v1/models`, and the
+//! `POST /v1/chat/completions` and `POST /v1/messages` (streamed or not,
+//! with the same faults; Messages checks `--api-key` as `x-api-key`),
+//! `GET /v1/models`, and the
 //! control endpoints `POST /control/fault`, `GET /control/attempts`,
 //! `POST /control/reset`. Every token reads `"{name}-tok{i} "`.
 //!
@@ -16,6 +18,8 @@
 //! ```text
 //! curl -N localhost:9101/v1/chat/completions -H 'content-type: application/json' \
 //!   -d '{"model":"fault:reset_after=3","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+//! curl -N localhost:9101/v1/messages -H 'content-type: application/json' \
+//!   -d '{"model":"fault:error_after=0","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
 //! curl localhost:9101/control/fault -d '{"fault":"status=429;retry_after=2","times":2}'
 //! ```
 //!

@@ -36,7 +36,8 @@
 //!   the above run every stream through.
 //! - [`dialect`]: everything about a wire format (OpenAI chat completions
 //!   first); [`sse`]: the zero-copy SSE scanner underneath.
-//! - [`record`]: run and attempt records.
+//! - [`record`]: run and attempt records; [`telemetry`]: GenAI spans and
+//!   metrics through `tracing` and the `metrics` facade.
 //! - [`limit`]: request-body read limits and an in-flight cap that sheds
 //!   with the dialect's 503; [`shutdown`]: the signal that ends running
 //!   streams cleanly when a gateway's grace period is over.
@@ -137,9 +138,13 @@ pub mod failover;
 mod failure;
 pub mod limit;
 pub mod record;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 pub mod shutdown;
 pub mod sse;
 pub mod stream;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

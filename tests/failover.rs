@@ -556,12 +556,28 @@ async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget
         .collect();
     let mut statuses = Vec::new();
     for turn in turns {
-        statuses.push(turn.await.unwrap().status);
+        let reply = turn.await.unwrap();
+        // A turn the retry budget stopped says so (503), not a generic 502.
+        if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(
+                reply.body.contains("retry_budget_exhausted"),
+                "{}",
+                reply.body
+            );
+        }
+        statuses.push(reply.status);
     }
     assert!(
-        statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY),
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::BAD_GATEWAY || *s == StatusCode::SERVICE_UNAVAILABLE),
         "{statuses:?}"
     );
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert!(refused >= 80, "{refused} turns refused by the retry budget");
     let upstream_attempts = primary.calls() + backup.calls();
     // 100 first attempts, and extra attempts capped at 20 % of them.
     assert!(upstream_attempts >= 100);

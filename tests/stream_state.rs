@@ -119,10 +119,17 @@ async fn field_report_40_tokens_then_in_band_429_ends_with_one_terminal_chunk() 
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn healthy_stream_passes_through_unchanged_and_uncopied() {
+    // The upstream pauses between frames: each goes out on its own, as the
+    // very same bytes.
     let upstream = chunks::full_stream("m", 20);
-    let (frames, state) = run(StreamStateLayer::new(), data(upstream.clone())).await;
+    let mut steps = Vec::new();
+    for frame in &upstream {
+        steps.push(Step::Data(frame.clone()));
+        steps.push(Step::Wait(Duration::from_millis(5)));
+    }
+    let (frames, state) = run(StreamStateLayer::new(), steps).await;
     assert_eq!(frames.len(), upstream.len());
     for (got, sent) in frames.iter().zip(&upstream) {
         assert_eq!(got, sent);
@@ -136,6 +143,18 @@ async fn healthy_stream_passes_through_unchanged_and_uncopied() {
     assert_eq!(snapshot.identity.model.as_deref(), Some("m"));
     assert!(snapshot.time_to_first_output.is_some());
     assert!(snapshot.failure.is_none());
+}
+
+#[tokio::test]
+async fn frames_ready_together_go_out_as_one_write() {
+    // One upstream read of many events arrives as many ready frames: the
+    // client gets them joined, byte for byte, in one frame.
+    let upstream = chunks::full_stream("m", 20);
+    let (frames, state) = run(StreamStateLayer::new(), data(upstream.clone())).await;
+    assert_eq!(frames.len(), 1, "one write for one read");
+    assert_eq!(concat(&frames), concat(&upstream));
+    assert_eq!(state.snapshot().status, StreamStatus::Finished);
+    assert_eq!(state.bytes_flushed(), concat(&upstream).len() as u64);
 }
 
 #[tokio::test]
@@ -301,25 +320,29 @@ async fn preamble_failure_alone_is_recorded_as_preamble() {
 
 #[tokio::test]
 async fn client_disconnect_drops_upstream_and_records_cancellation() {
-    let body_steps = data([role("m"), content("m", "a"), content("m", "b")]);
-    let mut steps = body_steps.clone();
+    let mut steps = data([role("m"), content("m", "a"), content("m", "b")]);
     steps.push(Step::Stall);
     let upstream = sse_response(steps);
     let upstream_dropped = upstream.body().drop_flag();
     let response = call_with(StreamStateLayer::new(), upstream).await;
     let state = response.extensions().get::<StreamState>().unwrap().clone();
     let mut body = response.into_body();
-    let mut received = 0;
-    for _ in 0..2 {
-        received += body
-            .frame()
-            .await
-            .unwrap()
-            .unwrap()
-            .into_data()
-            .unwrap()
-            .len();
-    }
+    // The three events were ready together: they reach the client as one
+    // frame before the stall.
+    let received = body
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap()
+        .len();
+    assert_eq!(
+        received,
+        [role("m"), content("m", "a"), content("m", "b")]
+            .concat()
+            .len()
+    );
     assert_eq!(state.status(), StreamStatus::Committed);
     drop(body);
     assert!(

@@ -1,6 +1,14 @@
 //! The gateway's configuration and router: shared by the example's `main`
 //! and by the end-to-end tests, which include this file as a module.
 
+// Anthropic Messages routes; a submodule so the tests that include this
+// file get it too.
+#[path = "messages.rs"]
+pub(crate) mod messages;
+// `[state]`: health, retry budget and tenant spend in memory or on Redis.
+#[path = "state.rs"]
+mod state;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +24,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig, TenantSpend,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
@@ -24,8 +32,7 @@ use tower_llm_failover::dialect::{
     Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
 };
 use tower_llm_failover::failover::{
-    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, MemoryHealthStore,
-    Strategy, Target,
+    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
 use tower_llm_failover::limit::ReadLimitError;
 use tower_llm_failover::shutdown::Shutdown;
@@ -36,6 +43,10 @@ use tower_llm_failover::stream::StreamStateLayer;
 mod serve;
 #[allow(unused_imports)] // each includer of this file uses some
 pub(crate) use serve::{Running, ServerConfig, shutdown_signal};
+// A module of this file (not of main.rs): the tests that include this file
+// get the `[telemetry]` table and `GET /metrics` with it.
+#[path = "telemetry.rs"]
+pub(crate) mod telemetry;
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
@@ -58,6 +69,11 @@ pub(crate) struct Config {
     /// Client-facing models and their targets, matched in file order.
     #[serde(default)]
     pub(crate) routes: Vec<RouteConfig>,
+    /// Shared state (Redis) and tenant ceilings; absent: all in memory.
+    pub(crate) state: Option<state::StateConfig>,
+    /// Logs, metrics and OTLP export.
+    #[serde(default)]
+    pub(crate) telemetry: telemetry::TelemetryConfig,
 }
 
 fn default_listen() -> String {
@@ -83,6 +99,11 @@ pub(crate) struct BudgetConfig {
     pub(crate) spend_ceiling_usd: Option<f64>,
     /// Extra attempts allowed across turns, as a fraction of first attempts.
     pub(crate) retry_percent: f32,
+    /// Extra attempts allowed per second whatever the first attempts
+    /// (tower's reserve; 10 by default).
+    pub(crate) retry_min_per_sec: u32,
+    /// How long a first attempt counts toward the retry budget (1–60 s).
+    pub(crate) retry_ttl_ms: u64,
 }
 
 impl Default for BudgetConfig {
@@ -97,6 +118,8 @@ impl Default for BudgetConfig {
             response_timeout_ms: None,
             spend_ceiling_usd: None,
             retry_percent: 0.2,
+            retry_min_per_sec: 10,
+            retry_ttl_ms: 10_000,
         }
     }
 }
@@ -165,9 +188,13 @@ impl Default for FailoverConfig {
 pub(crate) struct ProviderConfig {
     pub(crate) name: String,
     pub(crate) base_url: String,
+    /// The wire dialect it speaks: `openai` (default) or `anthropic`.
+    #[serde(default)]
+    pub(crate) dialect: Option<String>,
     /// The key is read from this environment variable.
     pub(crate) api_key_env: Option<String>,
-    /// `bearer` (default), `x-api-key` or `api-key`.
+    /// `bearer` (default; `x-api-key` for an `anthropic` provider),
+    /// `x-api-key` or `api-key`.
     #[serde(default)]
     pub(crate) auth: Option<String>,
     pub(crate) connect_timeout_ms: Option<u64>,
@@ -315,8 +342,13 @@ struct Route {
 /// What the handlers share.
 pub(crate) struct Gateway {
     routes: Vec<Route>,
+    messages: Vec<messages::MessagesRoute>,
     max_request_bytes: usize,
-    health: Arc<MemoryHealthStore>,
+    health: Arc<dyn HealthStore>,
+    tenant: Option<TenantSpend>,
+    retry_budget: RetryBudget,
+    /// What `GET /metrics` renders (404 without it).
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Ends running streams cleanly when the shutdown grace period is over.
     shutdown: Shutdown,
     server: ServerConfig,
@@ -355,7 +387,11 @@ impl Gateway {
                 Some(var) => {
                     let key = std::env::var(var)
                         .map_err(|_| format!("provider {}: ${var} is not set", provider.name))?;
-                    match provider.auth.as_deref().unwrap_or("bearer") {
+                    match provider
+                        .auth
+                        .as_deref()
+                        .unwrap_or(messages::default_auth(provider))
+                    {
                         "bearer" => Auth::bearer(key),
                         "x-api-key" => Auth::x_api_key(key),
                         "api-key" => Auth::api_key(key),
@@ -368,6 +404,7 @@ impl Gateway {
                     }
                 }
             };
+            messages::provider_dialect(provider)?;
             let mut builder = UpstreamClient::builder(provider.base_url.clone()).auth(auth);
             if let Some(ms) = provider.connect_timeout_ms {
                 builder = builder.connect_timeout(Duration::from_millis(ms));
@@ -380,7 +417,7 @@ impl Gateway {
                 .map_err(|e| format!("provider {}: {e}", provider.name))?;
             clients.insert(&provider.name, client);
         }
-        let routes_config = if config.routes.is_empty() {
+        let mut routes_config = if config.routes.is_empty() {
             // Without routes: every request tries the providers in order
             // with the client's model.
             vec![RouteConfig {
@@ -408,14 +445,22 @@ impl Gateway {
         } else {
             config.routes.clone()
         };
+        if config.routes.is_empty() {
+            routes_config = routes_config
+                .into_iter()
+                .map(|r| messages::split_by_dialect(r, &config.providers))
+                .collect::<Result<Vec<_>, _>>()?
+                .concat();
+        }
         let b = &config.budget;
         let f = &config.failover;
-        let retry_budget = RetryBudget::new(
-            RetryBudgetConfig::new()
-                .ttl(Duration::from_secs(10))
-                .retry_percent(b.retry_percent),
-        )
-        .map_err(|e| format!("budget: {e}"))?;
+        let retry_config = RetryBudgetConfig::new()
+            .ttl(Duration::from_millis(b.retry_ttl_ms))
+            .min_per_sec(b.retry_min_per_sec)
+            .retry_percent(b.retry_percent);
+        retry_config
+            .validate()
+            .map_err(|e| format!("budget: {e}"))?;
         let strategy = match f.strategy.as_str() {
             "ordered" => Strategy::Ordered,
             "cheapest_healthy" => Strategy::CheapestHealthy,
@@ -456,15 +501,19 @@ impl Gateway {
                     .map_or(defaults.max, Duration::from_millis),
             );
         // One health registry for the whole gateway: a provider shared by
-        // several routes has one health state.
-        let health = Arc::new(MemoryHealthStore::new(cooldown));
+        // several routes has one health state (shared by every replica on
+        // Redis when `[state] redis_url` is set).
+        let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
+        let (health, retry_budget) = (stores.health, stores.retry_budget);
         let stream_layer = StreamStateLayer::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
 
         let shutdown = Shutdown::new();
         let mut routes = Vec::new();
+        let mut messages_routes = Vec::new();
         for route in &routes_config {
+            let dialect = messages::route_dialect(route, &config.providers)?;
             let mut builder = Failover::builder()
                 .shutdown(shutdown.clone())
                 .strategy(strategy.clone())
@@ -516,12 +565,24 @@ impl Gateway {
             if let Some(usd) = b.spend_ceiling_usd {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
-            let service = ServiceBuilder::new().layer(budget).service(builder.build());
             let listed = if route.model.contains('*') {
                 route.models.clone()
             } else {
                 vec![route.model.clone()]
             };
+            if dialect == messages::WireDialect::Anthropic {
+                let dialect = tower_llm_failover::dialect::AnthropicMessages;
+                let service = ServiceBuilder::new()
+                    .layer(budget.dialect(dialect))
+                    .service(builder.dialect(dialect).build());
+                messages_routes.push(messages::MessagesRoute {
+                    pattern: route.model.clone(),
+                    listed,
+                    service,
+                });
+                continue;
+            }
+            let service = ServiceBuilder::new().layer(budget).service(builder.build());
             routes.push(Route {
                 pattern: route.model.clone(),
                 listed,
@@ -530,11 +591,24 @@ impl Gateway {
         }
         Ok(Self {
             routes,
+            messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health,
+            tenant: stores.tenant,
+            retry_budget,
+            prometheus: None,
             shutdown,
             server: config.server.clone(),
         })
+    }
+
+    /// Serves `GET /metrics` from this Prometheus recorder's handle.
+    pub(crate) fn with_prometheus(
+        mut self,
+        handle: metrics_exporter_prometheus::PrometheusHandle,
+    ) -> Self {
+        self.prometheus = Some(handle);
+        self
     }
 
     fn route(&self, model: &str) -> Option<&Route> {
@@ -547,8 +621,10 @@ impl Gateway {
     pub(crate) fn router(self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/messages", post(messages::handler))
             .route("/v1/models", get(models))
             .route("/v1/health/targets", get(health_targets))
+            .route("/metrics", get(metrics_text))
             .route(
                 "/healthz",
                 get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
@@ -652,18 +728,23 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, chat));
+    let headers = parts.headers.clone();
     let request = http::Request::from_parts(parts, Full::new(bytes));
-    match route.service.clone().oneshot(request).await {
-        Ok(response) => response.map(Body::new),
-        Err(never) => match never {},
-    }
+    let turn = async move {
+        match route.service.clone().oneshot(request).await {
+            Ok(response) => response.map(Body::new),
+            Err(never) => match never {},
+        }
+    };
+    state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard
 /// route's declared `models`; never a pattern).
 async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
     let mut names: Vec<&str> = Vec::new();
-    for name in gateway.routes.iter().flat_map(|r| &r.listed) {
+    let chat = gateway.routes.iter().flat_map(|r| &r.listed);
+    for name in chat.chain(gateway.messages.iter().flat_map(|r| &r.listed)) {
         if !names.contains(&name.as_str()) {
             names.push(name);
         }
@@ -704,6 +785,24 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>) -> Response {
         })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": keys})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text, health and retry-budget figures read
+/// at the scrape.
+async fn metrics_text(State(gateway): State<Arc<Gateway>>) -> Response {
+    let Some(handle) = &gateway.prometheus else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    tower_llm_failover::telemetry::record_health(&*gateway.health);
+    tower_llm_failover::telemetry::record_retry_budget(&gateway.retry_budget);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        handle.render(),
+    )
+        .into_response()
 }
 
 /// Serves `gateway` on `listener` with the `[server]` limits (see

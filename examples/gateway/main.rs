@@ -14,8 +14,16 @@
 //!   terminal chunk (`finish_reason: "error"`) and `[DONE]`, nothing spliced.
 //! - anything else: primary, then backup, with the client's model.
 //!
-//! Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /healthz` and
-//! `GET /v1/health/targets` (every health key: state, streak, last class).
+//! The same fakes speak Anthropic Messages too, behind `/v1/messages`:
+//! `claude-demo-failover` (primary 529 `overloaded_error`, backup answers),
+//! `claude-demo-cut` (cut after 5 deltas: `event: error`) and `claude-*`.
+//!
+//! Serves `POST /v1/chat/completions`, `POST /v1/messages` (providers with
+//! `dialect = "anthropic"`), `GET /v1/models`, `GET /healthz`,
+//! `GET /v1/health/targets` (every health key: state, streak, last class)
+//! and `GET /metrics` (Prometheus text). `[telemetry]` picks the log format
+//! (`log_format = "json"`: one JSON line per event) and an
+//! `otlp_endpoint` to export spans and metrics to over OTLP/HTTP.
 //! SIGINT/SIGTERM stop accepting and let running streams finish within
 //! `failover.shutdown_grace_ms`.
 
@@ -33,14 +41,6 @@ fn usage() -> ! {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_llm_failover=info".into()),
-        )
-        .init();
-
     let mut args = std::env::args().skip(1);
     let (mut config_path, mut listen) = (None, None);
     while let Some(arg) = args.next() {
@@ -92,10 +92,18 @@ async fn main() {
     if let Some(listen) = listen {
         config.listen = listen;
     }
-    let gateway = Gateway::from_config(&config).unwrap_or_else(|e| {
-        eprintln!("bad config: {e}");
-        std::process::exit(1)
-    });
+    // Logs, `GET /metrics` and OTLP export, as `[telemetry]` says.
+    let telemetry = app::telemetry::Telemetry::install(&config.telemetry, std::io::stderr)
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        });
+    let gateway = Gateway::from_config(&config)
+        .unwrap_or_else(|e| {
+            eprintln!("bad config: {e}");
+            std::process::exit(1)
+        })
+        .with_prometheus(telemetry.prometheus.clone());
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .unwrap_or_else(|e| {
@@ -116,6 +124,11 @@ async fn main() {
             "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
              -d '{{\"model\":\"demo-failover\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
         );
+        println!("the same in Anthropic Messages (primary: 529 overloaded_error):");
+        println!(
+            "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
+             -d '{{\"model\":\"claude-demo-failover\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+        );
     }
 
     app::shutdown_signal().await;
@@ -129,6 +142,8 @@ async fn main() {
     } else {
         println!("grace period over; remaining streams closed");
     }
+    // The OTLP exporters block while they flush.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
 }
 
 /// The embedded demo: two fake providers and three routes.
@@ -175,7 +190,7 @@ targets = [
 model = "*"
 targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
 "#
-    );
+    ) + &app::messages::demo_routes(primary, backup);
     match Config::from_toml(&text) {
         Ok(config) => config,
         Err(e) => {

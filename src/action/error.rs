@@ -126,6 +126,12 @@ impl ActionError {
         )
     }
 
+    /// Whether the action store could not be reached: nothing ran, and the
+    /// same call may be made again once the store is back.
+    pub fn is_store_unavailable(&self) -> bool {
+        matches!(self, Self::Store(StoreError::Unavailable(_)))
+    }
+
     /// Whether the action's outcome is unknown (it needs reconciliation).
     pub fn is_unknown(&self) -> bool {
         matches!(

@@ -176,9 +176,14 @@ pub enum StoreError {
         /// The action.
         action_id: ActionId,
     },
-    /// The backend failed (connection, encoding, ...).
+    /// The backend failed (encoding, a script error, ...).
     #[error("action store backend failed: {0}")]
     Backend(#[source] BoxError),
+    /// The backend could not be reached (a shared store such as Redis is
+    /// down or cut off). Nothing was claimed or stored: the executor fails
+    /// closed and runs no effect.
+    #[error("action store unavailable: {0}")]
+    Unavailable(#[source] BoxError),
 }
 
 /// Where actions are claimed and their outcomes stored.

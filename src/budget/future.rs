@@ -209,7 +209,7 @@ fn answer<B, D: Dialect>(
     reply: &ErrorReply<'_>,
 ) -> Response<BudgetBody<B>> {
     let mut response = Response::new(BudgetBody::whole(dialect.error_body(reply), budget.clone()));
-    *response.status_mut() = status;
+    *response.status_mut() = dialect.error_status(reply.class, status);
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static(dialect.error_content_type()),

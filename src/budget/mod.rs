@@ -20,6 +20,8 @@
 //! - **Backoff** between attempts on the same target ([`Backoff`]), with
 //!   provider hints honoured; [`TurnBudget::retry_delay`] and
 //!   [`TurnBudget::wait_fits`] refuse a wait that would end past the deadline.
+//! - **Tenant spend** over a day or a month ([`TenantSpend`] over a
+//!   [`SpendStore`]: in memory, or shared by replicas on Redis).
 //! - **Retry budget** shared across turns ([`RetryBudget`], tower's
 //!   `TpsBudget` inside), so an outage does not become a retry storm.
 //!
@@ -82,6 +84,7 @@ mod future;
 mod layer;
 mod retry_budget;
 mod service;
+mod spend;
 mod turn;
 
 pub use backoff::{Backoff, Delay};
@@ -92,4 +95,8 @@ pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
+pub use spend::{
+    MemorySpendStore, SpendCheck, SpendError, SpendFuture, SpendStore, SpendWindow, TenantRefusal,
+    TenantSpend,
+};
 pub use turn::{BudgetExhausted, RetryDelay, RunId, TurnBudget, TurnLimits};

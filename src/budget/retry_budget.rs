@@ -112,6 +112,11 @@ impl RetryBudgetConfig {
         self
     }
 
+    /// The deposit lifetime, the reserve per second and the percentage.
+    pub fn parts(&self) -> (Duration, u32, f32) {
+        (self.ttl, self.min_per_sec, self.retry_percent)
+    }
+
     /// Check the settings against `TpsBudget::new`'s assertions.
     pub fn validate(&self) -> Result<(), RetryBudgetConfigError> {
         if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {

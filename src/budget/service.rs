@@ -92,6 +92,8 @@ where
         };
         if let Err(refusal) = budget.check_open() {
             tracing::debug!(run_id = %crate::record::log_safe(budget.run_id()), %refusal, "turn budget refused the call");
+            // Refused before any attempt: the turn still leaves its line.
+            crate::record::refused_turn(budget.run_id(), refusal.stop_reason());
             // The inner service stays ready for the next call.
             return ResponseFuture::refused(budget, refusal, self.dialect.clone());
         }

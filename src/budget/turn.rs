@@ -56,6 +56,20 @@ pub enum BudgetExhausted {
     },
 }
 
+impl BudgetExhausted {
+    /// The [`StopReason`](crate::record::StopReason) a turn refused for this
+    /// reason stops with.
+    pub fn stop_reason(&self) -> crate::record::StopReason {
+        use crate::record::StopReason;
+        match self {
+            Self::Deadline { .. } => StopReason::Deadline,
+            Self::Attempts { .. } => StopReason::Attempts,
+            Self::Spend { .. } => StopReason::SpendCeiling,
+            Self::RetryBudget { .. } => StopReason::RetryBudget,
+        }
+    }
+}
+
 /// The limits and helpers each turn starts with: the whole-turn deadline,
 /// the attempt cap, the spend ceiling, the backoff and the retry budget
 /// shared across turns. [`BudgetLayer`](super::BudgetLayer) holds one and

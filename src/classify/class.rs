@@ -251,6 +251,9 @@ pub struct Classification {
     /// when it was not from a complete provider answer, e.g.
     /// `"error_body_too_large"`, `"error_body_timeout"`, `"truncated_stream"`.
     pub note: Option<Note>,
+    /// The provider's rate-limit headers on the failed response (see
+    /// [`RateLimitHeaders`](super::RateLimitHeaders)).
+    pub rate_limits: super::RateLimitHeaders,
 }
 
 impl Classification {
@@ -266,6 +269,7 @@ impl Classification {
             recovery: class.default_recovery(),
             param: None,
             note: None,
+            rate_limits: super::RateLimitHeaders::default(),
         }
     }
 

@@ -146,6 +146,7 @@ impl Classifier {
             .with_message(head_message(status, &parsed));
         fill_details(&mut c, &parsed);
         c.note = body_note(&parsed);
+        c.rate_limits = super::RateLimitHeaders::from_headers(headers);
         self.finish(provider, c, &parsed.codes())
     }
 

@@ -99,6 +99,7 @@ mod error;
 mod future;
 mod layer;
 mod overrides;
+mod rate_limits;
 mod reply;
 mod retry_after;
 mod rules;
@@ -116,6 +117,7 @@ pub use self::error::UpstreamError;
 pub use self::future::ResponseFuture;
 pub use self::layer::ClassifyLayer;
 pub use self::overrides::Override;
+pub use self::rate_limits::RateLimitHeaders;
 pub use self::retry_after::{
     MAX_RETRY_HINT, parse_go_duration, parse_retry_after, parse_retry_after_ms, parse_should_retry,
     retry_delay_in_message, retry_hint_from_headers,

@@ -28,7 +28,8 @@ impl Classification {
             )
     }
 
-    /// The status and error body for this failure, shaped by `dialect`.
+    /// The status and error body for this failure, shaped by `dialect`
+    /// (which may restate the status, see [`Dialect::error_status`]).
     pub fn to_error<D: Dialect>(&self, dialect: &D) -> (StatusCode, Bytes) {
         let body = if self.message.is_empty() {
             let message = format!("upstream failure: {}", self.class);
@@ -40,7 +41,7 @@ impl Classification {
         } else {
             dialect.error_body(&self.error_reply())
         };
-        (self.client_status(), body)
+        (dialect.error_status(self.class, self.client_status()), body)
     }
 }
 

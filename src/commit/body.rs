@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http_body::{Body, Frame, SizeHint};
@@ -45,6 +45,9 @@ pin_project! {
         hold_timer: Option<Pin<Box<Sleep>>>,
         // Fires when the gateway's shutdown grace period is over.
         shutdown: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+        // Set when the body yielded once to let the upstream connection
+        // decode more of what it has read (see `poll_frame`).
+        yielded: bool,
         inspector: Option<Inspector<D>>,
     }
 }
@@ -114,6 +117,7 @@ where
                 deadline: None,
                 hold_timer: None,
                 shutdown: None,
+                yielded: false,
                 inspector: None,
             });
         }
@@ -155,6 +159,7 @@ where
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             hold_timer,
             shutdown: config.shutdown.as_ref().map(|s| Box::pin(s.ending())),
+            yielded: false,
             inspector: Some(inspector),
         }
     }
@@ -195,6 +200,9 @@ where
     }
 }
 
+/// At most this many frames are joined into one client write.
+const MAX_JOINED_FRAMES: usize = 64;
+
 /// Runs once when an inspected stream's body is dropped.
 pub(crate) type OnEnd = Box<dyn FnOnce(&super::StreamSnapshot) + Send + Sync>;
 
@@ -233,9 +241,10 @@ struct Inspector<D> {
     rejected: Option<(Classification, u64)>,
     /// When the first model output arrived (held or not).
     first_output_at: Option<Instant>,
-    /// The frames queued now belong together (a release, a dropped event,
-    /// an end): hand them out as one.
-    merge_queued: bool,
+    /// Where frames that go out together are joined. Kept so that, once
+    /// the previous joined frame was written and dropped, the next join
+    /// reuses its allocation.
+    joined: BytesMut,
 }
 
 #[derive(Debug)]
@@ -270,7 +279,7 @@ impl<D: Dialect> Inspector<D> {
             hold: None,
             rejected: None,
             first_output_at: None,
-            merge_queued: false,
+            joined: BytesMut::new(),
         }
     }
 
@@ -310,7 +319,6 @@ impl<D: Dialect> Inspector<D> {
         let released_after = feed.released_after;
         if let Some(held_events) = released_after {
             // Released in this frame: what was held goes out with it.
-            self.merge_queued = true;
             for _ in 0..held_events {
                 self.state.add_output_event();
             }
@@ -359,23 +367,29 @@ impl<D: Dialect> Inspector<D> {
         if self.hold.take().is_none() {
             return;
         }
-        self.merge_queued = true;
         for _ in 0..self.output_events {
             self.state.add_output_event();
         }
     }
 
-    /// The next frame for the client. Data frames that belong together (a
-    /// released preamble, the pieces around a dropped usage event, the end
-    /// marker or terminal event after the last pieces) go out as one frame,
-    /// so the client gets one write per upstream read. Otherwise frames go
-    /// out as they are, the very same `Bytes`: an event split across
-    /// upstream frames is not copied to be joined.
+    /// Whether another upstream frame may join the queued ones: data is
+    /// queued, nothing ends the queue (trailers, the end of the stream) and
+    /// the join stays bounded.
+    fn may_join_more(&self) -> bool {
+        !self.ended
+            && !self.out.is_empty()
+            && self.out.len() < MAX_JOINED_FRAMES
+            && self.out.back().is_some_and(Frame::is_data)
+    }
+
+    /// The next frame for the client. The data frames queued together (a
+    /// released preamble, the pieces around a dropped usage event, the
+    /// events of one upstream read, the terminal event after the last
+    /// pieces) go out as one frame, so the client gets one write per
+    /// upstream read. A frame queued alone goes out as it is, the very same
+    /// `Bytes`.
     fn next_frame(&mut self) -> Option<Frame<Bytes>> {
         let first = self.out.pop_front()?;
-        if !std::mem::take(&mut self.merge_queued) {
-            return Some(first);
-        }
         let ready_data = self.out.iter().take_while(|f| f.is_data()).count();
         if ready_data == 0 || !first.is_data() {
             return Some(first);
@@ -390,14 +404,17 @@ impl<D: Dialect> Inspector<D> {
                 .take(ready_data)
                 .filter_map(|f| f.data_ref().map(Bytes::len))
                 .sum::<usize>();
-        let mut merged = bytes::BytesMut::with_capacity(len);
-        merged.extend_from_slice(&first);
+        // Reuses the last join's allocation once that frame was dropped;
+        // rounded up so that joins of slightly different sizes fit in it.
+        self.joined
+            .reserve(len.checked_next_power_of_two().unwrap_or(len));
+        self.joined.extend_from_slice(&first);
         for _ in 0..ready_data {
             if let Some(Ok(data)) = self.out.pop_front().map(Frame::into_data) {
-                merged.extend_from_slice(&data);
+                self.joined.extend_from_slice(&data);
             }
         }
-        Some(Frame::data(merged.freeze()))
+        Some(Frame::data(self.joined.split().freeze()))
     }
 
     /// Forwards or drops undecided bytes as decided, then holds the rest.
@@ -416,13 +433,6 @@ impl<D: Dialect> Inspector<D> {
             self.decided = end;
             self.out.push_back(Frame::data(chunk));
             return;
-        }
-        if self
-            .decisions
-            .iter()
-            .any(|d| matches!(d, Decision::Drop(_)))
-        {
-            self.merge_queued = true;
         }
         for i in 0..self.decisions.len() {
             let (upto, forward) = match self.decisions[i] {
@@ -473,7 +483,6 @@ impl<D: Dialect> Inspector<D> {
             // Finished without the end marker: the answer is whole.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
-            self.merge_queued = true;
             self.state.set_status(StreamStatus::Finished);
             return self.end("finished, end marker added");
         }
@@ -544,7 +553,6 @@ impl<D: Dialect> Inspector<D> {
             // the failure for the logs only.
             self.out
                 .push_back(Frame::data(self.config.dialect.done_frame()));
-            self.merge_queued = true;
             self.state.set_failure(failure, StreamStatus::Finished);
             return self.end("finished, then failed");
         }
@@ -568,7 +576,6 @@ impl<D: Dialect> Inspector<D> {
             self.config.terminal_mode,
         );
         self.out.push_back(Frame::data(terminal));
-        self.merge_queued = true;
         tracing::warn!(
             class = %failure.class,
             phase = %phase,
@@ -909,7 +916,35 @@ where
             return Poll::Ready(Some(Err(failure.to_string().into())));
         }
         loop {
-            let Some(inspector) = self.as_mut().project().inspector.as_mut() else {
+            let this = self.as_mut().project();
+            let Some(inspector) = this.inspector.as_mut() else {
+                return Poll::Ready(None);
+            };
+            // Join what the upstream connection has already read: hyper's
+            // client hands its body over one chunk at a time, so the events
+            // of one socket read arrive as separate frames with the
+            // connection's task in between. Yield once to let it decode the
+            // next; only when a yield brings nothing more does the join go
+            // out. Without this, every event costs the client a write.
+            if inspector.may_join_more() {
+                match self.as_mut().poll_progress(cx) {
+                    Poll::Ready(()) => {
+                        *self.as_mut().project().yielded = false;
+                        continue;
+                    }
+                    Poll::Pending => {
+                        let yielded = self.as_mut().project().yielded;
+                        if !*yielded {
+                            *yielded = true;
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            }
+            let this = self.as_mut().project();
+            *this.yielded = false;
+            let Some(inspector) = this.inspector.as_mut() else {
                 return Poll::Ready(None);
             };
             if let Some(frame) = inspector.next_frame() {

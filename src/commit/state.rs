@@ -234,8 +234,19 @@ impl StreamState {
         }
     }
 
+    /// Usage reports are cumulative and may be partial (Anthropic reports
+    /// input tokens at the start, output tokens at the end): each field
+    /// keeps the largest count reported.
     pub(crate) fn set_usage(&self, usage: Usage) {
-        self.details().usage = Some(usage);
+        let mut details = self.details();
+        let merged = match details.usage {
+            Some(seen) => Usage::new(
+                seen.prompt_tokens.max(usage.prompt_tokens),
+                seen.completion_tokens.max(usage.completion_tokens),
+            ),
+            None => usage,
+        };
+        details.usage = Some(merged);
     }
 
     pub(crate) fn set_failure(&self, failure: StreamFailure, status: StreamStatus) {

@@ -15,8 +15,9 @@
 //! - **errors**: the error body a client of this API raises on.
 //!
 //! [`OpenAiChat`] speaks OpenAI chat completions, the format of every
-//! OpenAI-compatible provider. Other dialects implement the same trait
-//! beside it; nothing outside this module names a wire type.
+//! OpenAI-compatible provider; [`AnthropicMessages`] speaks Anthropic's
+//! Messages API. Other dialects implement the same trait beside them;
+//! nothing outside this module names a wire type.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -37,7 +38,9 @@
 //! assert_eq!(kinds, [ChunkKind::Preamble, ChunkKind::Output, ChunkKind::Done]);
 //! ```
 
+mod anthropic;
 mod openai;
+mod raw;
 mod request;
 
 use std::borrow::Cow;
@@ -48,6 +51,7 @@ use http::{HeaderMap, StatusCode};
 use crate::failure::{FailureClass, Phase};
 use crate::sse::SseEvent;
 
+pub use anthropic::{AnthropicMessages, MessagesRequest};
 pub use openai::{ChatRequest, OpenAiChat};
 
 /// The dialect the layers speak unless told otherwise (OpenAI chat
@@ -111,7 +115,9 @@ pub struct Chunk<'a> {
     pub kind: ChunkKind,
     /// The finish reason, if the event set one.
     pub finish_reason: Option<Cow<'a, str>>,
-    /// Usage, if the event reported it.
+    /// Usage, if the event reported it. Reports are cumulative and may be
+    /// partial (a field not reported is 0): a stream keeps the largest
+    /// count of each field it saw.
     pub usage: Option<Usage>,
     /// The chunk identity fields that were present.
     pub identity: ChunkIdentity<'a>,
@@ -441,6 +447,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// The content type of [`error_body`](Self::error_body).
     fn error_content_type(&self) -> &'static str {
         "application/json"
+    }
+
+    /// The status this API's clients expect for an error of `class` the
+    /// gateway answers with `status` (Anthropic's overloaded API is a 529,
+    /// not a 503). Default: `status`.
+    fn error_status(&self, class: FailureClass, status: StatusCode) -> StatusCode {
+        let _ = class;
+        status
     }
 }
 

@@ -29,6 +29,10 @@ pub struct Requirements {
     pub include_usage: bool,
     /// A message has an image part.
     pub image_input: bool,
+    /// A message has a document part (a PDF, a text file).
+    pub document_input: bool,
+    /// The request turns on the model's reasoning (extended thinking).
+    pub reasoning: bool,
     /// Estimated prompt tokens (about four bytes of text per token, plus a
     /// few tokens per message); an estimate for eligibility and spend, not
     /// a tokenizer's count.
@@ -73,6 +77,18 @@ impl Requirements {
     /// Sets [`image_input`](Self::image_input).
     pub fn image_input(mut self, images: bool) -> Self {
         self.image_input = images;
+        self
+    }
+
+    /// Sets [`document_input`](Self::document_input).
+    pub fn document_input(mut self, documents: bool) -> Self {
+        self.document_input = documents;
+        self
+    }
+
+    /// Sets [`reasoning`](Self::reasoning).
+    pub fn reasoning(mut self, reasoning: bool) -> Self {
+        self.reasoning = reasoning;
         self
     }
 

@@ -22,8 +22,8 @@ use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
 use crate::BoxError;
 use crate::budget::TurnBudget;
-use crate::classify::{Classification, Classify, FailureClass, Phase};
-use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState};
+use crate::classify::{Classification, Classify, FailureClass, Phase, RateLimitHeaders};
+use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState, StreamStatus};
 use crate::dialect::{Dialect, Usage};
 use crate::record::RunRecord;
 
@@ -254,6 +254,7 @@ where
     record.response_model = response_model;
     record.status = Some(status.as_u16());
     record.bytes_flushed = bytes.len() as u64;
+    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     charge.fill(&mut record);
     run.push(record);
     shared.headers.filter_response(&mut parts.headers);
@@ -322,6 +323,7 @@ where
     record.status = Some(StatusCode::OK.as_u16());
     record.output_events = state.output_events();
     record.time_to_first_output = ttft;
+    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     run.push_streaming(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));
@@ -352,6 +354,7 @@ fn on_stream_end<S, D>(
     let pricing = target.pricing;
     let prompt_tokens = plan.prompt_tokens;
     let started = plan.start.clock;
+    let target_name = Arc::clone(&target.name);
     Box::new(move |snapshot: &StreamSnapshot| {
         // No usage reported: one output event is about one token.
         let estimate = Usage::new(prompt_tokens, snapshot.output_events);
@@ -365,9 +368,19 @@ fn on_stream_end<S, D>(
                     && failure.note != Some(Note::TurnDeadline) =>
             {
                 let scope = scopes.scope(failure.class, client_named);
-                health.failure(&key, FailureReport::new(failure.class, scope));
+                if health
+                    .failure(&key, FailureReport::new(failure.class, scope))
+                    .is_some()
+                {
+                    crate::telemetry::cooldown_started(key.provider(), scope.as_str());
+                }
             }
             Some(_) => {}
+        }
+        if snapshot.status == StreamStatus::Failed
+            && let Some(failure) = &snapshot.failure
+        {
+            crate::telemetry::terminal_chunk_sent(&target_name, failure.class.as_str());
         }
         run.finish_last(|record| {
             record.duration = started.elapsed();
@@ -380,6 +393,8 @@ fn on_stream_end<S, D>(
             record.output_events = snapshot.output_events;
             charge.fill(record);
             record.response_model.clone_from(&snapshot.identity.model);
+            record.response_id.clone_from(&snapshot.identity.id);
+            record.finish_reason.clone_from(&snapshot.finish_reason);
             if let Some(failure) = &snapshot.failure {
                 record.class = Some(failure.class);
                 record.phase = Some(failure.phase);

@@ -553,6 +553,71 @@ impl MemoryHealthStore {
     }
 }
 
+/// The part of a key's state a fleet of gateways shares, as a shared
+/// store ships it between replicas: durations are relative to the moment
+/// the state was read, so the clocks of the replicas need not agree.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct SharedState {
+    /// `Some`: a cooldown was started; it ends after this long (zero: it
+    /// is over and the next request probes).
+    pub(crate) cooling_left: Option<Duration>,
+    /// `Some`: a probe is out for this much longer.
+    pub(crate) probe_left: Option<Duration>,
+    pub(crate) streak: u32,
+    pub(crate) cooldowns: u32,
+    pub(crate) last_class: Option<FailureClass>,
+}
+
+#[cfg(feature = "redis")]
+impl MemoryHealthStore {
+    /// Whether `key` or its account holds anything but defaults: a success
+    /// on a key without state changes nothing a fleet shares.
+    pub(crate) fn has_state(&self, key: &HealthKey) -> bool {
+        let map = self.lock();
+        let busy = |k: &HealthKey| map.get(k).is_some_and(|e| !e.is_idle());
+        busy(key) || (key.model.is_some() && busy(&key.to_account()))
+    }
+
+    /// Whether the account of `key` and `key` itself have a probe out.
+    pub(crate) fn probing(&self, key: &HealthKey) -> (bool, bool) {
+        let map = self.lock();
+        let out = |k: &HealthKey| map.get(k).is_some_and(|e| e.probe_started.is_some());
+        match key.model {
+            Some(_) => (out(&key.to_account()), out(key)),
+            None => (out(key), false),
+        }
+    }
+
+    /// Takes the fleet's state of `key` into the local view (the latency
+    /// figure and the local failure window stay local).
+    pub(crate) fn adopt(&self, key: &HealthKey, shared: &SharedState) {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let idle =
+            shared.cooling_left.is_none() && shared.probe_left.is_none() && shared.streak == 0;
+        if idle && !map.contains_key(key) {
+            return;
+        }
+        let probe_timeout = self.policy.probe_timeout;
+        let Some(entry) = self.entry(&mut map, key) else {
+            return;
+        };
+        entry.cooling_until = shared.cooling_left.map(|left| super::later(now, left));
+        // A probe out for `left` more started `probe_timeout - left` ago.
+        entry.probe_started = shared.probe_left.map(|left| {
+            let age = probe_timeout.saturating_sub(left);
+            now.checked_sub(age).unwrap_or(now)
+        });
+        entry.streak = shared.streak;
+        entry.cooldowns = shared.cooldowns;
+        entry.last_class = shared.last_class.or(entry.last_class);
+        if shared.cooling_left.is_some() || shared.streak == 0 {
+            entry.recent.clear();
+        }
+    }
+}
+
 impl HealthStore for MemoryHealthStore {
     fn availability(&self, key: &HealthKey) -> Availability {
         let now = Instant::now();

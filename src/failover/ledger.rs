@@ -32,6 +32,8 @@ impl AttemptStart {
             provider: Arc::clone(&self.provider),
             upstream_model: self.upstream_model.clone(),
             response_model: None,
+            response_id: None,
+            finish_reason: None,
             started: self.wall,
             duration: self.clock.elapsed(),
             class: None,
@@ -44,6 +46,7 @@ impl AttemptStart {
             cost: None,
             estimated: false,
             message: None,
+            rate_limits: Default::default(),
             decision,
         }
     }

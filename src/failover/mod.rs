@@ -165,6 +165,8 @@ pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
 pub use decision::Decision;
 pub use headers::{DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy};
+#[cfg(feature = "redis")]
+pub(crate) use health::SharedState;
 pub use health::{
     Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
     KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,

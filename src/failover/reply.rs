@@ -24,8 +24,9 @@ pub(super) fn finish<B, D>(
     for (name, value) in run.summary_headers() {
         response.headers_mut().insert(name, value);
     }
+    // A stream's turn is concluded when the stream ends.
     if !response.body().is_stream() {
-        run.mark_done();
+        run.conclude();
     }
     response.extensions_mut().insert(run.clone());
     response.extensions_mut().insert(budget.clone());
@@ -39,7 +40,7 @@ pub(super) fn error<B, D: Dialect>(
     reply: &ErrorReply<'_>,
 ) -> Response<FailoverBody<B, D>> {
     whole(
-        status,
+        dialect.error_status(reply.class, status),
         dialect.error_body(reply),
         dialect.error_content_type(),
     )
@@ -172,6 +173,22 @@ pub(super) fn budget_stop<B, D: Dialect>(
             StatusCode::PAYMENT_REQUIRED,
             &ErrorReply::new(FailureClass::QuotaExhausted, &message).code("spend_ceiling_reached"),
         ),
+        // Another option was there, but the fleet is retrying too much
+        // right now: say so, rather than blame the first failure.
+        (BudgetExhausted::RetryBudget { .. }, _) => {
+            let message = match first {
+                Some((target, failure)) => format!(
+                    "{message}; first failure: {} from {target}: {}",
+                    failure.class, failure.message
+                ),
+                None => message,
+            };
+            error(
+                dialect,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &ErrorReply::new(FailureClass::Overloaded, &message).code("retry_budget_exhausted"),
+            )
+        }
         (_, Some(_)) => exhausted(dialect, first, budget, &message, false),
         (_, None) => error(
             dialect,

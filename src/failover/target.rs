@@ -34,6 +34,10 @@ pub struct Capabilities {
     pub streaming: bool,
     /// Image parts in messages.
     pub image_input: bool,
+    /// Document parts in messages (PDFs, text files).
+    pub document_input: bool,
+    /// Reasoning (extended thinking) on request.
+    pub reasoning: bool,
     /// Context window in tokens, when declared.
     pub context_window: Option<u64>,
     /// Largest `max_tokens` the target accepts, when declared.
@@ -49,6 +53,8 @@ impl Default for Capabilities {
             json_object: true,
             streaming: true,
             image_input: true,
+            document_input: true,
+            reasoning: true,
             context_window: None,
             max_output_tokens: None,
         }
@@ -92,6 +98,18 @@ impl Capabilities {
         self
     }
 
+    /// Whether document parts are accepted.
+    pub fn document_input(mut self, yes: bool) -> Self {
+        self.document_input = yes;
+        self
+    }
+
+    /// Whether reasoning (extended thinking) can be turned on.
+    pub fn reasoning(mut self, yes: bool) -> Self {
+        self.reasoning = yes;
+        self
+    }
+
     /// Declares the context window, in tokens.
     pub fn context_window(mut self, tokens: u64) -> Self {
         self.context_window = Some(tokens);
@@ -127,6 +145,12 @@ impl Capabilities {
         }
         if requirements.image_input && !self.image_input {
             missing.push("image input".to_owned());
+        }
+        if requirements.document_input && !self.document_input {
+            missing.push("document input".to_owned());
+        }
+        if requirements.reasoning && !self.reasoning {
+            missing.push("reasoning".to_owned());
         }
         if let Some(window) = self.context_window {
             let needed = requirements

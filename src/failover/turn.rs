@@ -10,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
@@ -25,7 +26,8 @@ use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::{Dialect, ParsedRequest, Requirements, Usage};
-use crate::record::{RunRecord, log_safe};
+use crate::record::{RunRecord, StopReason, log_safe};
+use crate::telemetry;
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -42,23 +44,69 @@ where
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
 {
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let budget =
         TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| shared.limits.start());
     let run = RunRecord::new(budget.run_id().clone());
+    let span = telemetry::turn_span(budget.run_id().as_str());
+    run.set_turn_span(span.clone());
+    // Dropped before it answers (the client left): the turn still leaves
+    // its line, as cancelled.
+    let unanswered = Unanswered(&run);
+    let response = answer(&shared, parts, body, &budget, &run, &span)
+        .instrument(span.clone())
+        .await;
+    let response = reply::finish(response, &run, &budget);
+    std::mem::forget(unanswered);
+    response
+}
+
+/// Concludes a turn dropped before it answered.
+struct Unanswered<'a>(&'a RunRecord);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// The turn's answer: the request read once, then attempts.
+async fn answer<S, D, ReqBody, ResBody>(
+    shared: &Arc<Shared<S, D>>,
+    mut parts: http::request::Parts,
+    body: ReqBody,
+    budget: &TurnBudget,
+    run: &RunRecord,
+    span: &tracing::Span,
+) -> Response<FailoverBody<ResBody, D>>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    D: Dialect,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+{
     // Read by a gateway in front already: not parsed again.
     let parsed = match parts.extensions.remove::<ParsedRequest<D::Request>>() {
         Some(parsed) => Ok(parsed.into_parts()),
-        None => read(&shared, body).await,
+        None => read(shared, body).await,
     };
-    let response = match parsed {
-        Err(response) => response,
+    match parsed {
+        Err(response) => {
+            run.stop(StopReason::InvalidRequest);
+            response
+        }
         Ok((requirements, request)) => {
+            telemetry::turn_model(span, &requirements.model);
             let turn = Turn {
-                shared: &shared,
+                shared,
                 parts: &parts,
-                budget: &budget,
-                run: &run,
+                budget,
+                run,
                 output_tokens: requirements
                     .max_output_tokens
                     .unwrap_or(shared.default_output_tokens),
@@ -72,8 +120,7 @@ where
             };
             turn.run().await
         }
-    };
-    reply::finish(response, &run, &budget)
+    }
 }
 
 /// Reads the request body once, with a cap, and has the dialect parse it
@@ -195,8 +242,17 @@ where
                 strip_usage: self.requirements.stream && !self.requirements.include_usage,
                 prompt_tokens: self.requirements.prompt_tokens,
             };
+            let span = telemetry::attempt_span(
+                number,
+                &start.target,
+                &start.provider,
+                &start.upstream_model,
+            );
+            self.run.begin_attempt(span.clone());
             let in_flight = InFlight::new(self.run, start.clone());
-            let outcome = attempt::run(self.shared, plan, request, self.budget, self.run).await;
+            let outcome = attempt::run(self.shared, plan, request, self.budget, self.run)
+                .instrument(span)
+                .await;
             in_flight.ended();
             match outcome {
                 Outcome::Committed {
@@ -250,6 +306,7 @@ where
             }
         }
         if candidates.is_empty() {
+            self.run.stop(StopReason::InvalidRequest);
             return Err(Box::new(reply::client_error(
                 &shared.dialect,
                 StatusCode::BAD_REQUEST,
@@ -275,6 +332,15 @@ where
                     self.queue.push_back(index);
                     continue;
                 }
+                // Nothing tried but resting targets (or only their probe):
+                // nothing was available.
+                self.run.stop(
+                    if self.first_failure.is_none() || self.resting.only_probes_tried() {
+                        StopReason::NoAvailableTarget
+                    } else {
+                        StopReason::Exhausted
+                    },
+                );
                 return Err(Box::new(reply::exhausted(
                     &shared.dialect,
                     self.first_failure.as_ref(),
@@ -299,7 +365,8 @@ where
     /// Draws one attempt from the turn's budget (and checks its spend).
     fn begin_attempt(&mut self, index: usize) -> Result<u32, Early<ResBody, D>> {
         let target = &self.shared.targets[index];
-        let refused = |refusal| {
+        let refused = |refusal: crate::budget::BudgetExhausted| {
+            self.run.stop(refusal.stop_reason());
             Box::new(reply::budget_stop(
                 &self.shared.dialect,
                 &refusal,
@@ -343,6 +410,9 @@ where
             && scope == Scope::Request
             && target.passes_client_model();
         let cooldown = admitted.failure(failure.class, scope, failure.retry.after);
+        if cooldown.is_some() {
+            telemetry::cooldown_started(&target.provider, scope.as_str());
+        }
         // An attempt that got as far as a stream was processed by the
         // provider: its estimated cost counts.
         let charge = (failure.phase == Phase::Preamble).then(|| {
@@ -362,11 +432,24 @@ where
         record.status = failure.status.map(|s| s.as_u16());
         record.output_events = attempt.output_events;
         record.message = Some(failure.message.clone());
+        record.rate_limits = failure.rate_limits.clone();
         if let Some(charge) = charge {
             charge.fill(&mut record);
         }
-        self.run.push(record);
         let request_error = failure.recovery == Recovery::Stop || client_named_unknown_model;
+        match decision {
+            // Certain only once the next attempt begins: the turn may still
+            // stop first (spend ceiling, retry budget, nothing admitted).
+            Decision::RetrySame { .. } | Decision::Reroute => self.run.hold(record),
+            _ => {
+                self.run.push(record);
+                self.run.stop(if request_error {
+                    StopReason::RequestError
+                } else {
+                    StopReason::Exhausted
+                });
+            }
+        }
         let first = self
             .first_failure
             .get_or_insert_with(|| (Arc::clone(&target.name), failure.clone()))

@@ -78,7 +78,8 @@ impl ReadLimits {
     }
 }
 
-/// The answer to a request shed by a limit: `503`, the dialect's error body
+/// The answer to a request shed by a limit: `503` (or what the dialect's
+/// clients expect for overload, see `Dialect::error_status`), the dialect's error body
 /// (class `overloaded`, code `overloaded`) and `retry-after` in whole
 /// seconds (at least 1).
 pub fn shed_response<D: Dialect>(dialect: &D, retry_after: Duration) -> Response<Full<Bytes>> {
@@ -93,7 +94,8 @@ pub(crate) fn shed_answer<D: Dialect>(dialect: &D, retry_after: Duration) -> Res
     )
     .code("overloaded");
     let mut response = Response::new(dialect.error_body(&reply));
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    *response.status_mut() =
+        dialect.error_status(FailureClass::Overloaded, StatusCode::SERVICE_UNAVAILABLE);
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     response
         .headers_mut()

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
+pub use crate::classify::RateLimitHeaders;
 use crate::classify::{FailureClass, Phase};
 use crate::dialect::Usage;
 use crate::failover::Decision;
@@ -43,6 +44,10 @@ pub struct AttemptRecord {
     pub upstream_model: String,
     /// The model the upstream said answered, when it said.
     pub response_model: Option<String>,
+    /// The completion id the upstream gave, when it gave one.
+    pub response_id: Option<String>,
+    /// The finish reason the upstream gave, when it gave one.
+    pub finish_reason: Option<String>,
     /// Wall-clock start.
     pub started: SystemTime,
     /// How long the attempt took (for a committed stream: until it ended).
@@ -68,8 +73,95 @@ pub struct AttemptRecord {
     pub estimated: bool,
     /// The failure's sanitized message.
     pub message: Option<String>,
+    /// The provider's rate-limit headers on the attempt's response
+    /// (`anthropic-ratelimit-*`, `x-ratelimit-*`, `retry-after`), as sent.
+    pub rate_limits: RateLimitHeaders,
     /// The decision taken.
     pub decision: Decision,
+}
+
+impl AttemptRecord {
+    /// `preamble` or `committed`: where the attempt's failure landed (or,
+    /// for an attempt that did not fail, whether it committed).
+    pub fn commit_phase(&self) -> &'static str {
+        match (self.phase, self.decision) {
+            (Some(Phase::Committed), _) | (None, Decision::Committed) => "committed",
+            _ => "preamble",
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TurnOutcome {
+    /// The first attempt answered.
+    FirstTry,
+    /// An answer came after one or more hops (retries or reroutes).
+    AfterHop,
+    /// An answer was committed, then failed (ended with a terminal event)
+    /// or was cut short by the client.
+    EndedAfterCommit,
+    /// No model output reached the client: the turn answered with an error.
+    StoppedBeforeOutput,
+}
+
+impl TurnOutcome {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FirstTry => "first_try",
+            Self::AfterHop => "after_hop",
+            Self::EndedAfterCommit => "ended_after_commit",
+            Self::StoppedBeforeOutput => "stopped_before_output",
+        }
+    }
+}
+
+/// Why a turn stopped without a whole answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The gateway could not serve the request (unreadable body, no
+    /// compatible target).
+    InvalidRequest,
+    /// The provider refused the request itself (a request error): it is
+    /// never sent elsewhere.
+    RequestError,
+    /// Every option was tried and failed.
+    Exhausted,
+    /// Every target was cooling down.
+    NoAvailableTarget,
+    /// The turn's deadline passed.
+    Deadline,
+    /// The turn's attempts were used up.
+    Attempts,
+    /// The next attempt would have passed the spend ceiling.
+    SpendCeiling,
+    /// The retry budget shared across turns refused another attempt.
+    RetryBudget,
+    /// The client went away (or an outer layer answered first).
+    Cancelled,
+    /// A committed stream failed and was ended with a terminal event.
+    StreamFailed,
+}
+
+impl StopReason {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::RequestError => "request_error",
+            Self::Exhausted => "exhausted",
+            Self::NoAvailableTarget => "no_available_target",
+            Self::Deadline => "deadline",
+            Self::Attempts => "attempts",
+            Self::SpendCeiling => "spend_ceiling",
+            Self::RetryBudget => "retry_budget",
+            Self::Cancelled => "cancelled",
+            Self::StreamFailed => "stream_failed",
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -77,13 +169,28 @@ struct RunInner {
     attempts: Vec<AttemptRecord>,
     winner: Option<Arc<str>>,
     done: bool,
+    /// A failed attempt whose decision (retry or reroute) is not yet
+    /// certain: it becomes `stop` if the turn ends before the next attempt.
+    held: Option<AttemptRecord>,
+    /// The span of the attempt in progress (or held).
+    attempt_span: Option<tracing::Span>,
+    /// The turn's span, closed when the turn is concluded.
+    turn_span: Option<tracing::Span>,
+    stop_reason: Option<StopReason>,
+    outcome: Option<TurnOutcome>,
 }
 
 /// A turn's record: its run id and attempts. Cheap to clone; shared with the
 /// stream that is still running.
+///
+/// Each attempt is logged once, when its decision is final (a committed
+/// stream's when it ends), as a `tower_llm_failover::attempt` event; the
+/// turn once, when it is over, as a `tower_llm_failover::turn` event with
+/// its [`TurnOutcome`] and [`StopReason`].
 #[derive(Debug, Clone)]
 pub struct RunRecord {
     run_id: RunId,
+    started: tokio::time::Instant,
     inner: Arc<Mutex<RunInner>>,
 }
 
@@ -92,6 +199,7 @@ impl RunRecord {
     pub fn new(run_id: RunId) -> Self {
         Self {
             run_id,
+            started: tokio::time::Instant::now(),
             inner: Arc::default(),
         }
     }
@@ -112,7 +220,8 @@ impl RunRecord {
 
     /// The number of attempts so far.
     pub fn attempt_count(&self) -> usize {
-        self.lock().attempts.len()
+        let inner = self.lock();
+        inner.attempts.len() + usize::from(inner.held.is_some())
     }
 
     /// The target that answered, once one committed.
@@ -125,9 +234,50 @@ impl RunRecord {
         self.lock().done
     }
 
+    /// How the turn ended, once it is over.
+    pub fn outcome(&self) -> Option<TurnOutcome> {
+        self.lock().outcome
+    }
+
+    /// Why the turn stopped, once it is over and if it stopped.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        let inner = self.lock();
+        if inner.done { inner.stop_reason } else { None }
+    }
+
+    /// The span the turn's telemetry is recorded on.
+    pub(crate) fn set_turn_span(&self, span: tracing::Span) {
+        self.lock().turn_span = Some(span);
+    }
+
+    /// An attempt begins with `span`: a held attempt's decision stands.
+    pub(crate) fn begin_attempt(&self, span: tracing::Span) {
+        self.release_held();
+        self.lock().attempt_span = Some(span);
+    }
+
+    /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
-        emit(self.run_id.as_str(), &record);
+        let span = self.lock().attempt_span.take();
+        emit(self.run_id.as_str(), &record, span.as_ref());
         self.push_quietly(record);
+    }
+
+    /// Keeps a failed attempt's record until its decision is certain: the
+    /// next attempt begins ([`begin_attempt`](Self::begin_attempt)), or the
+    /// turn ends first and the decision was `stop`.
+    pub(crate) fn hold(&self, record: AttemptRecord) {
+        let earlier = self.lock().held.replace(record);
+        if let Some(earlier) = earlier {
+            self.push(earlier);
+        }
+    }
+
+    fn release_held(&self) {
+        let held = self.lock().held.take();
+        if let Some(record) = held {
+            self.push(record);
+        }
     }
 
     /// Adds a committed stream's record, logged once, when the stream ends
@@ -144,24 +294,106 @@ impl RunRecord {
         inner.attempts.push(record);
     }
 
-    /// Updates the last attempt (a committed stream's final figures).
+    /// Updates the last attempt (a committed stream's final figures), logs
+    /// it, and concludes the turn.
     pub(crate) fn finish_last(&self, update: impl FnOnce(&mut AttemptRecord)) {
         let mut inner = self.lock();
+        let span = inner.attempt_span.take();
         if let Some(last) = inner.attempts.last_mut() {
             update(last);
-            emit(self.run_id.as_str(), last);
+            emit(self.run_id.as_str(), last, span.as_ref());
         }
-        inner.done = true;
+        drop(inner);
+        self.conclude();
     }
 
-    pub(crate) fn mark_done(&self) {
-        self.lock().done = true;
+    /// Notes why the turn is stopping (the first reason given stands).
+    pub(crate) fn stop(&self, reason: StopReason) {
+        self.lock().stop_reason.get_or_insert(reason);
+    }
+
+    /// The turn was dropped before it answered: it stops as cancelled.
+    pub(crate) fn cancel(&self) {
+        if !self.is_done() {
+            self.stop(StopReason::Cancelled);
+            self.conclude();
+        }
+    }
+
+    /// The turn is over: a held attempt is logged with the decision `stop`,
+    /// then the turn's line, metrics and span fields. Only the first call
+    /// counts.
+    pub(crate) fn conclude(&self) {
+        let held = {
+            let mut inner = self.lock();
+            if inner.done {
+                return;
+            }
+            inner.held.take()
+        };
+        if let Some(mut record) = held {
+            record.decision = Decision::Stop;
+            self.push(record);
+        }
+        let mut inner = self.lock();
+        inner.done = true;
+        let committed = inner
+            .attempts
+            .iter()
+            .find(|a| a.decision == Decision::Committed);
+        let (outcome, reason) = match committed {
+            Some(a) if a.class == Some(FailureClass::Cancelled) => {
+                (TurnOutcome::EndedAfterCommit, Some(StopReason::Cancelled))
+            }
+            Some(a) if a.class.is_some() => (
+                TurnOutcome::EndedAfterCommit,
+                Some(StopReason::StreamFailed),
+            ),
+            Some(a) if a.attempt <= 1 => (TurnOutcome::FirstTry, None),
+            Some(_) => (TurnOutcome::AfterHop, None),
+            None => (
+                TurnOutcome::StoppedBeforeOutput,
+                Some(inner.stop_reason.unwrap_or(StopReason::Exhausted)),
+            ),
+        };
+        let provider = committed.map(|a| Arc::clone(&a.provider));
+        let error_type = match committed {
+            Some(a) => a.class,
+            None => inner.attempts.last().and_then(|a| a.class),
+        };
+        let attempts = inner.attempts.len();
+        inner.outcome = Some(outcome);
+        inner.stop_reason = reason;
+        let winner = inner.winner.clone();
+        let span = inner.turn_span.take();
+        let attempt_span = inner.attempt_span.take();
+        drop(inner);
+        drop(attempt_span);
+        tracing::info!(
+            target: "tower_llm_failover::turn",
+            run_id = %log_safe(self.run_id.as_str()),
+            attempts,
+            outcome = outcome.as_str(),
+            stop_reason = reason.map(StopReason::as_str),
+            target = winner.as_deref().map(log_safe).map(tracing::field::display),
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            "turn"
+        );
+        crate::telemetry::turn_ended(&TurnFacts {
+            span: span.as_ref(),
+            attempts,
+            outcome,
+            reason,
+            provider: provider.as_deref(),
+            error_type,
+        });
     }
 
     /// The summary headers: attempt count, winning target, run id.
     pub fn summary_headers(&self) -> Vec<(&'static str, HeaderValue)> {
         let inner = self.lock();
-        let mut headers = vec![(ATTEMPTS_HEADER, HeaderValue::from(inner.attempts.len()))];
+        let count = inner.attempts.len() + usize::from(inner.held.is_some());
+        let mut headers = vec![(ATTEMPTS_HEADER, HeaderValue::from(count))];
         if let Some(winner) = &inner.winner
             && let Ok(value) = HeaderValue::from_str(winner)
         {
@@ -174,9 +406,28 @@ impl RunRecord {
     }
 }
 
-/// One tracing event per attempt (a committed stream's when it ends).
+/// What a concluded turn tells its span and metrics.
+pub(crate) struct TurnFacts<'a> {
+    pub(crate) span: Option<&'a tracing::Span>,
+    pub(crate) attempts: usize,
+    pub(crate) outcome: TurnOutcome,
+    pub(crate) reason: Option<StopReason>,
+    pub(crate) provider: Option<&'a str>,
+    pub(crate) error_type: Option<FailureClass>,
+}
+
+/// A turn refused before the failover layer ran (by a budget layer in
+/// front): its one line and its metrics.
+pub(crate) fn refused_turn(run_id: &RunId, reason: StopReason) {
+    let run = RunRecord::new(run_id.clone());
+    run.stop(reason);
+    run.conclude();
+}
+
+/// One tracing event per attempt (a committed stream's when it ends), the
+/// same facts on the attempt's span, and the attempt's metrics.
 /// The run id and the model may be the client's, so they are escaped.
-fn emit(run_id: &str, r: &AttemptRecord) {
+fn emit(run_id: &str, r: &AttemptRecord, span: Option<&tracing::Span>) {
     tracing::info!(
         target: "tower_llm_failover::attempt",
         run_id = %log_safe(run_id),
@@ -197,6 +448,7 @@ fn emit(run_id: &str, r: &AttemptRecord) {
         decision = r.decision.as_str(),
         "attempt"
     );
+    crate::telemetry::attempt_ended(r, span);
 }
 
 /// A value made safe for one log line: its [`Display`](fmt::Display) text

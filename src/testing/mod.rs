@@ -65,6 +65,7 @@
 //! ```
 
 pub mod chunks;
+pub mod messages;
 pub mod provider;
 pub mod upstream;
 

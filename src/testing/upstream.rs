@@ -9,6 +9,16 @@
 //!   `chat.completion` with `usage`. Token `i` reads `"{name}-tok{i} "`, so a
 //!   spliced answer shows both names. Counted in [`FakeUpstream::attempts`]
 //!   and recorded in [`FakeUpstream::requests`], whatever the outcome.
+//! - `POST /v1/messages`: the same in Anthropic's Messages API, with the
+//!   same faults: a stream of `message_start`, an empty text block, `ping`,
+//!   N `text_delta`s, `message_delta` (`end_turn`) and `message_stop`, or a
+//!   JSON `message`; with `tools` in the request, a `tool_use` block whose
+//!   input comes as `input_json_delta`s (one per token). Errors are
+//!   Anthropic's (`{"type":"error","error":{...}}`, 529 `overloaded_error`,
+//!   `anthropic-ratelimit-*` headers on every answer); an in-band error
+//!   (`error_after=N`) is `event: error` with `overloaded_error` by default,
+//!   so `error_after=0` fails after `message_start`, before any output. See
+//!   [`messages`](super::messages).
 //! - `GET /v1/models`: the configured model ids.
 //! - `POST /control/fault`: arms a fault (JSON below); `GET /control/attempts`
 //!   answers `{"attempts": N}`; `POST /control/reset` zeroes the attempt
@@ -116,6 +126,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use super::chunks;
+use super::messages;
 use super::{ScriptedBody, Step};
 
 /// Content chunks in an answer unless configured otherwise.
@@ -145,8 +156,10 @@ pub enum ErrorFixture {
     ModelNotFound,
     /// 500 `server_error` (also OpenAI's mid-stream error).
     ServerError,
-    /// 503 overloaded.
+    /// 503 overloaded (529 `overloaded_error` on `/v1/messages`).
     Overloaded,
+    /// 413 request too large.
+    RequestTooLarge,
 }
 
 impl ErrorFixture {
@@ -156,6 +169,7 @@ impl ErrorFixture {
             401 => Self::InvalidKey,
             403 => Self::Forbidden,
             404 => Self::ModelNotFound,
+            413 => Self::RequestTooLarge,
             429 => Self::RateLimit,
             503 | 529 => Self::Overloaded,
             500..=599 => Self::ServerError,
@@ -163,7 +177,8 @@ impl ErrorFixture {
         }
     }
 
-    /// The JSON body, `{"error":{...}}`, in OpenAI's shape.
+    /// The JSON body, `{"error":{...}}`, in OpenAI's shape (`/v1/messages`
+    /// answers Anthropic's `{"type":"error","error":{...}}` instead).
     pub fn body(self) -> &'static str {
         match self {
             Self::RateLimit => {
@@ -192,6 +207,9 @@ impl ErrorFixture {
             }
             Self::Overloaded => {
                 r#"{"error":{"message":"The engine is currently overloaded, please try again later.","type":"server_error","param":null,"code":"server_is_overloaded"}}"#
+            }
+            Self::RequestTooLarge => {
+                r#"{"error":{"message":"Request too large (fake upstream).","type":"invalid_request_error","param":null,"code":"request_too_large"}}"#
             }
         }
     }
@@ -957,7 +975,8 @@ async fn handle(
 ) -> Response<FakeBody> {
     let path = request.uri().path();
     match (request.method(), path) {
-        (&Method::POST, "/v1/chat/completions") => chat(state, reset, request).await,
+        (&Method::POST, "/v1/chat/completions") => chat(state, reset, request, Wire::Chat).await,
+        (&Method::POST, "/v1/messages") => chat(state, reset, request, Wire::Messages).await,
         (&Method::GET, "/v1/models") => {
             let data: Vec<Value> = state
                 .models
@@ -1091,10 +1110,59 @@ impl Ask {
     }
 }
 
+/// The API a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/messages`.
+    Messages,
+}
+
+impl Wire {
+    /// A 4xx error in this API's shape.
+    fn error(self, status: StatusCode, message: &str) -> Response<FakeBody> {
+        match self {
+            Self::Chat => openai_error(status, message, "invalid_request_error", None),
+            Self::Messages => {
+                let kind = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "request_too_large"
+                } else {
+                    "invalid_request_error"
+                };
+                json(status, messages::error_json(kind, message))
+            }
+        }
+    }
+}
+
+/// What a request asked for, in either API.
+enum Asked {
+    Chat(Ask),
+    Messages(messages::MessagesAsk),
+}
+
+impl Asked {
+    fn model(&self) -> &str {
+        match self {
+            Self::Chat(ask) => &ask.model,
+            Self::Messages(ask) => &ask.model,
+        }
+    }
+
+    fn stream(&self) -> bool {
+        match self {
+            Self::Chat(ask) => ask.stream,
+            Self::Messages(ask) => ask.stream,
+        }
+    }
+}
+
 async fn chat(
     state: &State,
     reset: Arc<AtomicBool>,
     request: Request<Incoming>,
+    wire: Wire,
 ) -> Response<FakeBody> {
     state.attempts.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
@@ -1114,43 +1182,42 @@ async fn chat(
     });
 
     if let Some(key) = &state.api_key {
-        let expected = format!("Bearer {key}");
-        let given = parts
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
+        let (header, expected) = match wire {
+            Wire::Chat => (
+                http::header::AUTHORIZATION.as_str(),
+                format!("Bearer {key}"),
+            ),
+            Wire::Messages => ("x-api-key", key.clone()),
+        };
+        let given = parts.headers.get(header).and_then(|v| v.to_str().ok());
         if given != Some(expected.as_str()) {
-            return json(StatusCode::UNAUTHORIZED, ErrorFixture::InvalidKey.body());
+            return json(
+                StatusCode::UNAUTHORIZED,
+                fixture_body(wire, ErrorFixture::InvalidKey),
+            );
         }
     }
     if body.is_null() {
-        return openai_error(
+        return wire.error(
             StatusCode::BAD_REQUEST,
             "We could not parse the JSON body of your request.",
-            "invalid_request_error",
-            None,
         );
     }
-    let ask = match Ask::read(&body) {
-        Ok(ask) => ask,
-        Err(message) => {
-            return openai_error(
-                StatusCode::BAD_REQUEST,
-                message,
-                "invalid_request_error",
-                None,
-            );
-        }
+    let read = match wire {
+        Wire::Chat => Ask::read(&body).map(Asked::Chat),
+        Wire::Messages => messages::MessagesAsk::read(&body).map(Asked::Messages),
     };
-    let spec = match ask.model.split_once("fault:") {
+    let ask = match read {
+        Ok(ask) => ask,
+        Err(message) => return wire.error(StatusCode::BAD_REQUEST, message),
+    };
+    let spec = match ask.model().split_once("fault:") {
         Some((_, text)) => match Spec::parse(text) {
             Ok(spec) => spec,
             Err(e) => {
-                return openai_error(
+                return wire.error(
                     StatusCode::BAD_REQUEST,
                     &format!("fake upstream: bad fault spec in model name: {e}"),
-                    "invalid_request_error",
-                    None,
                 );
             }
         },
@@ -1169,6 +1236,7 @@ async fn chat(
             body,
         }) => {
             return status_response(
+                wire,
                 *status,
                 retry_after.as_deref(),
                 *retry_after_ms,
@@ -1180,8 +1248,13 @@ async fn chat(
         _ => {}
     }
 
-    let (steps, then_reset) = if ask.stream {
-        stream_steps(&state.name, &ask, tokens, pace, fault.as_ref())
+    let (steps, then_reset) = if ask.stream() {
+        match &ask {
+            Asked::Chat(ask) => stream_steps(&state.name, ask, tokens, pace, fault.as_ref()),
+            Asked::Messages(ask) => {
+                messages::stream_steps(&state.name, ask, tokens, pace, fault.as_ref())
+            }
+        }
     } else {
         let hold = pace.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX))
             + match fault {
@@ -1191,13 +1264,18 @@ async fn chat(
         if !hold.is_zero() {
             tokio::time::sleep(hold).await;
         }
-        completion_steps(&state.name, &ask, tokens, fault.as_ref())
+        match &ask {
+            Asked::Chat(ask) => completion_steps(&state.name, ask, tokens, fault.as_ref()),
+            Asked::Messages(ask) => {
+                messages::message_steps(&state.name, ask, tokens, fault.as_ref())
+            }
+        }
     };
     let mut body = FakeBody::new(steps);
     if then_reset {
         body.reset = Some(reset);
     }
-    let mut response = if ask.stream {
+    let mut response = if ask.stream() {
         let mut r = respond(StatusCode::OK, "text/event-stream", body);
         r.headers_mut()
             .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -1208,10 +1286,31 @@ async fn chat(
     if let Ok(name) = HeaderValue::from_str(&state.name) {
         response.headers_mut().insert("x-fake-upstream", name);
     }
+    if wire == Wire::Messages {
+        add_ratelimit_headers(&mut response, 49);
+    }
     response
 }
 
+/// Anthropic's rate-limit headers, as a Messages answer carries them.
+fn add_ratelimit_headers(response: &mut Response<FakeBody>, remaining: u32) {
+    for (name, value) in messages::ratelimit_headers(remaining) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+}
+
+/// A fixture's body in the shape of the request's API.
+fn fixture_body(wire: Wire, fixture: ErrorFixture) -> Bytes {
+    match wire {
+        Wire::Chat => Bytes::from_static(fixture.body().as_bytes()),
+        Wire::Messages => Bytes::from(messages::error_body(fixture)),
+    }
+}
+
 fn status_response(
+    wire: Wire,
     status: u16,
     retry_after: Option<&str>,
     retry_after_ms: Option<u64>,
@@ -1224,15 +1323,21 @@ fn status_response(
         Some(value) => ("application/json", Bytes::from(value.to_string())),
         None => (
             "application/json",
-            Bytes::from_static(
-                error
-                    .unwrap_or_else(|| ErrorFixture::for_status(status.as_u16()))
-                    .body()
-                    .as_bytes(),
+            fixture_body(
+                wire,
+                error.unwrap_or_else(|| ErrorFixture::for_status(status.as_u16())),
             ),
         ),
     };
     let mut response = respond(status, content_type, FakeBody::new([Step::Data(bytes)]));
+    if wire == Wire::Messages {
+        let remaining = if status == StatusCode::TOO_MANY_REQUESTS {
+            0
+        } else {
+            49
+        };
+        add_ratelimit_headers(&mut response, remaining);
+    }
     if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
         response.headers_mut().insert("retry-after", value);
     }

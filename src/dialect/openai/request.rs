@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
+use crate::dialect::raw::{first_byte, is_true, non_empty_array, present, span, splice};
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
 
 /// A parsed chat completion request: the body, and where in it the fields
@@ -80,33 +81,6 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-/// A field that is present, `null` included.
-fn present<'de, D>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    <&RawValue>::deserialize(deserializer).map(Some)
-}
-
-/// The position of `raw` inside `body` (it was borrowed from it).
-fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
-    let start = (raw.get().as_ptr() as usize).saturating_sub(body.as_ptr() as usize);
-    start..start + raw.get().len()
-}
-
-fn first_byte(raw: &RawValue) -> u8 {
-    raw.get().as_bytes().first().copied().unwrap_or(b' ')
-}
-
-fn is_true(raw: Option<&RawValue>) -> bool {
-    raw.is_some_and(|r| r.get() == "true")
-}
-
-fn non_empty_array(raw: Option<&RawValue>) -> bool {
-    raw.and_then(|r| serde_json::from_str::<Vec<IgnoredAny>>(r.get()).ok())
-        .is_some_and(|a| !a.is_empty())
-}
-
 /// Reads a chat completion request.
 pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
@@ -162,6 +136,8 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         stream,
         include_usage,
         image_input,
+        document_input: false,
+        reasoning: false,
         prompt_tokens: text_bytes.div_ceil(4),
         max_output_tokens,
     };
@@ -242,20 +218,7 @@ pub(super) fn upstream_body(request: &ChatRequest, model: &str) -> Bytes {
             )),
         }
     }
-    edits.sort_by_key(|(range, _)| range.start);
-    let added: usize = edits.iter().map(|(_, text)| text.len()).sum();
-    let mut out = Vec::with_capacity(body.len() + added);
-    let mut at = 0;
-    for (range, text) in &edits {
-        if range.start < at || range.end > body.len() {
-            continue; // cannot happen for spans read from this body
-        }
-        out.extend_from_slice(&body[at..range.start]);
-        out.extend_from_slice(text.as_bytes());
-        at = range.end;
-    }
-    out.extend_from_slice(&body[at..]);
-    Bytes::from(out)
+    Bytes::from(splice(body, edits))
 }
 
 #[cfg(test)]

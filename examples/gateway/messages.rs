@@ -1,0 +1,276 @@
+//! `POST /v1/messages`: Anthropic Messages routes next to the chat routes.
+//!
+//! A provider declares the dialect it speaks (`dialect = "openai"`, the
+//! default, or `"anthropic"`). A route serves one dialect and every target
+//! of it must speak it: a route that mixes them is rejected at start-up.
+//! Chat routes answer `/v1/chat/completions`, Messages routes
+//! `/v1/messages`; every route shares the gateway's one health registry.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::Full;
+use tower::ServiceExt;
+use tower_llm_failover::budget::Budget;
+use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::client::UpstreamClient;
+use tower_llm_failover::dialect::{
+    AnthropicMessages, Dialect, ErrorReply, ParsedRequest, RequestError,
+};
+use tower_llm_failover::failover::Failover;
+
+use super::{Gateway, ProviderConfig, RouteConfig, pattern_matches};
+
+/// The stack behind one Messages route.
+pub(crate) type MessagesService =
+    Budget<Failover<UpstreamClient, AnthropicMessages>, AnthropicMessages>;
+
+/// One Messages route.
+pub(crate) struct MessagesRoute {
+    pub(crate) pattern: String,
+    /// What `GET /v1/models` lists for this route.
+    pub(crate) listed: Vec<String>,
+    pub(crate) service: MessagesService,
+}
+
+/// The wire dialect a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireDialect {
+    /// OpenAI chat completions.
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl WireDialect {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// The dialect `provider` declares.
+pub(crate) fn provider_dialect(provider: &ProviderConfig) -> Result<WireDialect, String> {
+    match provider.dialect.as_deref().unwrap_or("openai") {
+        "openai" => Ok(WireDialect::OpenAi),
+        "anthropic" => Ok(WireDialect::Anthropic),
+        other => Err(format!(
+            "provider {}: unknown dialect {other:?} (\"openai\" or \"anthropic\")",
+            provider.name
+        )),
+    }
+}
+
+/// How a provider authenticates when its config does not say: an
+/// Anthropic provider with `x-api-key`, any other with a bearer token.
+pub(crate) fn default_auth(provider: &ProviderConfig) -> &'static str {
+    match provider_dialect(provider) {
+        Ok(WireDialect::Anthropic) => "x-api-key",
+        _ => "bearer",
+    }
+}
+
+/// The one dialect every target of `route` speaks, or why the route is
+/// refused.
+pub(crate) fn route_dialect(
+    route: &RouteConfig,
+    providers: &[ProviderConfig],
+) -> Result<WireDialect, String> {
+    let mut first: Option<(&str, WireDialect)> = None;
+    for target in &route.targets {
+        let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
+            return Err(format!(
+                "route {}: unknown provider {}",
+                route.model, target.provider
+            ));
+        };
+        let dialect = provider_dialect(provider)?;
+        match first {
+            None => first = Some((&provider.name, dialect)),
+            Some((name, seen)) if seen != dialect => {
+                return Err(format!(
+                    "route {}: a route serves one dialect, and every target must speak it; \
+                     provider {name} speaks {} but provider {} speaks {}",
+                    route.model,
+                    seen.as_str(),
+                    provider.name,
+                    dialect.as_str()
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(first.map_or(WireDialect::OpenAi, |(_, d)| d))
+}
+
+/// A route without a config (every provider, the client's model) split
+/// into one route per dialect.
+pub(crate) fn split_by_dialect(
+    route: RouteConfig,
+    providers: &[ProviderConfig],
+) -> Result<Vec<RouteConfig>, String> {
+    let mut split: Vec<(WireDialect, RouteConfig)> = Vec::new();
+    for target in route.targets {
+        let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
+            continue;
+        };
+        let dialect = provider_dialect(provider)?;
+        match split.iter_mut().find(|(d, _)| *d == dialect) {
+            Some((_, r)) => r.targets.push(target),
+            None => split.push((
+                dialect,
+                RouteConfig {
+                    model: route.model.clone(),
+                    models: route.models.clone(),
+                    targets: vec![target],
+                },
+            )),
+        }
+    }
+    Ok(split.into_iter().map(|(_, r)| r).collect())
+}
+
+/// An error answer in Anthropic's shape.
+fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &str) -> Response {
+    let dialect = AnthropicMessages;
+    let body = dialect.error_body(&ErrorReply::new(class, message).code(code));
+    let mut response = (dialect.error_status(class, status), body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(dialect.error_content_type()),
+    );
+    response
+}
+
+/// `POST /v1/messages`: reads the request once, picks the Messages route
+/// by model, and hands the parsed request to its stack.
+pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let limit = gateway.max_request_bytes;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+            let mut too_large = false;
+            while let Some(e) = source {
+                too_large |= e.is::<http_body_util::LengthLimitError>();
+                source = e.source();
+            }
+            return if too_large {
+                error_answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    FailureClass::PayloadTooLarge,
+                    &format!("the request body exceeds the {limit}-byte limit"),
+                    "request_too_large",
+                )
+            } else {
+                error_answer(
+                    StatusCode::BAD_REQUEST,
+                    FailureClass::InvalidRequest,
+                    &format!("the request body could not be read: {error}"),
+                    "invalid_body",
+                )
+            };
+        }
+    };
+    let (requirements, messages) = match AnthropicMessages.read_request(bytes.clone()) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            let code = match error {
+                RequestError::NotJson(_) => "invalid_json",
+                _ => "invalid_request",
+            };
+            return error_answer(
+                StatusCode::BAD_REQUEST,
+                FailureClass::InvalidRequest,
+                &error.to_string(),
+                code,
+            );
+        }
+    };
+    if requirements.model.contains(['*', '?']) {
+        return error_answer(
+            StatusCode::BAD_REQUEST,
+            FailureClass::InvalidRequest,
+            &format!(
+                "the model `{}` is not a model name",
+                requirements.model.escape_debug()
+            ),
+            "invalid_model",
+        );
+    }
+    let Some(route) = gateway
+        .messages
+        .iter()
+        .find(|r| pattern_matches(&r.pattern, &requirements.model))
+    else {
+        return error_answer(
+            StatusCode::NOT_FOUND,
+            FailureClass::ModelNotFound,
+            &format!(
+                "the model `{}` has no Messages route",
+                requirements.model.escape_debug()
+            ),
+            "model_not_found",
+        );
+    };
+    parts
+        .extensions
+        .insert(ParsedRequest::new(requirements, messages));
+    let headers = parts.headers.clone();
+    let request = http::Request::from_parts(parts, Full::new(bytes));
+    let turn = async move {
+        match route.service.clone().oneshot(request).await {
+            Ok(response) => response.map(Body::new),
+            Err(never) => match never {},
+        }
+    };
+    super::state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
+}
+
+/// The embedded demo's Messages providers and routes (TOML to append to the
+/// demo config): the same two fakes, spoken to in Anthropic's dialect.
+///
+/// - `claude-demo-failover`: the primary answers `529 overloaded_error`;
+///   the backup answers, and the client never notices.
+/// - `claude-demo-cut`: the primary is cut after 5 deltas; the stream ends
+///   with `event: error`, nothing spliced.
+/// - `claude-*`: primary, then backup, with the client's model.
+pub(crate) fn demo_routes(primary: &str, backup: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "claude-primary"
+base_url = "{primary}"
+dialect = "anthropic"
+
+[[providers]]
+name = "claude-backup"
+base_url = "{backup}"
+dialect = "anthropic"
+
+[[routes]]
+model = "claude-demo-failover"
+targets = [
+  {{ provider = "claude-primary", model = "claude-primary#fault:status=529" }},
+  {{ provider = "claude-backup", model = "claude-backup" }},
+]
+
+[[routes]]
+model = "claude-demo-cut"
+targets = [
+  {{ provider = "claude-primary", model = "claude-primary#fault:reset_after=5" }},
+  {{ provider = "claude-backup", model = "claude-backup" }},
+]
+
+[[routes]]
+model = "claude-*"
+targets = [{{ provider = "claude-primary" }}, {{ provider = "claude-backup" }}]
+"#
+    )
+}

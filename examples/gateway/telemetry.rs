@@ -1,0 +1,386 @@
+//! The gateway's telemetry: logs (text or one JSON line per event),
+//! Prometheus metrics for `GET /metrics`, and, when `[telemetry]
+//! otlp_endpoint` is set, spans and metrics exported over OTLP/HTTP
+//! (protobuf) to `{otlp_endpoint}/v1/traces` and `/v1/metrics`.
+//!
+//! The library emits spans through `tracing` and metrics through the
+//! `metrics` facade; everything that exports them lives here.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde::Deserialize;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct TelemetryConfig {
+    /// `text` (default) or `json`: one JSON object per line.
+    pub(crate) log_format: String,
+    /// Base URL of an OTLP/HTTP collector (`http://127.0.0.1:4318`): spans
+    /// and metrics are exported there when set.
+    pub(crate) otlp_endpoint: Option<String>,
+    /// `service.name` of the exported resource.
+    pub(crate) service_name: String,
+    /// How often metrics are pushed over OTLP.
+    pub(crate) otlp_metrics_interval_ms: u64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_format: "text".to_owned(),
+            otlp_endpoint: None,
+            service_name: "llm-gateway".to_owned(),
+            otlp_metrics_interval_ms: 10_000,
+        }
+    }
+}
+
+/// Installed telemetry: the Prometheus handle `GET /metrics` renders, and
+/// the OTLP providers flushed at shutdown.
+pub(crate) struct Telemetry {
+    pub(crate) prometheus: PrometheusHandle,
+    tracer: Option<SdkTracerProvider>,
+    meter: Option<SdkMeterProvider>,
+}
+
+impl Telemetry {
+    /// Installs the process-wide subscriber and metrics recorder. Logs go
+    /// to `writer` (stderr in the gateway).
+    pub(crate) fn install<W>(config: &TelemetryConfig, writer: W) -> Result<Self, String>
+    where
+        W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+    {
+        let filter = EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "info,tower_llm_failover=info".into());
+        let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+        let fmt = match config.log_format.as_str() {
+            "text" => fmt
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .boxed(),
+            // One JSON object per line; the event's fields under
+            // "fields" (an attempt's `target` field would clash with the
+            // line's own `target` if flattened).
+            "json" => fmt
+                .json()
+                .flatten_event(false)
+                .with_current_span(false)
+                .with_span_list(false)
+                .boxed(),
+            other => return Err(format!("telemetry.log_format: unknown {other}")),
+        };
+        let resource = Resource::builder()
+            .with_service_name(config.service_name.clone())
+            .build();
+        let (otel, tracer, meter) = match &config.otlp_endpoint {
+            None => (None, None, None),
+            Some(base) => {
+                let base = base.trim_end_matches('/');
+                let spans = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(format!("{base}/v1/traces"))
+                    .with_headers(HashMap::new())
+                    .build()
+                    .map_err(|e| format!("telemetry.otlp_endpoint: {e}"))?;
+                let tracer = SdkTracerProvider::builder()
+                    .with_batch_exporter(spans)
+                    .with_resource(resource.clone())
+                    .build();
+                let layer = tracing_opentelemetry::layer()
+                    .with_tracer(tracer.tracer("tower-llm-failover"))
+                    // Only the library's spans: not every debug span of the
+                    // HTTP stack.
+                    .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                        meta.target().starts_with("tower_llm_failover")
+                    }));
+                let metrics = opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(format!("{base}/v1/metrics"))
+                    .build()
+                    .map_err(|e| format!("telemetry.otlp_endpoint: {e}"))?;
+                let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(metrics)
+                    .with_interval(Duration::from_millis(config.otlp_metrics_interval_ms))
+                    .build();
+                let meter = SdkMeterProvider::builder()
+                    .with_reader(reader)
+                    .with_resource(resource)
+                    .build();
+                (Some(layer), Some(tracer), Some(meter))
+            }
+        };
+        tracing_subscriber::registry()
+            .with(fmt.with_filter(filter))
+            .with(otel)
+            .try_init()
+            .map_err(|e| format!("telemetry: {e}"))?;
+
+        let prometheus = PrometheusBuilder::new().build_recorder();
+        let handle = prometheus.handle();
+        let mut recorders =
+            metrics_util::layers::FanoutBuilder::default().add_recorder(TotalSuffix(prometheus));
+        if let Some(meter) = &meter {
+            use opentelemetry::metrics::MeterProvider as _;
+            recorders =
+                recorders.add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
+        }
+        metrics::set_global_recorder(recorders.build()).map_err(|e| format!("telemetry: {e}"))?;
+        tower_llm_failover::telemetry::describe_metrics();
+        Ok(Self {
+            prometheus: handle,
+            tracer,
+            meter,
+        })
+    }
+
+    /// Pushes everything still buffered to the OTLP collector (blocking).
+    /// Used by the tests; the gateway flushes at shutdown.
+    #[allow(dead_code)]
+    pub(crate) fn flush(&self) -> Result<(), String> {
+        if let Some(tracer) = &self.tracer {
+            tracer.force_flush().map_err(|e| e.to_string())?;
+        }
+        if let Some(meter) = &self.meter {
+            meter.force_flush().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and stops the OTLP exporters (blocking).
+    pub(crate) fn shutdown(self) {
+        if let Some(tracer) = self.tracer {
+            let _ = tracer.shutdown();
+        }
+        if let Some(meter) = self.meter {
+            let _ = meter.shutdown();
+        }
+    }
+}
+
+/// Prometheus names a counter `*_total` (OpenTelemetry names do not carry
+/// it): the suffix is added on the way into the Prometheus recorder only.
+struct TotalSuffix<R>(R);
+
+fn with_total(name: &str) -> String {
+    format!("{name}.total")
+}
+
+impl<R: Recorder> Recorder for TotalSuffix<R> {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0
+            .describe_counter(KeyName::from(with_total(key.as_str())), unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        let key = Key::from_parts(
+            with_total(key.name()),
+            key.labels().cloned().collect::<Vec<_>>(),
+        );
+        self.0.register_counter(&key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.0.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.0.register_histogram(key, metadata)
+    }
+}
+
+/// The `metrics` facade into OpenTelemetry instruments, so the same
+/// metrics reach Prometheus and OTLP.
+struct OtelRecorder {
+    meter: Meter,
+    counters: Mutex<HashMap<Key, Counter>>,
+    gauges: Mutex<HashMap<Key, Gauge>>,
+    histograms: Mutex<HashMap<Key, Histogram>>,
+    units: Mutex<HashMap<String, Unit>>,
+}
+
+impl OtelRecorder {
+    fn new(meter: Meter) -> Self {
+        Self {
+            meter,
+            counters: Mutex::default(),
+            gauges: Mutex::default(),
+            histograms: Mutex::default(),
+            units: Mutex::default(),
+        }
+    }
+
+    fn unit(&self, name: &str) -> Option<&'static str> {
+        let units = self.units.lock().unwrap_or_else(PoisonError::into_inner);
+        units.get(name).map(|unit| match unit {
+            Unit::Seconds => "s",
+            Unit::Bytes => "By",
+            _ => "1",
+        })
+    }
+
+    fn describe(&self, key: &KeyName, unit: Option<Unit>) {
+        if let Some(unit) = unit {
+            self.units
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key.as_str().to_owned(), unit);
+        }
+    }
+}
+
+fn attributes(key: &Key) -> Vec<KeyValue> {
+    key.labels()
+        .map(|l| KeyValue::new(l.key().to_owned(), l.value().to_owned()))
+        .collect()
+}
+
+/// A counter: `absolute` adds the difference from the last value.
+struct OtelCounter {
+    counter: opentelemetry::metrics::Counter<u64>,
+    attributes: Vec<KeyValue>,
+    total: AtomicU64,
+}
+
+impl metrics::CounterFn for OtelCounter {
+    fn increment(&self, value: u64) {
+        self.total.fetch_add(value, Ordering::Relaxed);
+        self.counter.add(value, &self.attributes);
+    }
+
+    fn absolute(&self, value: u64) {
+        let before = self.total.fetch_max(value, Ordering::Relaxed);
+        if value > before {
+            self.counter.add(value - before, &self.attributes);
+        }
+    }
+}
+
+/// A gauge: increments and decrements act on the last value set.
+struct OtelGauge {
+    gauge: opentelemetry::metrics::Gauge<f64>,
+    attributes: Vec<KeyValue>,
+    value: Mutex<f64>,
+}
+
+impl OtelGauge {
+    fn update(&self, f: impl FnOnce(f64) -> f64) {
+        let mut value = self.value.lock().unwrap_or_else(PoisonError::into_inner);
+        *value = f(*value);
+        self.gauge.record(*value, &self.attributes);
+    }
+}
+
+impl metrics::GaugeFn for OtelGauge {
+    fn increment(&self, value: f64) {
+        self.update(|v| v + value);
+    }
+
+    fn decrement(&self, value: f64) {
+        self.update(|v| v - value);
+    }
+
+    fn set(&self, value: f64) {
+        self.update(|_| value);
+    }
+}
+
+struct OtelHistogram {
+    histogram: opentelemetry::metrics::Histogram<f64>,
+    attributes: Vec<KeyValue>,
+}
+
+impl metrics::HistogramFn for OtelHistogram {
+    fn record(&self, value: f64) {
+        self.histogram.record(value, &self.attributes);
+    }
+}
+
+impl Recorder for OtelRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+        self.describe(&key, unit);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+        self.describe(&key, unit);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+        self.describe(&key, unit);
+    }
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        counters
+            .entry(key.clone())
+            .or_insert_with(|| {
+                let mut builder = self.meter.u64_counter(key.name().to_owned());
+                if let Some(unit) = self.unit(key.name()) {
+                    builder = builder.with_unit(unit);
+                }
+                Counter::from_arc(Arc::new(OtelCounter {
+                    counter: builder.build(),
+                    attributes: attributes(key),
+                    total: AtomicU64::new(0),
+                }))
+            })
+            .clone()
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let mut gauges = self.gauges.lock().unwrap_or_else(PoisonError::into_inner);
+        gauges
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Gauge::from_arc(Arc::new(OtelGauge {
+                    gauge: self.meter.f64_gauge(key.name().to_owned()).build(),
+                    attributes: attributes(key),
+                    value: Mutex::new(0.0),
+                }))
+            })
+            .clone()
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        let mut histograms = self
+            .histograms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        histograms
+            .entry(key.clone())
+            .or_insert_with(|| {
+                let mut builder = self.meter.f64_histogram(key.name().to_owned());
+                if let Some(unit) = self.unit(key.name()) {
+                    builder = builder.with_unit(unit);
+                }
+                Histogram::from_arc(Arc::new(OtelHistogram {
+                    histogram: builder.build(),
+                    attributes: attributes(key),
+                }))
+            })
+            .clone()
+    }
+}

@@ -1,0 +1,335 @@
+//! Messages requests: read once, borrowed from the body, and rewritten per
+//! target by splicing the target's model into the raw bytes.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+use crate::dialect::raw::{first_byte, first_non_space, is_true, non_empty_array, span, splice};
+use crate::dialect::{RequestError, Requirements};
+
+/// The API version sent upstream when the client named none.
+pub(super) const DEFAULT_VERSION: &str = "2023-06-01";
+
+const VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+
+/// A parsed Messages request: the body, and where its `model` is.
+#[derive(Debug, Clone)]
+pub struct MessagesRequest {
+    body: Bytes,
+    /// The `model` value, quotes included.
+    model: Range<usize>,
+}
+
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    thinking: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// A content block: only what requirements and the estimate read.
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    /// A `tool_result`'s own content (a string or blocks).
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Typed<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    disable_parallel_tool_use: Option<&'a RawValue>,
+}
+
+/// What the blocks of a request hold, for requirements and the estimate.
+#[derive(Default)]
+struct Tally {
+    text_bytes: u64,
+    images: bool,
+    documents: bool,
+}
+
+impl Tally {
+    /// Adds a `content` (or `system`) value: a string or a list of blocks.
+    fn content(&mut self, raw: &RawValue, depth: u8) {
+        match first_byte(raw) {
+            b'"' => self.text_bytes += raw.get().len().saturating_sub(2) as u64,
+            b'[' if depth < 4 => {
+                let blocks: Vec<&RawValue> = serde_json::from_str(raw.get()).unwrap_or_default();
+                for block in blocks.iter().filter(|b| first_byte(b) == b'{') {
+                    self.block(block, depth);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn block(&mut self, raw: &RawValue, depth: u8) {
+        let Ok(block) = serde_json::from_str::<Block<'_>>(raw.get()) else {
+            return;
+        };
+        match block.kind.as_deref() {
+            Some("image") => self.images = true,
+            Some("document") => self.documents = true,
+            _ => {}
+        }
+        if let Some(text) = block.text.filter(|t| first_byte(t) == b'"') {
+            self.text_bytes += text.get().len().saturating_sub(2) as u64;
+        }
+        if let Some(input) = block.input {
+            self.text_bytes += input.get().len() as u64;
+        }
+        if let Some(content) = block.content {
+            self.content(content, depth + 1);
+        }
+    }
+}
+
+/// Reads a Messages request.
+pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), RequestError> {
+    if first_non_space(&body) != Some(b'{') {
+        return Err(match serde_json::from_slice::<IgnoredAny>(&body) {
+            Ok(_) => RequestError::NotObject,
+            Err(e) => RequestError::NotJson(e.to_string()),
+        });
+    }
+    let top: Top<'_> =
+        serde_json::from_slice(&body).map_err(|e| RequestError::NotJson(e.to_string()))?;
+    let messages = top
+        .messages
+        .filter(|m| first_byte(m) == b'[')
+        .ok_or(RequestError::MissingMessages)?;
+    let model_raw = top.model.ok_or(RequestError::MissingModel)?;
+    let model: Cow<'_, str> =
+        serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
+    let messages: Vec<&RawValue> =
+        serde_json::from_str(messages.get()).map_err(|_| RequestError::MissingMessages)?;
+    let max_tokens = match top.max_tokens {
+        None => None,
+        Some(raw) => {
+            Some(
+                serde_json::from_str::<u64>(raw.get()).map_err(|_| RequestError::Invalid {
+                    field: "max_tokens",
+                    problem: "must be a positive integer",
+                })?,
+            )
+        }
+    };
+
+    let mut tally = Tally::default();
+    for message in messages.iter().filter(|m| first_byte(m) == b'{') {
+        tally.text_bytes += 16; // role and framing
+        if let Ok(Message {
+            content: Some(content),
+        }) = serde_json::from_str::<Message<'_>>(message.get())
+        {
+            tally.content(content, 0);
+        }
+    }
+    if let Some(system) = top.system {
+        tally.content(system, 0);
+    }
+    tally.text_bytes += top.tools.map_or(0, |t| t.get().len() as u64);
+
+    let tool_choice = top
+        .tool_choice
+        .filter(|c| first_byte(c) == b'{')
+        .and_then(|c| serde_json::from_str::<Typed<'_>>(c.get()).ok());
+    // `tool_choice: {"type": "none"}` sends the tools but forbids their
+    // use: the target must still accept them.
+    let tools = non_empty_array(top.tools);
+    let parallel = tools
+        && !tool_choice
+            .as_ref()
+            .is_some_and(|c| is_true(c.disable_parallel_tool_use));
+    let reasoning = top
+        .thinking
+        .filter(|t| first_byte(t) == b'{')
+        .and_then(|t| serde_json::from_str::<Typed<'_>>(t.get()).ok())
+        .is_some_and(|t| t.kind.as_deref().is_some_and(|k| k != "disabled"));
+    let stream = is_true(top.stream);
+    let requirements = Requirements {
+        model: model.into_owned(),
+        tools,
+        parallel_tool_calls: parallel,
+        response_format: None,
+        stream,
+        // A Messages stream always reports usage (`message_start`,
+        // `message_delta`), and its clients read it: never stripped.
+        include_usage: stream,
+        image_input: tally.images,
+        document_input: tally.documents,
+        reasoning,
+        prompt_tokens: tally.text_bytes.div_ceil(4),
+        max_output_tokens: max_tokens,
+    };
+    let request = MessagesRequest {
+        model: span(&body, model_raw),
+        body: body.clone(),
+    };
+    Ok((requirements, request))
+}
+
+/// The body one target receives: the client's bytes with `model` spliced
+/// in. A Messages stream reports usage unasked, so nothing else changes.
+pub(super) fn upstream_body(request: &MessagesRequest, model: &str) -> Bytes {
+    let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
+    let edits = vec![(request.model.clone(), Cow::Owned(model_json))];
+    Bytes::from(splice(&request.body, edits))
+}
+
+/// `anthropic-version` (the client's, else [`DEFAULT_VERSION`]) and the
+/// client's `anthropic-beta`, whatever the header policy forwards.
+pub(super) fn upstream_headers(client: &HeaderMap, upstream: &mut HeaderMap) {
+    let version = client
+        .get(&VERSION)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static(DEFAULT_VERSION));
+    upstream.insert(VERSION, version);
+    upstream.remove(&BETA);
+    for beta in client.get_all(&BETA) {
+        upstream.append(BETA, beta.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_json(
+        value: serde_json::Value,
+    ) -> Result<(Requirements, MessagesRequest), RequestError> {
+        read(Bytes::from(value.to_string()))
+    }
+
+    #[test]
+    fn reads_what_a_request_needs() {
+        let (r, _) = read_json(serde_json::json!({
+            "model": "claude-x",
+            "max_tokens": 1024,
+            "stream": true,
+            "system": [{"type": "text", "text": "be brief"}],
+            "thinking": {"type": "enabled", "budget_tokens": 2000},
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is in these?"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}
+                ]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(r.model, "claude-x");
+        assert!(r.stream && r.include_usage && r.tools && r.reasoning);
+        assert!(r.image_input && r.document_input);
+        assert!(!r.parallel_tool_calls, "disable_parallel_tool_use");
+        assert_eq!(r.max_output_tokens, Some(1024));
+        assert!(r.prompt_tokens > 10);
+
+        let (r, _) = read_json(serde_json::json!({
+            "model": "m", "max_tokens": 5, "thinking": {"type": "disabled"},
+            "tools": [{"name": "f", "input_schema": {}}],
+            "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .unwrap();
+        assert!(r.tools && r.parallel_tool_calls);
+        assert!(!r.reasoning && !r.stream && !r.include_usage);
+        assert!(!r.image_input && !r.document_input);
+    }
+
+    #[test]
+    fn rejects_what_cannot_be_served() {
+        assert_eq!(
+            read_json(serde_json::json!({"model": "m"})).err(),
+            Some(RequestError::MissingMessages)
+        );
+        assert_eq!(
+            read_json(serde_json::json!({"messages": []})).err(),
+            Some(RequestError::MissingModel)
+        );
+        assert!(matches!(
+            read_json(serde_json::json!({"model": "m", "max_tokens": "x", "messages": []})),
+            Err(RequestError::Invalid {
+                field: "max_tokens",
+                ..
+            })
+        ));
+        assert_eq!(
+            read_json(serde_json::json!("x")).err(),
+            Some(RequestError::NotObject)
+        );
+        assert!(matches!(
+            read(Bytes::from_static(
+                br#"{"model":"a","model":"b","messages":[]}"#
+            )),
+            Err(RequestError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn the_upstream_body_is_the_clients_bytes_with_the_model() {
+        let raw = r#"{ "model" : "claude-x", "max_tokens": 9, "stream": true, "messages": [{"role":"user","content":"hi \"you\""}] }"#;
+        let (_, request) = read(Bytes::from_static(raw.as_bytes())).unwrap();
+        let body = upstream_body(&request, "claude \"target\"");
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{ "model" : "claude \"target\"", "max_tokens": 9, "stream": true, "messages": [{"role":"user","content":"hi \"you\""}] }"#
+        );
+    }
+
+    #[test]
+    fn version_defaults_and_beta_follows_the_client() {
+        let mut upstream = HeaderMap::new();
+        upstream_headers(&HeaderMap::new(), &mut upstream);
+        assert_eq!(upstream[VERSION], DEFAULT_VERSION);
+        assert!(upstream.get(BETA).is_none());
+
+        let mut client = HeaderMap::new();
+        client.insert(VERSION, HeaderValue::from_static("2024-01-01"));
+        client.append(BETA, HeaderValue::from_static("a-2025"));
+        client.append(BETA, HeaderValue::from_static("b-2025"));
+        let mut upstream = HeaderMap::new();
+        upstream_headers(&client, &mut upstream);
+        assert_eq!(upstream[VERSION], "2024-01-01");
+        let betas: Vec<_> = upstream.get_all(BETA).iter().collect();
+        assert_eq!(betas, ["a-2025", "b-2025"]);
+    }
+}

@@ -1,0 +1,537 @@
+//! [`RedisHealthStore`]: a local health view, shared through Redis.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ::redis::aio::ConnectionLike;
+use ::redis::{RedisError, Script};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{DEFAULT_PREFIX, is_unavailable, millis};
+use crate::classify::FailureClass;
+use crate::failover::SharedState;
+use crate::failover::{
+    Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
+    MemoryHealthStore, Scope, SuccessReport,
+};
+
+/// Transitions waiting to be shipped; past this, new ones are applied
+/// locally only (and counted in [`RedisHealthStats::dropped`]).
+const QUEUE: usize = 4096;
+
+/// A [`HealthStore`] shared by every replica of a gateway through Redis.
+///
+/// - **Reads and admissions are local**: a [`MemoryHealthStore`] with the
+///   same [`CooldownPolicy`] answers them, so the happy path of a request
+///   (a healthy key admitted, a success on a key without state) makes no
+///   round trip at all.
+/// - **Each transition** (a failure, a cooldown start, a probe claim, a
+///   recovery, a probe given back) is applied to the local view at once and
+///   shipped in the background as **one Lua script**: one atomic round
+///   trip, which applies the same policy fleet-wide (the hintless failures
+///   of every replica count toward one threshold) and answers with the
+///   fleet's state of the key, which the local view adopts.
+/// - **Replicas learn** each other's transitions by a versioned refresh
+///   every [`refresh_every`](RedisHealthStoreBuilder::refresh_every)
+///   (default 250 ms): one script call that returns only a version number
+///   when nothing changed.
+/// - **Redis unreachable**: the local view keeps serving (this replica's
+///   own failures still cool its keys); shipping errors are counted and
+///   logged; the connection reconnects on its own and the next refresh
+///   brings the fleet's view back.
+///
+/// Probes are claimed locally first, then fleet-wide: two replicas may each
+/// send one probe within one refresh, never more.
+///
+/// All keys share the hash tag `{<prefix>:health}` (one cluster slot; the
+/// health state of a gateway is small).
+pub struct RedisHealthStore {
+    local: Arc<MemoryHealthStore>,
+    ops: mpsc::Sender<Command>,
+    stats: Arc<Stats>,
+}
+
+/// Counts of a [`RedisHealthStore`]'s traffic since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisHealthStats {
+    /// Transitions shipped to Redis.
+    pub shipped: u64,
+    /// Transitions Redis could not take (unreachable or an error).
+    pub failed: u64,
+    /// Transitions applied locally only because the queue was full.
+    pub dropped: u64,
+    /// Refreshes that brought a changed fleet view.
+    pub refreshed: u64,
+    /// Refreshes that failed.
+    pub refresh_failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    shipped: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+    refreshed: AtomicU64,
+    refresh_failed: AtomicU64,
+}
+
+/// Builds a [`RedisHealthStore`].
+#[derive(Debug)]
+pub struct RedisHealthStoreBuilder<C> {
+    connection: C,
+    policy: CooldownPolicy,
+    prefix: String,
+    refresh_every: Duration,
+    keep: Duration,
+    max_keys: usize,
+}
+
+impl<C> RedisHealthStoreBuilder<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The cooldown policy (the same on every replica).
+    pub fn policy(mut self, policy: CooldownPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The key prefix (default [`DEFAULT_PREFIX`]).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How often the fleet's view is fetched (at least 10 ms).
+    pub fn refresh_every(mut self, every: Duration) -> Self {
+        self.refresh_every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long Redis keeps an entry nobody touched after its cooldown
+    /// ended (default 1 h).
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// Caps the keys of the local view (see [`MemoryHealthStore::max_keys`]).
+    pub fn max_keys(mut self, max: usize) -> Self {
+        self.max_keys = max;
+        self
+    }
+
+    /// Starts the store and its background task (needs a Tokio runtime).
+    pub fn start(self) -> Result<RedisHealthStore, RuntimeMissing> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| RuntimeMissing)?;
+        let local = Arc::new(MemoryHealthStore::new(self.policy.clone()).max_keys(self.max_keys));
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let stats = Arc::new(Stats::default());
+        let worker = Worker {
+            connection: self.connection,
+            local: Arc::clone(&local),
+            stats: Arc::clone(&stats),
+            keys: Keys::new(&self.prefix),
+            policy: self.policy,
+            keep: self.keep,
+            version: String::new(),
+            transition: Script::new(include_str!("health.lua")),
+            refresh: Script::new(include_str!("health_refresh.lua")),
+            warned: false,
+        };
+        handle.spawn(worker.run(rx, self.refresh_every));
+        Ok(RedisHealthStore {
+            local,
+            ops: tx,
+            stats,
+        })
+    }
+}
+
+/// [`RedisHealthStoreBuilder::start`] was called outside a Tokio runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the Redis health store needs a Tokio runtime to start its background task")]
+pub struct RuntimeMissing;
+
+impl RedisHealthStore {
+    /// A builder over `connection` with the default policy, a 250 ms
+    /// refresh and the default prefix.
+    pub fn builder<C>(connection: C) -> RedisHealthStoreBuilder<C>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        RedisHealthStoreBuilder {
+            connection,
+            policy: CooldownPolicy::default(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            refresh_every: Duration::from_millis(250),
+            keep: Duration::from_secs(3600),
+            max_keys: 10_000,
+        }
+    }
+
+    /// The local view (the state this replica answers from).
+    pub fn local(&self) -> &MemoryHealthStore {
+        &self.local
+    }
+
+    /// Counts of shipped, failed and dropped transitions and of refreshes.
+    pub fn stats(&self) -> RedisHealthStats {
+        let s = &self.stats;
+        RedisHealthStats {
+            shipped: s.shipped.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            refreshed: s.refreshed.load(Ordering::Relaxed),
+            refresh_failed: s.refresh_failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until every transition queued so far was shipped (or failed)
+    /// and a refresh ran; returns the refresh's error, if Redis was not
+    /// reachable. For tests, shutdown and operators; requests never wait.
+    pub async fn sync(&self) -> Result<(), RedisError> {
+        let (tx, rx) = oneshot::channel();
+        if self.ops.send(Command::Sync(tx)).await.is_err() {
+            return Ok(());
+        }
+        rx.await.unwrap_or(Ok(()))
+    }
+
+    fn ship(&self, key: &HealthKey, op: Op) {
+        let command = Command::Transition {
+            key: key.clone(),
+            op,
+        };
+        if self.ops.try_send(command).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for RedisHealthStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisHealthStore")
+            .field("policy", self.local.policy())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HealthStore for RedisHealthStore {
+    fn availability(&self, key: &HealthKey) -> Availability {
+        self.local.availability(key)
+    }
+
+    fn admit(&self, key: &HealthKey, force: bool) -> Admission {
+        let admission = self.local.admit(key, force);
+        if admission == Admission::Probe {
+            // The keys the admission marked as probed: the account, the
+            // model, or both.
+            let (account, model) = self.local.probing(key);
+            self.ship(key, Op::Probe { account, model });
+        }
+        admission
+    }
+
+    fn release_probe(&self, key: &HealthKey) {
+        self.local.release_probe(key);
+        self.ship(key, Op::Release);
+    }
+
+    fn success(&self, key: &HealthKey, report: SuccessReport) {
+        // The happy path: nothing to clear anywhere, so nothing to ship.
+        let transition = self.local.has_state(key);
+        self.local.success(key, report);
+        if transition {
+            let whole = matches!(report, SuccessReport::Whole { .. });
+            self.ship(key, Op::Success { whole });
+        }
+    }
+
+    fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration> {
+        let cooldown = self.local.failure(key, report);
+        if report.scope != Scope::Request || report.was_probe {
+            self.ship(key, Op::Failure(report));
+        }
+        cooldown
+    }
+
+    fn time_to_first_output(&self, key: &HealthKey) -> Option<Duration> {
+        self.local.time_to_first_output(key)
+    }
+
+    fn snapshot(&self) -> Vec<HealthSnapshot> {
+        self.local.snapshot()
+    }
+}
+
+enum Command {
+    Transition { key: HealthKey, op: Op },
+    Sync(oneshot::Sender<Result<(), RedisError>>),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Failure(FailureReport),
+    Success { whole: bool },
+    Probe { account: bool, model: bool },
+    Release,
+}
+
+/// Key names; every key carries the hash tag `{<prefix>:health}`.
+struct Keys {
+    index: String,
+    version: String,
+    entry_prefix: String,
+}
+
+impl Keys {
+    fn new(prefix: &str) -> Self {
+        let tag = format!("{{{prefix}:health}}");
+        Self {
+            index: format!("{tag}:index"),
+            version: format!("{tag}:version"),
+            entry_prefix: format!("{tag}:k:"),
+        }
+    }
+
+    fn entry(&self, member: &str) -> String {
+        format!("{}{member}", self.entry_prefix)
+    }
+}
+
+/// A health key as one string: `a:<len>:<provider>` or
+/// `m:<len>:<provider><model>` (length-prefixed: names may hold anything).
+fn member(key: &HealthKey) -> String {
+    let provider = key.provider();
+    match key.upstream_model() {
+        Some(model) => format!("m:{}:{provider}{model}", provider.len()),
+        None => format!("a:{}:{provider}", provider.len()),
+    }
+}
+
+fn parse_member(member: &str) -> Option<HealthKey> {
+    let (kind, rest) = member.split_once(':')?;
+    let (len, rest) = rest.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    let provider = rest.get(..len)?;
+    let model = rest.get(len..)?;
+    match kind {
+        "a" if model.is_empty() => Some(HealthKey::account(provider)),
+        "m" => Some(HealthKey::model(provider, model)),
+        _ => None,
+    }
+}
+
+/// One entry of a script's reply: member, then five state fields.
+fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
+    let [member, left, probe_left, streak, cooldowns, class] = fields else {
+        return None;
+    };
+    let ms = |s: &String| -> Option<Option<Duration>> {
+        let v: i64 = s.parse().ok()?;
+        Some(u64::try_from(v).ok().map(Duration::from_millis))
+    };
+    Some((
+        parse_member(member)?,
+        SharedState {
+            cooling_left: ms(left)?,
+            probe_left: ms(probe_left)?,
+            streak: streak.parse().ok()?,
+            cooldowns: cooldowns.parse().ok()?,
+            last_class: FailureClass::ALL.into_iter().find(|c| c.as_str() == class),
+        },
+    ))
+}
+
+struct Worker<C> {
+    connection: C,
+    local: Arc<MemoryHealthStore>,
+    stats: Arc<Stats>,
+    keys: Keys,
+    policy: CooldownPolicy,
+    keep: Duration,
+    /// The fleet version the local view last adopted.
+    version: String,
+    transition: Script,
+    refresh: Script,
+    /// An outage is logged once, when it starts.
+    warned: bool,
+}
+
+impl<C> Worker<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                // Transitions first: a refresh must not undo a local
+                // transition that was not shipped yet.
+                biased;
+                command = rx.recv() => match command {
+                    None => return,
+                    Some(Command::Transition { key, op }) => self.transition(&key, op).await,
+                    Some(Command::Sync(done)) => {
+                        let _ = done.send(self.refresh().await);
+                    }
+                },
+                _ = tick.tick() => {
+                    let _ = self.refresh().await;
+                }
+            }
+        }
+    }
+
+    fn outage(&mut self, error: &RedisError, what: &str) {
+        if is_unavailable(error) {
+            if !self.warned {
+                tracing::warn!(%error, "Redis unreachable: health serves from the local view ({what})");
+                self.warned = true;
+            }
+        } else {
+            tracing::error!(%error, "Redis health script failed ({what})");
+        }
+    }
+
+    fn recovered(&mut self) {
+        if std::mem::take(&mut self.warned) {
+            tracing::info!("Redis reachable again: health is shared");
+        }
+    }
+
+    async fn transition(&mut self, key: &HealthKey, op: Op) {
+        let account = key.to_account();
+        let (account_member, model_member) = (member(&account), member(key));
+        let mut invocation = self.transition.prepare_invoke();
+        invocation
+            .key(&self.keys.index)
+            .key(&self.keys.version)
+            .key(self.keys.entry(&account_member))
+            .key(self.keys.entry(&model_member));
+        let name = match op {
+            Op::Failure(_) => "failure",
+            Op::Success { whole: true } => "whole",
+            Op::Success { whole: false } => "committed",
+            Op::Probe { .. } => "probe",
+            Op::Release => "release",
+        };
+        invocation.arg(name).arg(&account_member).arg(&model_member);
+        match op {
+            Op::Failure(report) => {
+                let charged = match report.scope {
+                    Scope::Account => "account",
+                    Scope::Model if key.upstream_model().is_some() => "model",
+                    Scope::Model => "account",
+                    _ => "none",
+                };
+                let p = &self.policy;
+                invocation
+                    .arg(charged)
+                    .arg(report.class.as_str())
+                    .arg(report.retry_after.map_or(-1, |d| millis(d) as i64))
+                    .arg(u8::from(report.was_probe))
+                    .arg(u8::from(report.class == FailureClass::ModelNotFound))
+                    .arg(millis(p.account))
+                    .arg(p.failure_threshold)
+                    .arg(millis(p.failure_window))
+                    .arg(millis(p.base))
+                    .arg(millis(p.max));
+            }
+            Op::Probe { account, model } => {
+                invocation
+                    .arg(millis(self.policy.probe_timeout))
+                    .arg(u8::from(account))
+                    .arg(u8::from(model));
+            }
+            Op::Success { .. } | Op::Release => {}
+        }
+        invocation.arg(millis(self.keep.max(self.policy.failure_window)));
+        let mut connection = self.connection.clone();
+        match invocation
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await
+        {
+            Ok(reply) => {
+                self.stats.shipped.fetch_add(1, Ordering::Relaxed);
+                self.recovered();
+                // The fleet's state of the touched keys (after the version
+                // and the cooldown).
+                for fields in reply.get(2..).unwrap_or_default().chunks(6) {
+                    if let Some((key, state)) = parse_state(fields) {
+                        self.local.adopt(&key, &state);
+                    }
+                }
+            }
+            Err(error) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                self.outage(&error, "transition applied locally only");
+            }
+        }
+    }
+
+    async fn refresh(&mut self) -> Result<(), RedisError> {
+        let mut connection = self.connection.clone();
+        let reply = self
+            .refresh
+            .key(&self.keys.index)
+            .key(&self.keys.version)
+            .arg(&self.version)
+            .arg(&self.keys.entry_prefix)
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.stats.refresh_failed.fetch_add(1, Ordering::Relaxed);
+                self.outage(&error, "refresh");
+                return Err(error);
+            }
+        };
+        self.recovered();
+        let Some((version, entries)) = reply.split_first() else {
+            return Ok(());
+        };
+        if *version == self.version {
+            return Ok(());
+        }
+        let mut seen: HashMap<HealthKey, SharedState> = HashMap::new();
+        for fields in entries.chunks(6) {
+            if let Some((key, state)) = parse_state(fields) {
+                seen.insert(key, state);
+            }
+        }
+        for (key, state) in &seen {
+            self.local.adopt(key, state);
+        }
+        self.version.clone_from(version);
+        self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_round_trip_whatever_the_names_hold() {
+        for key in [
+            HealthKey::account("openai"),
+            HealthKey::model("openai", "gpt-4o"),
+            HealthKey::model("a:b/c", "m:1:x"),
+            HealthKey::model("p", ""),
+        ] {
+            assert_eq!(parse_member(&member(&key)), Some(key));
+        }
+        assert_eq!(parse_member("a:3:abcd"), None);
+        assert_eq!(parse_member("m:9:ab"), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Shared state on Redis: health, action claims, the retry budget and tenant
+//! spend hold across every replica of a gateway.
+//!
+//! Every store is generic over the connection: a
+//! [`ConnectionManager`](::redis::aio::ConnectionManager) (multiplexed,
+//! reconnects on its own), a cluster connection (feature `redis-cluster`),
+//! or any [`ConnectionLike`](::redis::aio::ConnectionLike) that is `Clone`.
+//! Each state change is one Lua script, so one atomic round trip, and the
+//! keys of one change share a hash tag, so they live in one cluster slot.
+//!
+//! | store | keys | when Redis is unreachable |
+//! |---|---|---|
+//! | [`RedisHealthStore`] | `{<prefix>:health}:…` (one slot: health state is small) | serves from its local view; transitions are applied locally and logged as not shared |
+//! | [`RedisActionStore`] | `{<prefix>:action:<id>}` per action | fails closed: [`StoreError::Unavailable`](crate::action::StoreError::Unavailable), no effect runs |
+//! | [`RedisRetryBudget`] | `{<prefix>:retry}:…` | falls back to a local budget of the same settings |
+//! | [`RedisSpendStore`] | `{<prefix>:spend:<tenant>}:<window>` | fails closed, or open when configured ([`SpendStore`](crate::budget::SpendStore)) |
+//!
+//! When Redis comes back, the connection manager reconnects and every store
+//! carries on without a restart.
+//!
+//! The request's happy path (a healthy key admitted, a success on a key
+//! without state) makes no round trip: [`RedisHealthStore`] answers from a
+//! local view and ships transitions in the background; replicas learn each
+//! other's transitions by a cheap versioned refresh.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tower_llm_failover::failover::CooldownPolicy;
+//! use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
+//!
+//! let connection = connect("redis://127.0.0.1:6379")?;
+//! let health = Arc::new(RedisHealthStore::builder(connection.clone())
+//!     .policy(CooldownPolicy::default())
+//!     .start()?);
+//! let actions = Arc::new(RedisActionStore::new(connection));
+//! # let _ = (health, actions);
+//! # Ok(()) }
+//! ```
+
+mod action;
+mod health;
+mod retry_budget;
+mod spend;
+
+use std::time::Duration;
+
+use ::redis::RedisError;
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+pub use action::RedisActionStore;
+pub use health::{RedisHealthStats, RedisHealthStore, RedisHealthStoreBuilder};
+pub use retry_budget::RedisRetryBudget;
+pub use spend::RedisSpendStore;
+
+/// The key prefix every store uses unless told otherwise.
+pub const DEFAULT_PREFIX: &str = "tlf";
+
+/// A [`ConnectionManager`] with settings fit for a request path: commands
+/// time out after 1 s and connecting after 1 s, and reconnection retries
+/// back off from 50 ms to 1 s, so a Redis outage turns into quick, typed
+/// errors instead of stalled requests. It connects lazily (on first use),
+/// so a gateway starts while Redis is down; call it inside a Tokio runtime.
+pub fn connect(url: &str) -> Result<ConnectionManager, RedisError> {
+    let client = ::redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(1)))
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(1))
+        .set_number_of_retries(3);
+    ConnectionManager::new_lazy_with_config(client, config)
+}
+
+/// Whether `error` means Redis could not be reached (as opposed to Redis
+/// answering with an error).
+pub(crate) fn is_unavailable(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
+        || error.is_cluster_error()
+}
+
+/// Milliseconds of `d`, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,463 @@
+//! Telemetry: OpenTelemetry GenAI spans through `tracing`, and metrics
+//! through the [`metrics`] facade. The library ties in no exporter: the
+//! application installs a `tracing` subscriber (with
+//! `tracing-opentelemetry` for OTLP) and a `metrics` recorder (Prometheus,
+//! OTLP, or both).
+//!
+//! Every name is one of this module's constants ([`span`], [`attr`],
+//! [`metric`]), so a dashboard and the code agree on it.
+//!
+//! # Spans
+//!
+//! | span | fields |
+//! |---|---|
+//! | [`span::TURN`] (one per turn) | `gen_ai.operation.name` = `chat`, `gen_ai.request.model` (the client's, escaped), `gen_ai.provider.name` (of the target that answered, once one did), `failover.run_id`, and when the turn ends `failover.attempts`, `failover.outcome`, `failover.stop_reason`, `error.type` |
+//! | [`span::ATTEMPT`] (a child per upstream attempt) | at the start `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` (the model sent upstream), `failover.target`, `failover.attempt`; when the attempt's decision is final `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `error.type`, `failover.class`, `failover.phase` (`preamble` or `committed`), `failover.bytes_flushed`, `failover.output_events`, `failover.decision`, `failover.cost_usd`, `http.response.status_code` |
+//!
+//! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
+//! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
+//! The turn's model is known only once the request is read, after the span
+//! starts: `tracing-opentelemetry` exports the turn span as `chat`, with the
+//! model in `gen_ai.request.model`.
+//! A committed stream's attempt span (and its turn's) stays open until the
+//! stream ends, so its figures are the final ones; an attempt that is
+//! retried or rerouted ends when the next attempt begins, the moment its
+//! decision is certain.
+//!
+//! # Metrics
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | [`metric::OPERATION_DURATION`] (s) | histogram | `gen_ai.operation.name`, `gen_ai.provider.name`, `failover.target`, `error.type` (failed attempts) |
+//! | [`metric::TOKEN_USAGE`] (`{token}`) | histogram | the above and `gen_ai.token.type` (`input`, `output`); reported usage only |
+//! | [`metric::TIME_TO_FIRST_TOKEN`] (s) | histogram | `gen_ai.operation.name`, `gen_ai.provider.name`, `failover.target` |
+//! | [`metric::ATTEMPTS`] | counter | `failover.target`, `failover.class` (`none` on success), `failover.phase` (`preamble`, `committed`), `failover.decision` |
+//! | [`metric::TURNS`] | counter | `failover.outcome` (`first_try`, `after_hop`, `ended_after_commit`, `stopped_before_output`), `failover.stop_reason` |
+//! | [`metric::TERMINAL_CHUNKS`] | counter | `failover.target`, `failover.class` |
+//! | [`metric::REROUTES`] | counter | `failover.target` (the one left) |
+//! | [`metric::COOLDOWNS`] | counter | `failover.scope` (`account`, `model`), `gen_ai.provider.name` |
+//! | [`metric::HEALTH_STATE`] | gauge, 1 for the key's state, 0 for the others | `gen_ai.provider.name`, `gen_ai.request.model` (`*` for an account key), `failover.scope`, `failover.state` |
+//! | [`metric::RETRY_BUDGET_DEPOSITS`], [`metric::RETRY_BUDGET_WITHDRAWALS`] | counter | `failover.result` (`granted`, `refused`) on withdrawals |
+//! | [`metric::BYTES_FLUSHED_BEFORE_FAILURE`] (By) | histogram | `failover.phase`, `failover.target` |
+//! | [`metric::ATTEMPTS_PER_TURN`] | histogram | `failover.outcome` |
+//!
+//! The model is left out of attempt metrics' labels (target and provider
+//! names are the operator's, a model may be the client's); health gauges
+//! name it, bounded by the health store's key cap. Health and retry-budget
+//! figures are read, not pushed: call [`record_health`] and
+//! [`record_retry_budget`] before each scrape (or on a timer).
+//!
+//! # What never appears
+//!
+//! No credential, header or body: spans, logs, records and labels carry
+//! names, classes, counts and the classifier's sanitized messages only.
+//! Client-chosen values (model, run id) are escaped in log lines.
+
+use std::sync::Arc;
+
+use crate::budget::RetryBudget;
+use crate::failover::{HealthStore, KeyState};
+
+/// Span names (the `tracing` span name; `otel.name` carries the
+/// conventions' `chat {model}`).
+pub mod span {
+    /// One client turn: every attempt is its child.
+    pub const TURN: &str = "failover.turn";
+    /// One upstream attempt of a turn.
+    pub const ATTEMPT: &str = "failover.attempt";
+    /// The conventions' operation name for chat completions.
+    pub const OPERATION_CHAT: &str = "chat";
+}
+
+/// Attribute (span field and metric label) names.
+pub mod attr {
+    /// `gen_ai.operation.name`.
+    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+    /// `gen_ai.provider.name`.
+    pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
+    /// `gen_ai.request.model`.
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// `gen_ai.response.model`.
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    /// `gen_ai.response.id`.
+    pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
+    /// `gen_ai.response.finish_reasons`.
+    pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    /// `gen_ai.usage.input_tokens`.
+    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    /// `gen_ai.usage.output_tokens`.
+    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// `gen_ai.token.type` (`input` or `output`).
+    pub const GEN_AI_TOKEN_TYPE: &str = "gen_ai.token.type";
+    /// `error.type`: the failure class.
+    pub const ERROR_TYPE: &str = "error.type";
+    /// `http.response.status_code` of the upstream.
+    pub const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
+    /// The span name an OpenTelemetry bridge exports.
+    pub const OTEL_NAME: &str = "otel.name";
+    /// The span kind an OpenTelemetry bridge exports.
+    pub const OTEL_KIND: &str = "otel.kind";
+    /// The turn's run id.
+    pub const FAILOVER_RUN_ID: &str = "failover.run_id";
+    /// The attempt's 1-based number.
+    pub const FAILOVER_ATTEMPT: &str = "failover.attempt";
+    /// Attempts a turn made.
+    pub const FAILOVER_ATTEMPTS: &str = "failover.attempts";
+    /// The target's name.
+    pub const FAILOVER_TARGET: &str = "failover.target";
+    /// The failure class (`none` in labels for a success).
+    pub const FAILOVER_CLASS: &str = "failover.class";
+    /// Where a failure landed: `preamble` (nothing reached the client) or
+    /// `committed`.
+    pub const FAILOVER_PHASE: &str = "failover.phase";
+    /// Bytes of the attempt's answer flushed to the client.
+    pub const FAILOVER_BYTES_FLUSHED: &str = "failover.bytes_flushed";
+    /// Model output events seen.
+    pub const FAILOVER_OUTPUT_EVENTS: &str = "failover.output_events";
+    /// The decision taken after the attempt.
+    pub const FAILOVER_DECISION: &str = "failover.decision";
+    /// The attempt's cost in US dollars.
+    pub const FAILOVER_COST_USD: &str = "failover.cost_usd";
+    /// How a turn ended.
+    pub const FAILOVER_OUTCOME: &str = "failover.outcome";
+    /// Why a turn stopped (`none` in labels when it did not).
+    pub const FAILOVER_STOP_REASON: &str = "failover.stop_reason";
+    /// A health scope (`account`, `model`).
+    pub const FAILOVER_SCOPE: &str = "failover.scope";
+    /// A health key's state.
+    pub const FAILOVER_STATE: &str = "failover.state";
+    /// A retry-budget withdrawal's result.
+    pub const FAILOVER_RESULT: &str = "failover.result";
+}
+
+/// Metric names.
+pub mod metric {
+    /// Convention histogram: an attempt's duration, in seconds.
+    pub const OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
+    /// Convention histogram: tokens used, by `gen_ai.token.type`.
+    pub const TOKEN_USAGE: &str = "gen_ai.client.token.usage";
+    /// Convention histogram: time to the first output, in seconds.
+    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
+    /// Counter: attempts by target, class, phase and decision.
+    pub const ATTEMPTS: &str = "failover.attempts";
+    /// Counter: turns by outcome and stop reason.
+    pub const TURNS: &str = "failover.turns";
+    /// Counter: committed streams ended with a terminal chunk.
+    pub const TERMINAL_CHUNKS: &str = "failover.terminal_chunks";
+    /// Counter: reroutes away from a target.
+    pub const REROUTES: &str = "failover.reroutes";
+    /// Counter: cooldowns started, by scope.
+    pub const COOLDOWNS: &str = "failover.cooldowns";
+    /// Gauge: each health key's state (1 for its state, 0 for the others).
+    pub const HEALTH_STATE: &str = "failover.health.state";
+    /// Counter: first attempts deposited in the retry budget.
+    pub const RETRY_BUDGET_DEPOSITS: &str = "failover.retry_budget.deposits";
+    /// Counter: extra attempts asked of the retry budget, by result.
+    pub const RETRY_BUDGET_WITHDRAWALS: &str = "failover.retry_budget.withdrawals";
+    /// Histogram: bytes of an attempt flushed to the client before it
+    /// failed (0 before commit).
+    pub const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
+    /// Histogram: attempts a turn made.
+    pub const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
+}
+
+/// Describes every metric (units and help text) to the installed
+/// recorder; call once after installing it.
+pub fn describe_metrics() {
+    use metrics::Unit;
+    metrics::describe_histogram!(
+        metric::OPERATION_DURATION,
+        Unit::Seconds,
+        "Duration of upstream attempts."
+    );
+    metrics::describe_histogram!(
+        metric::TOKEN_USAGE,
+        Unit::Count,
+        "Tokens used by upstream attempts, as reported."
+    );
+    metrics::describe_histogram!(
+        metric::TIME_TO_FIRST_TOKEN,
+        Unit::Seconds,
+        "Time from an attempt's start to its first output."
+    );
+    metrics::describe_counter!(
+        metric::ATTEMPTS,
+        "Upstream attempts by target, class, phase and decision."
+    );
+    metrics::describe_counter!(metric::TURNS, "Turns by outcome and stop reason.");
+    metrics::describe_counter!(
+        metric::TERMINAL_CHUNKS,
+        "Committed streams ended with a terminal chunk."
+    );
+    metrics::describe_counter!(metric::REROUTES, "Reroutes away from a target.");
+    metrics::describe_counter!(metric::COOLDOWNS, "Cooldowns started, by scope.");
+    metrics::describe_gauge!(
+        metric::HEALTH_STATE,
+        "Health key state: 1 for the current state, 0 for the others."
+    );
+    metrics::describe_counter!(
+        metric::RETRY_BUDGET_DEPOSITS,
+        "First attempts deposited in the retry budget."
+    );
+    metrics::describe_counter!(
+        metric::RETRY_BUDGET_WITHDRAWALS,
+        "Extra attempts asked of the retry budget, by result."
+    );
+    metrics::describe_histogram!(
+        metric::BYTES_FLUSHED_BEFORE_FAILURE,
+        Unit::Bytes,
+        "Bytes of an attempt flushed to the client before it failed."
+    );
+    metrics::describe_histogram!(
+        metric::ATTEMPTS_PER_TURN,
+        Unit::Count,
+        "Upstream attempts per turn."
+    );
+}
+
+/// The states a health gauge names.
+const HEALTH_STATES: [&str; 4] = ["healthy", "cooling", "probe", "probing"];
+
+/// Sets [`metric::HEALTH_STATE`] for every key `store` knows.
+pub fn record_health(store: &dyn HealthStore) {
+    for entry in store.snapshot() {
+        let provider: Arc<str> = Arc::from(entry.key.provider());
+        let model: Arc<str> = Arc::from(entry.key.upstream_model().unwrap_or("*"));
+        let current = match entry.state {
+            KeyState::Healthy => "healthy",
+            KeyState::Cooling { .. } => "cooling",
+            KeyState::Probe => "probe",
+            KeyState::Probing => "probing",
+            // A state added later reads as none of the four.
+            #[allow(unreachable_patterns)]
+            _ => "",
+        };
+        for state in HEALTH_STATES {
+            metrics::gauge!(
+                metric::HEALTH_STATE,
+                attr::GEN_AI_PROVIDER_NAME => metrics::SharedString::from(Arc::clone(&provider)),
+                attr::GEN_AI_REQUEST_MODEL => metrics::SharedString::from(Arc::clone(&model)),
+                attr::FAILOVER_SCOPE => entry.key.scope().as_str(),
+                attr::FAILOVER_STATE => state,
+            )
+            .set(if state == current { 1.0 } else { 0.0 });
+        }
+    }
+}
+
+/// Sets the retry budget's counters ([`metric::RETRY_BUDGET_DEPOSITS`],
+/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far.
+pub fn record_retry_budget(budget: &RetryBudget) {
+    let stats = budget.stats();
+    metrics::counter!(metric::RETRY_BUDGET_DEPOSITS).absolute(stats.deposits);
+    metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "granted")
+        .absolute(stats.granted);
+    metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "refused")
+        .absolute(stats.refused);
+}
+
+/// A cooldown started on a key of `provider`, charged to `scope`.
+pub(crate) fn cooldown_started(provider: &str, scope: &'static str) {
+    metrics::counter!(
+        metric::COOLDOWNS,
+        attr::FAILOVER_SCOPE => scope,
+        attr::GEN_AI_PROVIDER_NAME => provider.to_owned(),
+    )
+    .increment(1);
+}
+
+/// A committed stream was ended with a terminal chunk.
+pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
+    metrics::counter!(
+        metric::TERMINAL_CHUNKS,
+        attr::FAILOVER_TARGET => target.to_owned(),
+        attr::FAILOVER_CLASS => class,
+    )
+    .increment(1);
+}
+
+/// The span of a turn. Fields known later are recorded by [`turn_model`]
+/// and [`turn_ended`].
+pub(crate) fn turn_span(run_id: &str) -> tracing::Span {
+    tracing::info_span!(
+        target: "tower_llm_failover::turn",
+        span::TURN,
+        { attr::OTEL_NAME } = span::OPERATION_CHAT,
+        { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
+        { attr::GEN_AI_REQUEST_MODEL } = tracing::field::Empty,
+        { attr::GEN_AI_PROVIDER_NAME } = tracing::field::Empty,
+        { attr::FAILOVER_RUN_ID } = %crate::record::log_safe(run_id),
+        { attr::FAILOVER_ATTEMPTS } = tracing::field::Empty,
+        { attr::FAILOVER_OUTCOME } = tracing::field::Empty,
+        { attr::FAILOVER_STOP_REASON } = tracing::field::Empty,
+        { attr::ERROR_TYPE } = tracing::field::Empty,
+    )
+}
+
+/// The span of one attempt, a child of the current (turn) span. Fields
+/// known later are recorded by [`attempt_ended`].
+pub(crate) fn attempt_span(
+    attempt: u32,
+    target: &str,
+    provider: &str,
+    upstream_model: &str,
+) -> tracing::Span {
+    let model = crate::record::log_safe(upstream_model).to_string();
+    tracing::info_span!(
+        target: "tower_llm_failover::attempt",
+        span::ATTEMPT,
+        { attr::OTEL_NAME } = %format_args!("{} {model}", span::OPERATION_CHAT),
+        { attr::OTEL_KIND } = "client",
+        { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
+        { attr::GEN_AI_PROVIDER_NAME } = %crate::record::log_safe(provider),
+        { attr::GEN_AI_REQUEST_MODEL } = %model,
+        { attr::FAILOVER_TARGET } = %crate::record::log_safe(target),
+        { attr::FAILOVER_ATTEMPT } = i64::from(attempt),
+        { attr::GEN_AI_RESPONSE_MODEL } = tracing::field::Empty,
+        { attr::GEN_AI_RESPONSE_ID } = tracing::field::Empty,
+        { attr::GEN_AI_RESPONSE_FINISH_REASONS } = tracing::field::Empty,
+        { attr::GEN_AI_USAGE_INPUT_TOKENS } = tracing::field::Empty,
+        { attr::GEN_AI_USAGE_OUTPUT_TOKENS } = tracing::field::Empty,
+        { attr::ERROR_TYPE } = tracing::field::Empty,
+        { attr::HTTP_RESPONSE_STATUS_CODE } = tracing::field::Empty,
+        { attr::FAILOVER_CLASS } = tracing::field::Empty,
+        { attr::FAILOVER_PHASE } = tracing::field::Empty,
+        { attr::FAILOVER_BYTES_FLUSHED } = tracing::field::Empty,
+        { attr::FAILOVER_OUTPUT_EVENTS } = tracing::field::Empty,
+        { attr::FAILOVER_DECISION } = tracing::field::Empty,
+        { attr::FAILOVER_COST_USD } = tracing::field::Empty,
+    )
+}
+
+/// An attempt's decision is final: its span's fields and its metrics.
+pub(crate) fn attempt_ended(r: &crate::record::AttemptRecord, span: Option<&tracing::Span>) {
+    use crate::record::log_safe;
+    let phase = r.commit_phase();
+    let class = r.class.map_or("none", |c| c.as_str());
+    if let Some(span) = span {
+        if let Some(model) = &r.response_model {
+            span.record(attr::GEN_AI_RESPONSE_MODEL, log_safe(model).to_string());
+        }
+        if let Some(id) = &r.response_id {
+            span.record(attr::GEN_AI_RESPONSE_ID, log_safe(id).to_string());
+        }
+        if let Some(reason) = &r.finish_reason {
+            span.record(
+                attr::GEN_AI_RESPONSE_FINISH_REASONS,
+                log_safe(reason).to_string(),
+            );
+        }
+        if let Some(usage) = r.usage.filter(|_| !r.estimated) {
+            span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, int(usage.prompt_tokens));
+            span.record(
+                attr::GEN_AI_USAGE_OUTPUT_TOKENS,
+                int(usage.completion_tokens),
+            );
+        }
+        if let Some(status) = r.status {
+            span.record(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
+        }
+        if let Some(class) = r.class {
+            span.record(attr::ERROR_TYPE, class.as_str());
+            span.record(attr::FAILOVER_CLASS, class.as_str());
+        }
+        span.record(attr::FAILOVER_PHASE, phase);
+        span.record(attr::FAILOVER_BYTES_FLUSHED, int(r.bytes_flushed));
+        span.record(attr::FAILOVER_OUTPUT_EVENTS, int(r.output_events));
+        span.record(attr::FAILOVER_DECISION, r.decision.as_str());
+        if let Some(cost) = r.cost {
+            span.record(attr::FAILOVER_COST_USD, cost.as_usd());
+        }
+    }
+
+    let target = metrics::SharedString::from(Arc::clone(&r.target));
+    let provider = metrics::SharedString::from(Arc::clone(&r.provider));
+    metrics::counter!(
+        metric::ATTEMPTS,
+        attr::FAILOVER_TARGET => target.clone(),
+        attr::FAILOVER_CLASS => class,
+        attr::FAILOVER_PHASE => phase,
+        attr::FAILOVER_DECISION => r.decision.as_str(),
+    )
+    .increment(1);
+    if r.decision == crate::failover::Decision::Reroute {
+        metrics::counter!(metric::REROUTES, attr::FAILOVER_TARGET => target.clone()).increment(1);
+    }
+    let mut labels = vec![
+        metrics::Label::new(attr::GEN_AI_OPERATION_NAME, span::OPERATION_CHAT),
+        metrics::Label::new(attr::GEN_AI_PROVIDER_NAME, provider),
+        metrics::Label::new(attr::FAILOVER_TARGET, target.clone()),
+    ];
+    if let Some(ttft) = r.time_to_first_output {
+        metrics::histogram!(metric::TIME_TO_FIRST_TOKEN, labels.clone()).record(ttft.as_secs_f64());
+    }
+    if let Some(usage) = r.usage.filter(|_| !r.estimated) {
+        for (kind, tokens) in [
+            ("input", usage.prompt_tokens),
+            ("output", usage.completion_tokens),
+        ] {
+            let mut labels = labels.clone();
+            labels.push(metrics::Label::new(attr::GEN_AI_TOKEN_TYPE, kind));
+            metrics::histogram!(metric::TOKEN_USAGE, labels).record(tokens as f64);
+        }
+    }
+    if let Some(class) = r.class {
+        labels.push(metrics::Label::new(attr::ERROR_TYPE, class.as_str()));
+        metrics::histogram!(
+            metric::BYTES_FLUSHED_BEFORE_FAILURE,
+            attr::FAILOVER_PHASE => phase,
+            attr::FAILOVER_TARGET => target,
+        )
+        .record(r.bytes_flushed as f64);
+    }
+    metrics::histogram!(metric::OPERATION_DURATION, labels).record(r.duration.as_secs_f64());
+}
+
+/// A turn is over: its span's fields and its metrics.
+pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>) {
+    let reason = facts.reason.map_or("none", |r| r.as_str());
+    if let Some(span) = facts.span {
+        span.record(attr::FAILOVER_ATTEMPTS, int(facts.attempts as u64));
+        span.record(attr::FAILOVER_OUTCOME, facts.outcome.as_str());
+        if let Some(reason) = facts.reason {
+            span.record(attr::FAILOVER_STOP_REASON, reason.as_str());
+        }
+        if let Some(provider) = facts.provider {
+            span.record(
+                attr::GEN_AI_PROVIDER_NAME,
+                crate::record::log_safe(provider).to_string(),
+            );
+        }
+        if let Some(class) = facts.error_type {
+            span.record(attr::ERROR_TYPE, class.as_str());
+        }
+    }
+    metrics::counter!(
+        metric::TURNS,
+        attr::FAILOVER_OUTCOME => facts.outcome.as_str(),
+        attr::FAILOVER_STOP_REASON => reason,
+    )
+    .increment(1);
+    metrics::histogram!(
+        metric::ATTEMPTS_PER_TURN,
+        attr::FAILOVER_OUTCOME => facts.outcome.as_str(),
+    )
+    .record(facts.attempts as f64);
+}
+
+/// The client's model, once the request is read (escaped: it is the
+/// client's).
+pub(crate) fn turn_model(span: &tracing::Span, model: &str) {
+    let model = crate::record::log_safe(model).to_string();
+    span.record(
+        attr::OTEL_NAME,
+        format_args!("{} {model}", span::OPERATION_CHAT).to_string(),
+    );
+    span.record(attr::GEN_AI_REQUEST_MODEL, model);
+}
+
+/// A count as a span field: `i64`, which OpenTelemetry exports as an
+/// integer (`u64` goes out as text).
+fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}

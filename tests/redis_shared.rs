@@ -1,0 +1,607 @@
+//! Shared state on a real `redis-server` (started by each test on a free
+//! loopback port in a temporary directory): two replicas share one claim
+//! per action, one cooldown, one tenant ceiling and one retry budget; Redis
+//! killed mid-run and restarted; two gateway processes end to end.
+//!
+//! Without `redis-server` these tests skip loudly, except under `CI=true`,
+//! where they fail (`.ci/run` installs it).
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+#[path = "../examples/gateway/app.rs"]
+mod app;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use redis_server::RedisServer;
+use serde_json::{Value, json};
+use tower::{BoxError, Service, ServiceExt};
+use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
+use tower_llm_failover::budget::{Cost, SpendStore, SpendWindow, TenantRefusal, TenantSpend};
+use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::failover::{
+    Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
+};
+use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, RedisSpendStore, connect};
+use tower_llm_failover::testing::FakeProvider;
+use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+
+/// A bounded wait for something another replica learns in the background
+/// (200 × 25 ms); the assertion is on the outcome, not on the time.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+// ---------------------------------------------------------------- actions
+
+/// One replica's executor: its own connection, the shared Redis.
+fn executor(
+    url: &str,
+    effects: Arc<AtomicUsize>,
+) -> impl Service<ToolCall, Response = Value, Error = ActionError, Future: Send> + Clone + use<> {
+    let store: Arc<dyn ActionStore> = Arc::new(RedisActionStore::new(connect(url).unwrap()));
+    tower::ServiceBuilder::new()
+        .layer(
+            ActionExecutorLayer::new(store)
+                .in_progress_wait(Duration::from_secs(10))
+                .effect_timeout(Duration::from_secs(10)),
+        )
+        .service_fn(move |call: ToolCall| {
+            let effects = Arc::clone(&effects);
+            async move {
+                effects.fetch_add(1, Ordering::SeqCst);
+                // Long enough for duplicates to arrive while it runs.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, BoxError>(json!({ "order": call.action_id.as_str() }))
+            }
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_run_each_action_once_across_500_submissions() {
+    let Some(redis) = RedisServer::start("two_replicas_run_each_action_once").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let a = executor(&redis.url(), Arc::clone(&effects));
+    let b = executor(&redis.url(), Arc::clone(&effects));
+    let calls: Vec<_> = (0..500)
+        .map(|i| {
+            let mut replica = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let call = ToolCall::new(format!("order-{}", i % 20), "send_order", json!({}))
+                .with_attempt_id(format!("attempt-{i}"));
+            tokio::spawn(async move { replica.ready().await?.call(call).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        20,
+        "exactly one effect per action id"
+    );
+    for (i, answer) in answers.iter().enumerate() {
+        let value = answer
+            .as_ref()
+            .expect("every submission gets the stored result");
+        assert_eq!(value["order"], format!("order-{}", i % 20));
+    }
+}
+
+// ---------------------------------------------------------------- gateways
+
+struct Fleet {
+    primary: FakeUpstream,
+    backup: FakeUpstream,
+    a: app::Running,
+    b: app::Running,
+}
+
+/// Two gateway replicas (each its own stores and connections) sharing one
+/// Redis, in front of the same two fake providers.
+async fn fleet(redis: &RedisServer, budget: &str, failover: &str, state: &str) -> Fleet {
+    let primary = FakeUpstream::builder("primary")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[budget]
+deadline_ms = 10000
+first_token_timeout_ms = 5000
+idle_timeout_ms = 5000
+{budget}
+
+[failover]
+max_retries_per_target = 0
+{failover}
+
+[state]
+redis_url = "{}"
+health_refresh_ms = 20
+{state}
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+
+[[routes]]
+model = "*"
+targets = [
+  {{ provider = "primary", input_per_million = 1000.0, output_per_million = 1000.0 }},
+  {{ provider = "backup", input_per_million = 1000.0, output_per_million = 1000.0 }},
+]
+"#,
+        redis.url(),
+        primary.base_url(),
+        backup.base_url()
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let gateway = app::Gateway::from_config(&config).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        replicas.push(app::serve(gateway, listener));
+    }
+    let b = replicas.pop().unwrap();
+    let a = replicas.pop().unwrap();
+    Fleet {
+        primary,
+        backup,
+        a,
+        b,
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    body: String,
+}
+
+async fn post_to(addr: std::net::SocketAddr, tenant: Option<&str>) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = json!({
+        "model": "gpt-4o",
+        "stream": false,
+        "messages": [{"role": "user", "content": "hi"}]
+    });
+    let mut request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json");
+    if let Some(tenant) = tenant {
+        request = request.header("x-tenant", tenant);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
+        .await
+        .expect("the gateway answers in time")
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let response = client
+        .request(
+            Request::get(format!("http://{addr}{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Whether the replica at `addr` sees `provider`'s key cooling.
+async fn cooling(addr: std::net::SocketAddr, provider: &str) -> bool {
+    let view = get_json(addr, "/v1/health/targets").await;
+    view["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["provider"] == provider && k["state"] == "cooling")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_seen_by_replica_a_steers_replica_b_to_the_backup() {
+    let Some(redis) = RedisServer::start("a_429_seen_by_replica_a_steers_replica_b").await else {
+        return;
+    };
+    let f = fleet(&redis, "", "", "").await;
+    f.primary
+        .set_fault_times("status=429;retry_after=30".parse::<Fault>().unwrap(), 1);
+    let reply = post_to(f.a.addr, None).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(f.primary.requests().len(), 1);
+    // B learns A's cooldown through Redis, not by trying the primary.
+    eventually("replica B sees the primary cooling", || {
+        cooling(f.b.addr, "primary")
+    })
+    .await;
+    let reply = post_to(f.b.addr, None).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.body.contains("backup"), "{}", reply.body);
+    assert_eq!(f.primary.requests().len(), 1, "B never touched the primary");
+    assert_eq!(f.backup.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_ceiling_stops_turns_on_both_replicas() {
+    let Some(redis) = RedisServer::start("a_tenant_ceiling_stops_turns_on_both").await else {
+        return;
+    };
+    // Every turn costs more than the ceiling (1000 $/M tokens).
+    let state = "tenant_header = \"x-tenant\"\ntenant_ceiling_usd = 0.001\n";
+    let f = fleet(&redis, "", "", state).await;
+    let first = post_to(f.a.addr, Some("acme")).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    for (replica, other) in [(f.a.addr, "globex-a"), (f.b.addr, "globex-b")] {
+        eventually("the tenant is refused", || async move {
+            post_to(replica, Some("acme")).await.status == StatusCode::PAYMENT_REQUIRED
+        })
+        .await;
+        let refused = post_to(replica, Some("acme")).await;
+        assert!(
+            refused.body.contains("tenant_spend_ceiling_reached"),
+            "{}",
+            refused.body
+        );
+        // Another tenant is not held by acme's spend.
+        assert_eq!(post_to(replica, Some(other)).await.status, 200);
+    }
+    let upstream = f.primary.requests().len() + f.backup.requests().len();
+    assert_eq!(upstream, 3, "refused turns reach no provider");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_outage_stays_within_the_shared_retry_budget() {
+    let Some(redis) = RedisServer::start("a_persistent_outage_stays_within_the_budget").await
+    else {
+        return;
+    };
+    // No reserve: only 20 % of first attempts may be retried, fleet-wide;
+    // cooldowns off, so the budget alone holds the storm.
+    let budget = "retry_min_per_sec = 0\nretry_percent = 0.2\nmax_attempts = 2\n";
+    let failover = "cooldown_failures = 1000000\n";
+    let f = fleet(&redis, budget, failover, "").await;
+    f.primary.set_fault("status=500".parse::<Fault>().unwrap());
+    f.backup.set_fault("status=500".parse::<Fault>().unwrap());
+    let turns: Vec<_> = (0..100)
+        .map(|i| {
+            let addr = if i % 2 == 0 { f.a.addr } else { f.b.addr };
+            tokio::spawn(async move { post_to(addr, None).await })
+        })
+        .collect();
+    let mut refused = 0;
+    for turn in turns {
+        let reply = turn.await.unwrap();
+        if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(
+                reply.body.contains("retry_budget_exhausted"),
+                "{}",
+                reply.body
+            );
+            refused += 1;
+        } else {
+            assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{}", reply.body);
+        }
+    }
+    let attempts = f.primary.requests().len() + f.backup.requests().len();
+    assert!(attempts >= 100, "{attempts}");
+    assert!(
+        attempts <= 120,
+        "{attempts} attempts: more than 100 + 20 % across both"
+    );
+    assert!(
+        refused >= 80,
+        "{refused} turns refused by the shared budget"
+    );
+}
+
+// ---------------------------------------------------------------- happy path
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_happy_path_makes_no_redis_round_trip() {
+    let Some(redis) = RedisServer::start("the_happy_path_makes_no_redis_round_trip").await else {
+        return;
+    };
+    let health = RedisHealthStore::builder(connect(&redis.url()).unwrap())
+        .refresh_every(Duration::from_secs(3600))
+        .start()
+        .unwrap();
+    health.sync().await.unwrap();
+    let health = Arc::new(health);
+    let provider = FakeProvider::new("primary");
+    let failover = Failover::builder()
+        .target(Target::new("primary", provider.clone()))
+        .health(health.clone())
+        .build();
+    let before = redis.command_calls().await;
+    for _ in 0..50 {
+        let request = Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                json!({"model": "gpt-x", "stream": true,
+                       "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+            )))
+            .unwrap();
+        let response = failover.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    let after = redis.command_calls().await;
+    let mut changed: Vec<_> = after
+        .iter()
+        .filter(|(name, calls)| name.as_str() != "info" && before.get(*name) != Some(calls))
+        .collect();
+    changed.sort();
+    assert!(changed.is_empty(), "happy turns reached Redis: {changed:?}");
+    assert_eq!(provider.calls(), 50);
+    assert_eq!(health.stats().shipped, 0);
+}
+
+// ---------------------------------------------------------------- outage
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_then_restarted() {
+    let Some(mut redis) = RedisServer::start("redis_killed_mid_run_then_restarted").await else {
+        return;
+    };
+    let url = redis.url();
+    let effects = Arc::new(AtomicUsize::new(0));
+    let mut exec = executor(&url, Arc::clone(&effects));
+    let start = |url: &str| {
+        RedisHealthStore::builder(connect(url).unwrap())
+            .refresh_every(Duration::from_millis(20))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(&url), start(&url));
+    let spend_store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&url).unwrap()));
+    let tenant = TenantSpend::new(
+        spend_store,
+        http::HeaderName::from_static("x-tenant"),
+        SpendWindow::Day,
+        Cost::from_usd(10.0),
+    );
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+
+    // Before: everything works.
+    let call = |id: &str| ToolCall::new(id, "send_order", json!({}));
+    exec.ready()
+        .await
+        .unwrap()
+        .call(call("before"))
+        .await
+        .unwrap();
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    let admitted = tenant.admit(&headers).await;
+    assert!(admitted.is_ok(), "{admitted:?}");
+
+    redis.kill();
+
+    // No effect runs without a claim, and the error says why.
+    let err = exec
+        .ready()
+        .await
+        .unwrap()
+        .call(call("during"))
+        .await
+        .unwrap_err();
+    assert!(err.is_store_unavailable(), "{err}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    // Spend fails closed by default, with a typed error...
+    assert!(matches!(
+        tenant.admit(&headers).await,
+        Err(TenantRefusal::Store(
+            tower_llm_failover::budget::SpendError::Unavailable(_)
+        ))
+    ));
+    // ...or open when configured.
+    assert!(tenant.clone().fail_open(true).admit(&headers).await.is_ok());
+    // Health keeps serving from the local view: A's own failure cools the
+    // key on A, and admissions are answered.
+    let key = HealthKey::model("primary", "gpt-x");
+    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_secs(60)));
+    assert_eq!(a.failure(&key, report), Some(Duration::from_secs(60)));
+    assert!(matches!(a.availability(&key), Availability::Cooling(_)));
+    assert!(a.sync().await.is_err(), "Redis is down");
+    assert_eq!(b.availability(&key), Availability::Healthy);
+
+    redis.restart().await;
+
+    // Both recover without being rebuilt: the executor claims again...
+    eventually("the executor reaches Redis again", || {
+        let mut exec = exec.clone();
+        async move {
+            exec.ready()
+                .await
+                .unwrap()
+                .call(call("after"))
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    assert_eq!(effects.load(Ordering::SeqCst), 2);
+    eventually("spend checks work again", || async {
+        tenant.admit(&headers).await.is_ok()
+    })
+    .await;
+    // ...and a transition shipped now reaches the other replica.
+    let other = HealthKey::model("backup", "gpt-x");
+    eventually("A ships again", || async { a.sync().await.is_ok() }).await;
+    a.failure(&other, report);
+    a.sync().await.unwrap();
+    eventually("B learns A's cooldown", || async {
+        let _ = b.sync().await;
+        matches!(b.availability(&other), Availability::Cooling(_))
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------- processes
+
+/// A gateway example process, killed when dropped.
+struct GatewayProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `target/<profile>/examples/gateway`, built by `cargo test`.
+fn gateway_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile = exe.parent()?.parent()?;
+    let binary = profile.join("examples").join("gateway");
+    binary.is_file().then_some(binary)
+}
+
+fn spawn_gateway(binary: &std::path::Path, config: &std::path::Path) -> GatewayProcess {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(binary)
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the gateway starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let addr = lines
+        .by_ref()
+        .take(50)
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.strip_prefix("gateway ready on http://")
+                .and_then(|a| a.trim().parse().ok())
+        })
+        .expect("the gateway says where it listens");
+    // Keep reading so the pipe never fills.
+    std::thread::spawn(move || lines.for_each(drop));
+    GatewayProcess { child, addr }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_processes_share_a_cooldown() {
+    let Some(redis) = RedisServer::start("two_gateway_processes_share_a_cooldown").await else {
+        return;
+    };
+    let Some(binary) = gateway_binary() else {
+        let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        assert!(
+            !ci,
+            "the gateway example is not built; CI=true, so this test cannot skip"
+        );
+        eprintln!(
+            "!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)"
+        );
+        return;
+    };
+    let primary = FakeUpstream::builder("primary")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+[failover]
+max_retries_per_target = 0
+
+[state]
+redis_url = "{}"
+health_refresh_ms = 20
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+"#,
+        redis.url(),
+        primary.base_url(),
+        backup.base_url()
+    );
+    let path = std::env::temp_dir().join(format!(
+        "tlf-gateway-{}-{}.toml",
+        std::process::id(),
+        redis.port
+    ));
+    std::fs::write(&path, config).unwrap();
+    let a = spawn_gateway(&binary, &path);
+    let b = spawn_gateway(&binary, &path);
+    let _ = std::fs::remove_file(&path);
+
+    primary.set_fault_times("status=429;retry_after=30".parse::<Fault>().unwrap(), 1);
+    let reply = post_to(a.addr, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(primary.requests().len(), 1);
+    eventually("process B sees the primary cooling", || {
+        cooling(b.addr, "primary")
+    })
+    .await;
+    let reply = post_to(b.addr, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("backup"), "{}", reply.body);
+    assert_eq!(
+        primary.requests().len(),
+        1,
+        "process B never touched the primary"
+    );
+}

@@ -1,0 +1,422 @@
+//! Telemetry of turns: GenAI spans (captured by a test subscriber),
+//! metrics (captured by a test recorder), and no secret anywhere.
+//!
+//! Alone in its own test binary with a global subscriber and a global
+//! recorder: tracing caches per-callsite interest, and the `metrics` macros
+//! read the global recorder. Each test uses its own target names and run
+//! ids, so tests running in parallel never read each other's figures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tower::ServiceExt;
+use tower_llm_failover::budget::TurnLimits;
+use tower_llm_failover::client::{Auth, UpstreamClient};
+use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::record::{RunRecord, StopReason, TurnOutcome};
+use tower_llm_failover::telemetry::{attr, metric, span};
+use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+type Fields = BTreeMap<String, String>;
+
+/// A span as the subscriber saw it: name, parent, every field recorded.
+#[derive(Debug, Clone, Default)]
+struct CapturedSpan {
+    name: String,
+    parent: Option<u64>,
+    id: u64,
+    fields: Fields,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Capture {
+    spans: Mutex<HashMap<u64, CapturedSpan>>,
+    /// Every event, as text: what a log would show.
+    events: Mutex<Vec<String>>,
+}
+
+struct Visitor<'a>(&'a mut Fields);
+
+impl tracing::field::Visit for Visitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+#[derive(Clone)]
+struct Layer(Arc<Capture>);
+
+impl<S> tracing_subscriber::Layer<S> for Layer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut span = CapturedSpan {
+            name: attrs.metadata().name().to_owned(),
+            id: id.into_u64(),
+            parent: ctx.span_scope(id).and_then(|mut scope| {
+                scope.next();
+                scope.next().map(|parent| parent.id().into_u64())
+            }),
+            ..CapturedSpan::default()
+        };
+        attrs.record(&mut Visitor(&mut span.fields));
+        self.0.spans.lock().unwrap().insert(id.into_u64(), span);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        if let Some(span) = self.0.spans.lock().unwrap().get_mut(&id.into_u64()) {
+            values.record(&mut Visitor(&mut span.fields));
+        }
+    }
+
+    fn on_close(&self, id: Id, _: Context<'_, S>) {
+        if let Some(span) = self.0.spans.lock().unwrap().get_mut(&id.into_u64()) {
+            span.closed = true;
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut Visitor(&mut fields));
+        self.0
+            .events
+            .lock()
+            .unwrap()
+            .push(format!("{} {fields:?}", event.metadata().target()));
+    }
+}
+
+struct Globals {
+    capture: Arc<Capture>,
+    metrics: Snapshotter,
+    /// Every value a snapshot took: a snapshot resets counters, and tests
+    /// in parallel take them.
+    /// (key, counter value or 0, the value as text).
+    taken: Mutex<Vec<(CompositeKey, u64, String)>>,
+}
+
+/// Everything recorded so far.
+fn metrics_so_far() -> Vec<(CompositeKey, u64, String)> {
+    let globals = globals();
+    let mut taken = globals.taken.lock().unwrap();
+    taken.extend(
+        globals
+            .metrics
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let text = format!("{value:?}");
+                let count = match value {
+                    DebugValue::Counter(n) => n,
+                    _ => 0,
+                };
+                (key, count, text)
+            }),
+    );
+    taken.clone()
+}
+
+fn globals() -> &'static Globals {
+    static GLOBALS: OnceLock<Globals> = OnceLock::new();
+    GLOBALS.get_or_init(|| {
+        let capture = Arc::new(Capture::default());
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(Layer(capture.clone())),
+        )
+        .unwrap();
+        let recorder = DebuggingRecorder::new();
+        let metrics = recorder.snapshotter();
+        recorder.install().unwrap();
+        Globals {
+            capture,
+            metrics,
+            taken: Mutex::default(),
+        }
+    })
+}
+
+/// The closed spans of the turn with `run_id`: the turn, then its attempts
+/// in order.
+fn spans_of(run_id: &str) -> (CapturedSpan, Vec<CapturedSpan>) {
+    let spans = globals().capture.spans.lock().unwrap();
+    let turn = spans
+        .values()
+        .find(|s| {
+            s.name == span::TURN
+                && s.fields.get(attr::FAILOVER_RUN_ID).map(String::as_str) == Some(run_id)
+        })
+        .cloned()
+        .expect("the turn's span");
+    let mut attempts: Vec<CapturedSpan> = spans
+        .values()
+        .filter(|s| s.parent == Some(turn.id) && s.name == span::ATTEMPT)
+        .cloned()
+        .collect();
+    attempts.sort_by_key(|s| s.fields[attr::FAILOVER_ATTEMPT].clone());
+    (turn, attempts)
+}
+
+/// Counter values whose labels include every pair of `with`.
+fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
+    metrics_so_far()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .filter(|(key, ..)| {
+            with.iter().all(|(k, v)| {
+                key.key()
+                    .labels()
+                    .any(|label| label.key() == *k && label.value() == *v)
+            })
+        })
+        .map(|(_, count, _)| count)
+        .sum()
+}
+
+fn chat(stream: bool, run_id: &str) -> Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let mut request = Request::post("/v1/chat/completions")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(TurnLimits::new().start_with_run_id(run_id.into()));
+    request
+}
+
+async fn read<B>(response: Response<B>) -> (RunRecord, String)
+where
+    B: http_body::Body,
+    B::Error: fmt::Debug,
+{
+    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (run, String::from_utf8(body.to_vec()).unwrap())
+}
+
+const RATE_LIMITED: &str = r#"{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_with_one_reroute_has_a_turn_span_and_two_attempt_spans() {
+    globals();
+    let primary = FakeProvider::new("span-primary").always(Reply::status(429, RATE_LIMITED));
+    let backup = FakeProvider::new("span-backup").always(Reply::stream("backup-model", 4));
+    let failover = Failover::builder()
+        .target(Target::new("span-primary", primary).provider("prov-a"))
+        .target(
+            Target::new("span-backup", backup)
+                .provider("prov-b")
+                .model("backup-model"),
+        )
+        .max_retries_per_target(0)
+        .build();
+    let response = failover.oneshot(chat(true, "span-turn")).await.unwrap();
+    let (run, body) = read(response).await;
+    assert!(body.ends_with("data: [DONE]\n\n"));
+    assert_eq!(run.outcome(), Some(TurnOutcome::AfterHop));
+
+    let (turn, attempts) = spans_of("span-turn");
+    assert!(turn.closed, "the turn span ends with the stream");
+    let f = &turn.fields;
+    assert_eq!(f[attr::GEN_AI_OPERATION_NAME], "chat");
+    assert_eq!(f[attr::GEN_AI_REQUEST_MODEL], "m");
+    assert_eq!(f[attr::OTEL_NAME], "chat m");
+    assert_eq!(f[attr::GEN_AI_PROVIDER_NAME], "prov-b");
+    assert_eq!(f[attr::FAILOVER_OUTCOME], "after_hop");
+    assert_eq!(f[attr::FAILOVER_ATTEMPTS], "2");
+
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    let failed = &attempts[0].fields;
+    assert!(attempts[0].closed);
+    assert_eq!(failed[attr::GEN_AI_OPERATION_NAME], "chat");
+    assert_eq!(failed[attr::GEN_AI_PROVIDER_NAME], "prov-a");
+    assert_eq!(failed[attr::GEN_AI_REQUEST_MODEL], "m");
+    assert_eq!(failed[attr::FAILOVER_TARGET], "span-primary");
+    assert_eq!(failed[attr::FAILOVER_CLASS], "rate_limited");
+    assert_eq!(failed[attr::ERROR_TYPE], "rate_limited");
+    assert_eq!(failed[attr::FAILOVER_PHASE], "preamble");
+    assert_eq!(failed[attr::FAILOVER_BYTES_FLUSHED], "0");
+    assert_eq!(failed[attr::FAILOVER_OUTPUT_EVENTS], "0");
+    assert_eq!(failed[attr::FAILOVER_DECISION], "reroute");
+    assert_eq!(failed[attr::HTTP_RESPONSE_STATUS_CODE], "429");
+    assert!(!failed.contains_key(attr::GEN_AI_RESPONSE_MODEL));
+
+    let won = &attempts[1].fields;
+    assert!(attempts[1].closed);
+    assert_eq!(won[attr::FAILOVER_TARGET], "span-backup");
+    assert_eq!(won[attr::GEN_AI_PROVIDER_NAME], "prov-b");
+    assert_eq!(won[attr::GEN_AI_REQUEST_MODEL], "backup-model");
+    assert_eq!(won[attr::OTEL_NAME], "chat backup-model");
+    assert_eq!(won[attr::GEN_AI_RESPONSE_MODEL], "backup-model");
+    assert!(won.contains_key(attr::GEN_AI_RESPONSE_ID));
+    assert_eq!(won[attr::GEN_AI_RESPONSE_FINISH_REASONS], "stop");
+    assert_eq!(won[attr::FAILOVER_PHASE], "committed");
+    assert_eq!(won[attr::FAILOVER_DECISION], "committed");
+    assert_eq!(won[attr::FAILOVER_OUTPUT_EVENTS], "4");
+    assert_eq!(
+        won[attr::FAILOVER_BYTES_FLUSHED],
+        run.attempts()[1].bytes_flushed.to_string()
+    );
+    assert!(run.attempts()[1].bytes_flushed > 0);
+    assert!(!won.contains_key(attr::ERROR_TYPE));
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_before_and_after_commit_land_under_different_phases() {
+    globals();
+    let before = FakeProvider::new("phase-before").always(Reply::status(429, RATE_LIMITED));
+    let after = FakeProvider::new("phase-after").always(Reply::tokens_then(
+        "phase-after",
+        3,
+        vec![Step::Error("connection reset".into())],
+    ));
+    let failover = Failover::builder()
+        .target(Target::new("phase-before", before))
+        .target(Target::new("phase-after", after))
+        .max_retries_per_target(0)
+        .build();
+    let response = failover.oneshot(chat(true, "phase-turn")).await.unwrap();
+    let (run, body) = read(response).await;
+    assert!(body.contains("\"finish_reason\":\"error\""), "{body}");
+    assert_eq!(run.outcome(), Some(TurnOutcome::EndedAfterCommit));
+    assert_eq!(run.stop_reason(), Some(StopReason::StreamFailed));
+
+    let pre = [
+        (attr::FAILOVER_TARGET, "phase-before"),
+        (attr::FAILOVER_PHASE, "preamble"),
+        (attr::FAILOVER_CLASS, "rate_limited"),
+        (attr::FAILOVER_DECISION, "reroute"),
+    ];
+    assert_eq!(counter(metric::ATTEMPTS, &pre), 1);
+    let post = [
+        (attr::FAILOVER_TARGET, "phase-after"),
+        (attr::FAILOVER_PHASE, "committed"),
+        (attr::FAILOVER_DECISION, "committed"),
+    ];
+    assert_eq!(counter(metric::ATTEMPTS, &post), 1);
+    // Neither under the other's phase.
+    assert_eq!(
+        counter(
+            metric::ATTEMPTS,
+            &[
+                (attr::FAILOVER_TARGET, "phase-before"),
+                (attr::FAILOVER_PHASE, "committed")
+            ]
+        ),
+        0
+    );
+    assert_eq!(
+        counter(
+            metric::ATTEMPTS,
+            &[
+                (attr::FAILOVER_TARGET, "phase-after"),
+                (attr::FAILOVER_PHASE, "preamble")
+            ]
+        ),
+        0
+    );
+    assert_eq!(
+        counter(
+            metric::TERMINAL_CHUNKS,
+            &[(attr::FAILOVER_TARGET, "phase-after")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(metric::REROUTES, &[(attr::FAILOVER_TARGET, "phase-before")]),
+        1
+    );
+    assert!(
+        counter(
+            metric::TURNS,
+            &[
+                (attr::FAILOVER_OUTCOME, "ended_after_commit"),
+                (attr::FAILOVER_STOP_REASON, "stream_failed")
+            ]
+        ) >= 1
+    );
+}
+
+/// A fake provider that echoes the key it was sent in its 401, as OpenAI
+/// does (there masked; here whole, the worst case).
+async fn echoing_provider() -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(|headers: http::HeaderMap| async move {
+        let key = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .trim_start_matches("Bearer ")
+            .to_owned();
+        (
+            http::StatusCode::UNAUTHORIZED,
+            [("content-type", "application/json")],
+            format!(
+                r#"{{"error":{{"message":"Incorrect API key provided: {key}. You can find your API key at the dashboard.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}}}"#
+            ),
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn a_provider_key_echoed_in_an_error_appears_nowhere() {
+    globals();
+    const SECRET: &str = "sk-proj-TOPSECRET0123456789abcdefABCDEF";
+    let addr = echoing_provider().await;
+    let client = UpstreamClient::builder(format!("http://{addr}"))
+        .auth(Auth::bearer(SECRET))
+        .build()
+        .unwrap();
+    let backup = FakeProvider::new("redact-backup").always(Reply::completion("redact-backup"));
+    let failover = Failover::builder()
+        .target(Target::boxed("redact-primary", client))
+        .target(Target::boxed("redact-backup", backup))
+        .build();
+    let response = failover.oneshot(chat(false, "redact-turn")).await.unwrap();
+    let (run, body) = read(response).await;
+    assert!(body.contains("answer from redact-backup"), "{body}");
+    let records = run.attempts();
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        records[0].class.map(|c| c.as_str()),
+        Some("auth"),
+        "{records:?}"
+    );
+
+    let (turn, attempts) = spans_of("redact-turn");
+    assert_eq!(attempts.len(), 2);
+    let spans = format!("{turn:?} {attempts:?}");
+    let events = globals().capture.events.lock().unwrap().join("\n");
+    assert!(events.contains("redact-turn"), "the turn was logged");
+    let metrics = format!("{:?}", metrics_so_far());
+    assert!(metrics.contains("redact-primary"));
+    for (what, text) in [
+        ("spans", spans),
+        ("logs", events),
+        ("records", format!("{records:?}")),
+        ("metrics", metrics),
+        ("response", body),
+    ] {
+        // Not even the distinctive middle of the key.
+        assert!(!text.contains("TOPSECRET"), "the key leaked into {what}");
+    }
+}
