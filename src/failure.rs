@@ -40,12 +40,15 @@ pub enum FailureClass {
     InvalidResponse,
     /// The client went away or the turn was cancelled.
     Cancelled,
+    /// The gateway is shutting down and its grace period is over: the
+    /// stream is ended by the gateway, not by the provider or the client.
+    Shutdown,
 }
 
 impl FailureClass {
     /// Every class, in declaration order (for tables, metrics registration
     /// and exhaustive tests).
-    pub const ALL: [FailureClass; 15] = [
+    pub const ALL: [FailureClass; 16] = [
         Self::RateLimited,
         Self::QuotaExhausted,
         Self::Overloaded,
@@ -61,6 +64,7 @@ impl FailureClass {
         Self::PayloadTooLarge,
         Self::InvalidResponse,
         Self::Cancelled,
+        Self::Shutdown,
     ];
 
     /// A stable snake_case name, used in logs, metrics and error codes.
@@ -81,6 +85,7 @@ impl FailureClass {
             Self::PayloadTooLarge => "payload_too_large",
             Self::InvalidResponse => "invalid_response",
             Self::Cancelled => "cancelled",
+            Self::Shutdown => "shutdown",
         }
     }
 

@@ -38,6 +38,9 @@
 //!   first); [`sse`]: the zero-copy SSE scanner underneath.
 //! - [`record`]: run and attempt records; [`telemetry`]: GenAI spans and
 //!   metrics through `tracing` and the `metrics` facade.
+//! - [`limit`]: request-body read limits and an in-flight cap that sheds
+//!   with the dialect's 503; [`shutdown`]: the signal that ends running
+//!   streams cleanly when a gateway's grace period is over.
 //! - `action` (feature `actions`, on by default): idempotent tool actions
 //!   keyed by the application.
 //! - `client` (feature `client`, on by default): `UpstreamClient`, the real
@@ -133,10 +136,12 @@ pub mod commit;
 pub mod dialect;
 pub mod failover;
 mod failure;
+pub mod limit;
 pub mod record;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub mod shutdown;
 pub mod sse;
 pub mod stream;
 pub mod telemetry;

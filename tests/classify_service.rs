@@ -301,7 +301,7 @@ fn default_recovery_table() {
     use FailureClass::*;
     for class in FailureClass::ALL {
         let expected = match class {
-            InvalidRequest | ContentFiltered | Cancelled => Recovery::Stop,
+            InvalidRequest | ContentFiltered | Cancelled | Shutdown => Recovery::Stop,
             RateLimited | Overloaded | ServerError | Timeout | Connect => Recovery::RetrySame,
             _ => Recovery::Reroute,
         };

@@ -10,7 +10,6 @@ pub(crate) mod messages;
 mod state;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +34,15 @@ use tower_llm_failover::dialect::{
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
+use tower_llm_failover::limit::ReadLimitError;
+use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamStateLayer;
 
+// Connection and request limits, and graceful shutdown.
+#[path = "serve.rs"]
+mod serve;
+#[allow(unused_imports)] // each includer of this file uses some
+pub(crate) use serve::{Running, ServerConfig, shutdown_signal};
 // A module of this file (not of main.rs): the tests that include this file
 // get the `[telemetry]` table and `GET /metrics` with it.
 #[path = "telemetry.rs"]
@@ -55,6 +61,9 @@ pub(crate) struct Config {
     /// Failover settings beyond the budget.
     #[serde(default)]
     pub(crate) failover: FailoverConfig,
+    /// Connection and request limits.
+    #[serde(default)]
+    pub(crate) server: ServerConfig,
     /// The upstream providers.
     pub(crate) providers: Vec<ProviderConfig>,
     /// Client-facing models and their targets, matched in file order.
@@ -340,6 +349,9 @@ pub(crate) struct Gateway {
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Ends running streams cleanly when the shutdown grace period is over.
+    shutdown: Shutdown,
+    server: ServerConfig,
 }
 
 /// `*` matches any run of characters; everything else literally.
@@ -497,11 +509,13 @@ impl Gateway {
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
 
+        let shutdown = Shutdown::new();
         let mut routes = Vec::new();
         let mut messages_routes = Vec::new();
         for route in &routes_config {
             let dialect = messages::route_dialect(route, &config.providers)?;
             let mut builder = Failover::builder()
+                .shutdown(shutdown.clone())
                 .strategy(strategy.clone())
                 .commit_window(commit)
                 .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
@@ -583,6 +597,8 @@ impl Gateway {
             tenant: stores.tenant,
             retry_budget,
             prometheus: None,
+            shutdown,
+            server: config.server.clone(),
         })
     }
 
@@ -638,6 +654,14 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             while let Some(e) = source {
                 too_large |= e.is::<http_body_util::LengthLimitError>();
                 source = e.source();
+            }
+            if let Some(limit) = ReadLimitError::find_in(&error) {
+                return error_answer(
+                    StatusCode::REQUEST_TIMEOUT,
+                    FailureClass::Timeout,
+                    &limit.to_string(),
+                    "request_body_timeout",
+                );
             }
             return if too_large {
                 error_answer(
@@ -781,53 +805,9 @@ async fn metrics_text(State(gateway): State<Arc<Gateway>>) -> Response {
         .into_response()
 }
 
-/// A gateway serving on a bound listener, stopped by `shutdown`.
-pub(crate) struct Running {
-    pub(crate) addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Running {
-    /// Stops accepting and waits up to `grace` for running streams.
-    /// Returns whether every stream finished in time.
-    pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        match tokio::time::timeout(grace, &mut self.task).await {
-            Ok(_) => true,
-            Err(_) => {
-                self.task.abort();
-                false
-            }
-        }
-    }
-}
-
-/// Serves `gateway` on `listener` (TCP_NODELAY on every connection).
+/// Serves `gateway` on `listener` with the `[server]` limits (see
+/// `serve.rs`).
 pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
-    use axum::serve::ListenerExt;
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let listener = listener.tap_io(|tcp| {
-        // A stream is many small writes: without this, delayed ACKs hold
-        // each one's tail for ~40 ms.
-        let _ = tcp.set_nodelay(true);
-    });
-    let app = gateway.router();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
-    });
-    Running {
-        addr,
-        shutdown: Some(tx),
-        task,
-    }
+    let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
+    serve::serve(gateway.router(), listener, &config, shutdown)
 }

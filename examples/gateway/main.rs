@@ -131,7 +131,7 @@ async fn main() {
         );
     }
 
-    shutdown_signal().await;
+    app::shutdown_signal().await;
     let grace = Duration::from_millis(config.failover.shutdown_grace_ms);
     println!(
         "shutting down: no new connections; running streams have {} ms",
@@ -197,26 +197,5 @@ targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
             eprintln!("demo config: {e}");
             std::process::exit(1)
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
     }
 }

@@ -17,6 +17,7 @@ impl FailureClass {
     /// | class | recovery | why |
     /// |---|---|---|
     /// | `InvalidRequest`, `ContentFiltered`, `Cancelled` | `Stop` | the client's request (or the client) is the problem; no provider does better |
+    /// | `Shutdown` | `Stop` | the gateway itself is going away |
     /// | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect` | `RetrySame` | transient; the failover policy decides when waiting costs too much and reroutes |
     /// | `QuotaExhausted`, `Auth`, `PermissionDenied`, `ModelNotFound` | `Reroute` | about the gateway's account with that provider, not the client's request |
     /// | `PayloadTooLarge` | `Reroute` | the limit is the provider's (or tier's, e.g. OpenAI's TPM 429) |
@@ -27,7 +28,9 @@ impl FailureClass {
     /// recovery says, the failover layer ends the committed stream instead.
     pub fn default_recovery(self) -> Recovery {
         match self {
-            Self::InvalidRequest | Self::ContentFiltered | Self::Cancelled => Recovery::Stop,
+            Self::InvalidRequest | Self::ContentFiltered | Self::Cancelled | Self::Shutdown => {
+                Recovery::Stop
+            }
             Self::RateLimited
             | Self::Overloaded
             | Self::ServerError

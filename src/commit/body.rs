@@ -43,6 +43,8 @@ pin_project! {
         // While held back: the first-output deadline, then the end of the
         // commit window's time limit.
         hold_timer: Option<Pin<Box<Sleep>>>,
+        // Fires when the gateway's shutdown grace period is over.
+        shutdown: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
         // Set when the body yielded once to let the upstream connection
         // decode more of what it has read (see `poll_frame`).
         yielded: bool,
@@ -114,6 +116,7 @@ where
                 last_frame: Instant::now(),
                 deadline: None,
                 hold_timer: None,
+                shutdown: None,
                 yielded: false,
                 inspector: None,
             });
@@ -155,6 +158,7 @@ where
             last_frame: Instant::now(),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             hold_timer,
+            shutdown: config.shutdown.as_ref().map(|s| Box::pin(s.ending())),
             yielded: false,
             inspector: Some(inspector),
         }
@@ -807,6 +811,12 @@ where
             Poll::Ready(Some(Err(error))) => inspector.fail(FailureKind::Body(error.into())),
             Poll::Ready(None) => inspector.on_eof(),
             Poll::Pending => {
+                if let Some(shutdown) = this.shutdown.as_mut()
+                    && shutdown.as_mut().poll(cx).is_ready()
+                {
+                    inspector.fail(FailureKind::Shutdown);
+                    return Poll::Ready(());
+                }
                 if let Some(deadline) = this.deadline.as_mut()
                     && deadline.as_mut().poll(cx).is_ready()
                 {

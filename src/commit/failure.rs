@@ -35,6 +35,8 @@ pub(crate) enum FailureKind {
     FirstOutput,
     /// A held-back preamble, with no output yet, over its memory cap.
     HeldOversize,
+    /// The gateway's shutdown grace period is over.
+    Shutdown,
 }
 
 pub(crate) fn classify(
@@ -81,6 +83,10 @@ pub(crate) fn classify(
         FailureKind::FirstOutput => Classification::timeout(phase, "the first output")
             .with_recovery(crate::classify::Recovery::Reroute),
         FailureKind::HeldOversize => Classification::oversize(phase, "held-back preamble"),
+        FailureKind::Shutdown => {
+            Classification::new(crate::classify::FailureClass::Shutdown, phase)
+                .with_message("the gateway is shutting down")
+        }
     };
     classifier.apply_overrides(provider, classification)
 }

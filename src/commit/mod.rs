@@ -57,6 +57,8 @@ pub(crate) struct InspectConfig<D> {
     pub(crate) max_event_bytes: usize,
     pub(crate) classifier: Classifier,
     pub(crate) provider: Option<Arc<str>>,
+    /// Ends running streams with the terminal event when it fires.
+    pub(crate) shutdown: Option<crate::shutdown::Shutdown>,
 }
 
 impl<D> InspectConfig<D> {
@@ -71,6 +73,7 @@ impl<D> InspectConfig<D> {
             max_event_bytes: crate::sse::DEFAULT_MAX_EVENT_BYTES,
             classifier: Classifier::default(),
             provider: None,
+            shutdown: None,
         }
     }
 
@@ -86,6 +89,7 @@ impl<D> InspectConfig<D> {
             max_event_bytes: self.max_event_bytes,
             classifier: self.classifier,
             provider: self.provider,
+            shutdown: self.shutdown,
         }
     }
 }

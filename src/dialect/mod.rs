@@ -465,7 +465,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 /// client (not 401/402/403/407/408/429/499), else 400 (413 for payload too
 /// large); an unknown model is 404; rate limits and spent quota 429; auth
 /// and permission failures 502 (the gateway's credential failed, not the
-/// client's); overload 503; timeouts 504; other provider trouble 502; a
+/// client's); overload and shutdown 503; timeouts 504; other provider trouble 502; a
 /// cancelled request 499.
 pub fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
     use FailureClass::*;
@@ -479,7 +479,7 @@ pub fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusC
         PayloadTooLarge => own_4xx.unwrap_or(StatusCode::PAYLOAD_TOO_LARGE),
         ModelNotFound => StatusCode::NOT_FOUND,
         RateLimited | QuotaExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        Overloaded | Shutdown => StatusCode::SERVICE_UNAVAILABLE,
         Timeout => StatusCode::GATEWAY_TIMEOUT,
         Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         _ => StatusCode::BAD_GATEWAY,

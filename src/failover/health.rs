@@ -114,7 +114,7 @@ impl fmt::Display for Scope {
 /// |---|---|
 /// | account | `QuotaExhausted` (quota, billing), `Auth`, `PermissionDenied` |
 /// | model | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect`, `InvalidResponse` (stream faults), and `ModelNotFound` for a model the **operator** configured (a configuration fault, logged as an error) |
-/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, and `ModelNotFound` for a model the **client** named |
+/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, `Shutdown`, and `ModelNotFound` for a model the **client** named |
 ///
 /// A model name chosen by a client can never cool down anything but itself:
 /// a pass-through target's `model_not_found` is the client's error and goes

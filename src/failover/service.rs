@@ -118,6 +118,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     health: Option<Arc<dyn HealthStore>>,
     scopes: ScopeRules,
     refuse_when_cooling: bool,
+    shutdown: Option<crate::shutdown::Shutdown>,
 }
 
 impl<S, D> std::fmt::Debug for FailoverBuilder<S, D> {
@@ -163,6 +164,7 @@ impl<S> FailoverBuilder<S> {
             health: None,
             scopes: ScopeRules::new(),
             refuse_when_cooling: false,
+            shutdown: None,
         }
     }
 }
@@ -190,6 +192,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             health: self.health,
             scopes: self.scopes,
             refuse_when_cooling: self.refuse_when_cooling,
+            shutdown: self.shutdown,
         }
     }
 
@@ -386,6 +389,15 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Ends running streams with the dialect's terminal event (class
+    /// `shutdown`) when `signal` fires, and fails attempts still held back
+    /// before commit with that class (it never reroutes). See
+    /// [`Shutdown`](crate::shutdown::Shutdown).
+    pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
+        self.shutdown = Some(signal);
+        self
+    }
+
     /// Builds the service.
     pub fn build(self) -> Failover<S, D> {
         let classifier = self.classifier;
@@ -394,7 +406,10 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             .into_iter()
             .map(|t| t.classified(&classifier))
             .collect();
-        let stream = self.stream.classifier(classifier.clone());
+        let mut stream = self.stream.classifier(classifier.clone());
+        if let Some(signal) = self.shutdown {
+            stream = stream.shutdown(signal);
+        }
         Failover {
             shared: Arc::new(Shared {
                 dialect: self.dialect,

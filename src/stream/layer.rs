@@ -90,6 +90,13 @@ impl<D> StreamStateLayer<D> {
         self
     }
 
+    /// Ends running streams with the terminal event (class `shutdown`)
+    /// when `signal` fires; see [`Shutdown`](crate::shutdown::Shutdown).
+    pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
+        self.config.shutdown = Some(signal);
+        self
+    }
+
     /// Cap on one SSE event, in bytes; also bounds the bytes of an
     /// incomplete event held back from the client.
     pub fn max_event_bytes(mut self, limit: usize) -> Self {

@@ -1,0 +1,291 @@
+//! Serving the gateway: hyper-util's server with a timer, so that a slow or
+//! greedy client cannot hold what other clients need.
+//!
+//! - **Header-read timeout**: a connection that sends nothing, trickles its
+//!   request head or idles between requests is closed after
+//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the protocol
+//!   sniffing before it is timed here, since hyper-util's auto server waits
+//!   for the first bytes without a limit).
+//! - **Request body**: read within `body_read_timeout_ms` and, after
+//!   `body_min_rate_grace_ms`, at `body_min_bytes_per_second` on average
+//!   (the library's [`ReadLimitLayer`]); a body that breaks either is
+//!   answered `408`.
+//! - **Connection cap**: connection `max_connections + 1` is answered `503`
+//!   with `retry-after` and closed (a few such answers at a time; beyond
+//!   them it is closed at once).
+//! - **In-flight cap**: request `max_in_flight + 1` is shed with an
+//!   OpenAI-shaped `503` and `retry-after`, never queued (the library's
+//!   [`InFlightLimitLayer`]; a stream counts until its body ends).
+//! - **Graceful shutdown**: [`Running::shutdown`] stops accepting (new
+//!   connections are refused), lets running responses finish within the
+//!   grace period, then ends the streams still running with the terminal
+//!   chunk (class `shutdown`) and `[DONE]` (the library's [`Shutdown`]
+//!   signal), and closes what is left after a short drain.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use http::header::{CONNECTION, HeaderValue};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinSet;
+use tower::ServiceBuilder;
+use tower_llm_failover::dialect::OpenAiChat;
+use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitLayer, ReadLimits, shed_response};
+use tower_llm_failover::shutdown::Shutdown;
+
+/// `[server]`: connection and request limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ServerConfig {
+    /// A request head (and the first byte of a connection, and the gap
+    /// between two requests on one connection) must arrive within this.
+    pub(crate) header_read_timeout_ms: u64,
+    /// A whole request body must arrive within this.
+    pub(crate) body_read_timeout_ms: u64,
+    /// After the grace period a body must average at least this (0: off).
+    pub(crate) body_min_bytes_per_second: u64,
+    pub(crate) body_min_rate_grace_ms: u64,
+    /// Open client connections; the next one is answered 503 and closed.
+    pub(crate) max_connections: usize,
+    /// Requests in flight (a stream until its end); the next is shed.
+    pub(crate) max_in_flight: usize,
+    /// The `retry-after` of a shed answer, in seconds.
+    pub(crate) shed_retry_after_s: u64,
+    /// After the grace period, how long the streams just ended get to
+    /// write their terminal chunk before their connections are closed.
+    pub(crate) shutdown_drain_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            body_min_bytes_per_second: 1024,
+            body_min_rate_grace_ms: 5_000,
+            max_connections: 4096,
+            max_in_flight: 1024,
+            shed_retry_after_s: 1,
+            shutdown_drain_ms: 2_000,
+        }
+    }
+}
+
+/// Over-cap connections answered 503 at once; beyond these they are closed
+/// without an answer, so a flood costs a bounded number of tasks.
+const MAX_SHED_CONNECTIONS: usize = 64;
+
+/// A gateway serving on a bound listener, stopped by `shutdown`.
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    streams: Shutdown,
+    drain: Duration,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting (new connections are refused) and waits up to
+    /// `grace` for running responses. Streams still running then end with
+    /// the terminal chunk (class `shutdown`) and `[DONE]`. Returns whether
+    /// every response finished within `grace`.
+    pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if tokio::time::timeout(grace, &mut self.task).await.is_ok() {
+            return true;
+        }
+        tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "shutdown grace period over; ending the running streams"
+        );
+        self.streams.end_streams();
+        if tokio::time::timeout(self.drain, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        false
+    }
+}
+
+/// Serves `router` on `listener` under `config`'s limits; `streams` is the
+/// signal the gateway's failover layers end their streams on.
+pub(crate) fn serve(
+    router: Router,
+    listener: TcpListener,
+    config: &ServerConfig,
+    streams: Shutdown,
+) -> Running {
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let header_timeout = Duration::from_millis(config.header_read_timeout_ms);
+    let retry_after = Duration::from_secs(config.shed_retry_after_s);
+    let mut limits = ReadLimits::new().timeout(Duration::from_millis(config.body_read_timeout_ms));
+    if config.body_min_bytes_per_second > 0 {
+        limits = limits.min_rate(
+            config.body_min_bytes_per_second,
+            Duration::from_millis(config.body_min_rate_grace_ms),
+        );
+    }
+    let service = ServiceBuilder::new()
+        .layer(InFlightLimitLayer::new(config.max_in_flight).retry_after(retry_after))
+        .layer(ReadLimitLayer::new(limits))
+        .service(router);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let shed = Arc::new(Semaphore::new(MAX_SHED_CONNECTIONS));
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let graceful = GracefulShutdown::new();
+        // Dropped with this task: a connection left after the drain is
+        // closed by the abort.
+        let mut tasks = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                accepted = listener.accept() => {
+                    let Ok((tcp, _peer)) = accepted else {
+                        // Out of fds, say: back off instead of spinning.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    // A stream is many small writes: without this, delayed
+                    // ACKs hold each one's tail for ~40 ms.
+                    let _ = tcp.set_nodelay(true);
+                    if let Ok(permit) = Arc::clone(&connections).try_acquire_owned() {
+                        tasks.spawn(connection(
+                            tcp,
+                            service.clone(),
+                            Arc::clone(&builder),
+                            graceful.watcher(),
+                            header_timeout,
+                            permit,
+                        ));
+                    } else if let Ok(permit) = Arc::clone(&shed).try_acquire_owned() {
+                        tracing::warn!("connection limit reached; connection answered 503");
+                        tasks.spawn(shed_connection(tcp, header_timeout, retry_after, permit));
+                    } else {
+                        drop(tcp);
+                    }
+                }
+            }
+        }
+        // New connections are refused from here on.
+        drop(listener);
+        let drained = async { while tasks.join_next().await.is_some() {} };
+        tokio::join!(graceful.shutdown(), drained);
+    });
+    Running {
+        addr,
+        stop: Some(stop),
+        streams,
+        drain: Duration::from_millis(config.shutdown_drain_ms),
+        task,
+    }
+}
+
+/// Waits for a connection's first byte (or its end) within `timeout`.
+async fn first_byte(tcp: &TcpStream, timeout: Duration) -> bool {
+    // `peek` waits for data; readiness alone can be reported spuriously.
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(timeout, tcp.peek(&mut byte)).await, Ok(Ok(n)) if n > 0)
+}
+
+async fn connection<S>(
+    tcp: TcpStream,
+    service: S,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    watcher: Watcher,
+    header_timeout: Duration,
+    permit: OwnedSemaphorePermit,
+) where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<tower_llm_failover::limit::InFlightBody<axum::body::Body>>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    // hyper-util's protocol sniffing waits for the first bytes without a
+    // limit of its own; hyper's header timer starts only after it.
+    if !first_byte(&tcp, header_timeout).await {
+        return;
+    }
+    let conn = builder
+        .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(service))
+        .into_owned();
+    if let Err(error) = watcher.watch(conn).await {
+        tracing::debug!(%error, "client connection ended with an error");
+    }
+    drop(permit);
+}
+
+/// Answers one request on a connection over the cap with 503 and closes it.
+async fn shed_connection(
+    tcp: TcpStream,
+    header_timeout: Duration,
+    retry_after: Duration,
+    permit: OwnedSemaphorePermit,
+) {
+    let budget = header_timeout.min(Duration::from_secs(5));
+    if !first_byte(&tcp, budget).await {
+        return;
+    }
+    let service = hyper::service::service_fn(move |_request| async move {
+        let mut response = shed_response(&OpenAiChat, retry_after);
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(budget)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(tcp), service);
+    let _ = tokio::time::timeout(budget * 2, conn).await;
+    drop(permit);
+}
+
+/// Resolves at SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

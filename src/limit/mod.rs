@@ -1,0 +1,108 @@
+//! Limits a slow or greedy client cannot get around: how long and how
+//! slowly a request body may be read, and how many requests run at once.
+//!
+//! - [`ReadLimitLayer`]: the request body must arrive within a total time
+//!   and at a minimum rate ([`ReadLimits`]); otherwise reading it fails with
+//!   a typed [`ReadLimitError`], so a trickled body cannot hold a task and
+//!   its buffer for ever.
+//! - [`InFlightLimitLayer`]: at most `max` requests in flight, a stream
+//!   counting until its body ends. Request `max + 1` is **shed at once**
+//!   with the dialect's 503 error and a `retry-after` header, never queued:
+//!   a queue without a bound is memory a client can fill, and a queue with
+//!   one only moves the wait to where the client cannot see it.
+//!
+//! Why not tower's `ConcurrencyLimit` + `LoadShed`: they release the slot
+//! when the response *future* resolves, which for a stream is when its
+//! head is sent, long before its last byte. Here the slot is held by the
+//! response body.
+//!
+//! Header-read timeouts and connection caps belong to the server that
+//! accepts connections (hyper's `header_read_timeout` with a timer, and a
+//! semaphore around accept); the gateway example shows both, answering the
+//! connection over its cap with [`shed_response`].
+
+mod body;
+mod layer;
+mod service;
+
+pub use body::{InFlightBody, ReadLimitBody, ReadLimitError};
+pub use layer::{InFlightLimitLayer, ReadLimitLayer};
+pub use service::{InFlightFuture, InFlightLimit, ReadLimit};
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use crate::classify::FailureClass;
+use crate::dialect::{Dialect, ErrorReply};
+
+/// How a request body must arrive (see [`ReadLimitLayer`]).
+///
+/// The minimum rate is cumulative: after the `grace` period, a body that has
+/// sent `n` bytes must go on by `grace + n / rate` after it started. A
+/// client that sends its first bytes fast and then one byte a minute is cut
+/// as soon as the average falls below the rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadLimits {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) min_bytes_per_second: Option<u64>,
+    pub(crate) grace: Duration,
+}
+
+impl ReadLimits {
+    /// No limits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The whole body must be read within `timeout` of the first poll.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// After `grace`, the body must average at least `bytes_per_second`.
+    /// Zero turns the rate check off.
+    pub fn min_rate(mut self, bytes_per_second: u64, grace: Duration) -> Self {
+        self.min_bytes_per_second = (bytes_per_second > 0).then_some(bytes_per_second);
+        self.grace = grace;
+        self
+    }
+
+    /// Whether any limit is set.
+    pub fn is_limited(&self) -> bool {
+        self.timeout.is_some() || self.min_bytes_per_second.is_some()
+    }
+}
+
+/// The answer to a request shed by a limit: `503` (or what the dialect's
+/// clients expect for overload, see `Dialect::error_status`), the dialect's error body
+/// (class `overloaded`, code `overloaded`) and `retry-after` in whole
+/// seconds (at least 1).
+pub fn shed_response<D: Dialect>(dialect: &D, retry_after: Duration) -> Response<Full<Bytes>> {
+    shed_answer(dialect, retry_after).map(Full::new)
+}
+
+/// [`shed_response`] with its body as bytes.
+pub(crate) fn shed_answer<D: Dialect>(dialect: &D, retry_after: Duration) -> Response<Bytes> {
+    let reply = ErrorReply::new(
+        FailureClass::Overloaded,
+        "the gateway is at its limit of concurrent requests; retry later",
+    )
+    .code("overloaded");
+    let mut response = Response::new(dialect.error_body(&reply));
+    *response.status_mut() =
+        dialect.error_status(FailureClass::Overloaded, StatusCode::SERVICE_UNAVAILABLE);
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(dialect.error_content_type()),
+    );
+    response
+}

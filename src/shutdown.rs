@@ -1,0 +1,60 @@
+//! Ending running streams when the gateway stops.
+//!
+//! A graceful shutdown stops accepting and lets running streams finish
+//! within a grace period. A stream still running when the grace period ends
+//! must not be cut mid-body (the client would see a broken answer and blame
+//! the network): [`Shutdown::end_streams`] ends every stream inspected with
+//! the signal the way any post-commit failure ends, with the dialect's
+//! terminal event (class [`Shutdown`](crate::classify::FailureClass::Shutdown))
+//! and end marker. A stream still held back before its commit point fails
+//! its attempt with the same class, which never reroutes, so the client
+//! gets a clean error before any output.
+//!
+//! The signal is dialect-generic: give one to
+//! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)
+//! or [`StreamStateLayer::shutdown`](crate::stream::StreamStateLayer::shutdown)
+//! and call [`end_streams`](Shutdown::end_streams) when the grace period
+//! is over; then give the connections a moment to write the terminal event
+//! before dropping them.
+//!
+//! ```
+//! use tower_llm_failover::shutdown::Shutdown;
+//!
+//! let shutdown = Shutdown::new();
+//! let seen_by_streams = shutdown.clone();
+//! assert!(!seen_by_streams.is_ending());
+//! shutdown.end_streams();
+//! assert!(seen_by_streams.is_ending());
+//! ```
+
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// A signal, shared by clones, that ends every running stream cleanly (see
+/// the [module docs](self)).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    token: CancellationToken,
+}
+
+impl Shutdown {
+    /// A signal that has not fired.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ends every stream inspected with this signal (or a clone) with the
+    /// terminal event, now and from now on. Idempotent.
+    pub fn end_streams(&self) {
+        self.token.cancel();
+    }
+
+    /// Whether [`end_streams`](Self::end_streams) was called.
+    pub fn is_ending(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Resolves once [`end_streams`](Self::end_streams) is called.
+    pub(crate) fn ending(&self) -> WaitForCancellationFutureOwned {
+        self.token.clone().cancelled_owned()
+    }
+}

@@ -1,0 +1,444 @@
+//! Connection and request limits: the library's layers (paused time) and
+//! the gateway example served through hyper-util with a timer (loopback,
+//! raw sockets). No assertion reads the wall clock: each checks what the
+//! client received, or that the server acted before the client finished.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+#[path = "../examples/gateway/app.rs"]
+mod app;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitError, ReadLimitLayer, ReadLimits};
+use tower_llm_failover::testing::upstream::FakeUpstream;
+
+// ---------------------------------------------------------------- library
+
+type Frames = tokio::sync::mpsc::Receiver<Result<http_body::Frame<Bytes>, Infallible>>;
+
+fn channel_body() -> (
+    tokio::sync::mpsc::Sender<Result<http_body::Frame<Bytes>, Infallible>>,
+    StreamBody<tokio_stream_shim::Stream>,
+) {
+    let (tx, rx): (_, Frames) = tokio::sync::mpsc::channel(16);
+    (tx, StreamBody::new(tokio_stream_shim::Stream(rx)))
+}
+
+/// A `Stream` over an mpsc receiver, without another dependency.
+mod tokio_stream_shim {
+    use super::*;
+    pub struct Stream(pub Frames);
+    impl futures_core::Stream for Stream {
+        type Item = Result<http_body::Frame<Bytes>, Infallible>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx)
+        }
+    }
+}
+
+/// A service that reads the whole request body and says how it went.
+async fn read_body<B>(request: Request<B>) -> Result<Response<Full<Bytes>>, Infallible>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let text = match request.into_body().collect().await {
+        Ok(bytes) => format!("read {}", bytes.to_bytes().len()),
+        Err(error) => {
+            let error: Box<dyn std::error::Error + Send + Sync> = error.into();
+            match ReadLimitError::find_in(error.as_ref()) {
+                Some(ReadLimitError::Timeout(_)) => "timeout".to_owned(),
+                Some(ReadLimitError::TooSlow(_)) => "too slow".to_owned(),
+                _ => format!("other: {error}"),
+            }
+        }
+    };
+    Ok(Response::new(Full::new(Bytes::from(text))))
+}
+
+async fn answer_text(response: Response<Full<Bytes>>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_is_not_complete_within_the_read_timeout_fails() {
+    let service = ServiceBuilder::new()
+        .layer(ReadLimitLayer::new(
+            ReadLimits::new().timeout(Duration::from_secs(5)),
+        ))
+        .service_fn(read_body);
+    let (tx, body) = channel_body();
+    let call = tokio::spawn(service.oneshot(Request::new(body)));
+    // A byte a second: 10 bytes would take 10 s, the limit is 5 s.
+    for _ in 0..10 {
+        if tx
+            .send(Ok(http_body::Frame::data(Bytes::from_static(b"x"))))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let text = answer_text(call.await.unwrap().unwrap()).await;
+    assert_eq!(text, "timeout");
+    // The reader stopped before the sender finished: the receiver is gone.
+    assert!(tx.is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_below_the_minimum_rate_fails_after_the_grace_period() {
+    let service = ServiceBuilder::new()
+        .layer(ReadLimitLayer::new(
+            ReadLimits::new().min_rate(100, Duration::from_secs(2)),
+        ))
+        .service_fn(read_body);
+    let (tx, body) = channel_body();
+    let call = tokio::spawn(service.oneshot(Request::new(body)));
+    // A fast start (500 bytes: 5 s of credit at 100 B/s), then a trickle
+    // of 10 B/s: the average falls below 100 B/s.
+    tx.send(Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 500]))))
+        .await
+        .unwrap();
+    let mut sent = 500;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if tx
+            .send(Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 10]))))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        sent += 10;
+    }
+    let text = answer_text(call.await.unwrap().unwrap()).await;
+    assert_eq!(text, "too slow");
+    assert!(
+        sent < 600,
+        "cut while the credit of the fast start ran out: {sent}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_at_the_minimum_rate_is_read_whole() {
+    let service = ServiceBuilder::new()
+        .layer(ReadLimitLayer::new(
+            ReadLimits::new()
+                .timeout(Duration::from_secs(60))
+                .min_rate(100, Duration::from_secs(1)),
+        ))
+        .service_fn(read_body);
+    let (tx, body) = channel_body();
+    let call = tokio::spawn(service.oneshot(Request::new(body)));
+    for _ in 0..20 {
+        tx.send(Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 150]))))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    drop(tx);
+    let text = answer_text(call.await.unwrap().unwrap()).await;
+    assert_eq!(text, "read 3000");
+}
+
+#[tokio::test]
+async fn the_request_over_the_in_flight_limit_is_shed_at_once_and_a_finished_stream_frees_its_slot()
+{
+    // Each answer's body stays open until its sender is dropped.
+    let (senders_tx, mut senders_rx) = tokio::sync::mpsc::unbounded_channel();
+    let inner = tower::service_fn(move |_request: Request<Full<Bytes>>| {
+        let (tx, body) = channel_body();
+        senders_tx.send(tx).unwrap();
+        async move { Ok::<_, Infallible>(Response::new(body)) }
+    });
+    let limit = InFlightLimitLayer::new(2).retry_after(Duration::from_millis(1500));
+    let mut service = ServiceBuilder::new().layer(limit.clone()).service(inner);
+
+    let first = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::default()))
+        .await
+        .unwrap();
+    let second = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::default()))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(second.status(), 200);
+    assert_eq!(limit.in_flight(), 2);
+
+    // The third is answered at once (no waiting on the open streams).
+    let third = tokio::time::timeout(
+        Duration::from_secs(10),
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(Full::default())),
+    )
+    .await
+    .expect("a shed request does not wait")
+    .unwrap();
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(third.headers()["retry-after"], "2");
+    assert_eq!(third.headers()["content-type"], "application/json");
+    let body = third.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "overloaded", "{json}");
+
+    // The first stream ends: its slot is free for the next request.
+    let first_sender = senders_rx.recv().await.unwrap();
+    drop(first_sender);
+    let collected = first.into_body().collect().await.unwrap().to_bytes();
+    assert!(collected.is_empty());
+    assert_eq!(limit.in_flight(), 1);
+    let fourth = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::default()))
+        .await
+        .unwrap();
+    assert_eq!(fourth.status(), 200);
+    // A dropped body frees its slot too.
+    drop(second);
+    drop(fourth);
+    assert_eq!(limit.in_flight(), 0);
+}
+
+// ---------------------------------------------------------------- gateway
+
+async fn gateway(server: &str, upstream: &FakeUpstream) -> app::Running {
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[budget]
+deadline_ms = 20000
+first_token_timeout_ms = 5000
+idle_timeout_ms = 5000
+
+[failover]
+shutdown_grace_ms = 1000
+
+[server]
+{server}
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+"#,
+        upstream.base_url()
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    app::serve(gateway, listener)
+}
+
+/// Reads until the server closes the connection (bounded); what it sent.
+async fn read_to_close(tcp: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn chat_request(body: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 200", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let got = read_to_close(&mut tcp).await;
+    assert_eq!(got, "", "closed without an answer");
+}
+
+#[tokio::test]
+async fn headers_trickled_slowly_are_cut_at_the_header_timeout() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let request = chat_request(CHAT);
+    let head_len = request.find("\r\n\r\n").unwrap();
+    // One byte every 50 ms: the head would take seconds; the server must
+    // close the connection before it is complete.
+    let mut sent = 0;
+    for byte in request.as_bytes()[..head_len].iter() {
+        if tcp.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut probe = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => break, // an error answer (408) counts as cut too
+            Err(_) => {}
+        }
+    }
+    assert!(
+        sent < head_len,
+        "the connection was cut before the head was complete ({sent} of {head_len} bytes)"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    // The answer comes, then the connection idles and is closed.
+    let got = read_to_close(&mut tcp).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.contains("\"ok\""), "{got}");
+}
+
+#[tokio::test]
+async fn a_trickled_body_is_cut_with_408() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway(
+        "body_read_timeout_ms = 300\nbody_min_bytes_per_second = 0",
+        &upstream,
+    )
+    .await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let request = chat_request(CHAT);
+    let head_len = request.find("\r\n\r\n").unwrap() + 4;
+    tcp.write_all(&request.as_bytes()[..head_len])
+        .await
+        .unwrap();
+    let body = &request.as_bytes()[head_len..];
+    let mut sent = 0;
+    let mut answer = Vec::new();
+    for byte in body {
+        if tcp.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut probe = [0u8; 4096];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await
+        {
+            answer.extend_from_slice(&probe[..n]);
+            break;
+        }
+    }
+    answer.extend_from_slice(read_to_close(&mut tcp).await.as_bytes());
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(sent < body.len(), "cut before the body was complete");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_body_timeout"), "{answer}");
+    assert_eq!(upstream.attempts(), 0);
+}
+
+/// Sends a streamed chat request and reads its head (the stream stays open).
+async fn open_stream(addr: std::net::SocketAddr) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(chat_request(CHAT).as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut byte))
+            .await
+            .expect("the stream's head arrives")
+            .unwrap();
+        assert_eq!(n, 1, "the stream's head arrives");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    tcp
+}
+
+#[tokio::test]
+async fn the_request_over_the_in_flight_cap_is_shed_with_503_and_retry_after() {
+    // A slow upstream: 40 tokens, 100 ms apart.
+    let upstream = FakeUpstream::builder("primary")
+        .tokens(40)
+        .pace(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    let gw = gateway("max_in_flight = 1\nshed_retry_after_s = 3", &upstream).await;
+    let stream = open_stream(gw.addr).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(chat_request(CHAT).as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+        .await
+        .expect("the shed answer comes at once")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 3"), "{answer}");
+    assert!(answer.contains("\"overloaded\""), "{answer}");
+    // Only the first request reached the upstream.
+    assert_eq!(upstream.attempts(), 1);
+    drop(stream);
+}
+
+#[tokio::test]
+async fn the_connection_over_the_cap_is_answered_503_and_closed() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("max_connections = 1", &upstream).await;
+    // The first connection is held open (keep-alive after one answer).
+    let mut first = TcpStream::connect(gw.addr).await.unwrap();
+    first
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = first.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // The second is over the cap.
+    let mut second = TcpStream::connect(gw.addr).await.unwrap();
+    second
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_to_close(&mut second).await.to_lowercase();
+    assert!(answer.starts_with("http/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("\"overloaded\""), "{answer}");
+    // The first connection still works.
+    first
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let n = first.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}
