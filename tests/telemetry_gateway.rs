@@ -369,6 +369,11 @@ targets = [
         Some(3.0),
         "{text}"
     );
+    // The default budget: a reserve of 10/s for 10 s (100 extra attempts),
+    // plus a fifth per first attempt, less the two hops (deposits may
+    // have expired by the scrape, never the reserve).
+    let level = sample(&text, "failover_retry_budget_level", &[]).expect(&text);
+    assert!((98.0..=100.0).contains(&level), "{level}: {text}");
     // Convention histograms (summaries without configured buckets).
     assert_eq!(
         sample(

@@ -38,8 +38,12 @@
 //! | [`metric::COOLDOWNS`] | counter | `failover.scope` (`account`, `model`), `gen_ai.provider.name` |
 //! | [`metric::HEALTH_STATE`] | gauge, 1 for the key's state, 0 for the others | `gen_ai.provider.name`, `gen_ai.request.model` (`*` for an account key), `failover.scope`, `failover.state` |
 //! | [`metric::RETRY_BUDGET_DEPOSITS`], [`metric::RETRY_BUDGET_WITHDRAWALS`] | counter | `failover.result` (`granted`, `refused`) on withdrawals |
+//! | [`metric::RETRY_BUDGET_LEVEL`] | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`], e.g. the Redis one, cannot say: no gauge) | none |
 //! | [`metric::BYTES_FLUSHED_BEFORE_FAILURE`] (By) | histogram | `failover.phase`, `failover.target` |
 //! | [`metric::ATTEMPTS_PER_TURN`] | histogram | `failover.outcome` |
+//! | [`metric::ACTIONS`] (feature `actions`) | counter: every tool-action state change | `failover.action.state` (entered: `running`, `succeeded`, `failed`, `unknown`), `failover.action.cause` (`claim`, `complete`, `fail`, `effect_error`, `timeout`, `dropped`, `reconcile`) |
+//! | [`metric::ACTION_REPLAYS`] | counter: calls answered from the record, effect not run | `failover.action.state` (`succeeded`, `failed`) |
+//! | [`metric::ACTION_RECONCILIATIONS`] | counter | `failover.action.answer` (`succeeded`, `not_applied`, `still_unknown`, `error`) |
 //!
 //! The model is left out of attempt metrics' labels (target and provider
 //! names are the operator's, a model may be the client's); health gauges
@@ -128,6 +132,16 @@ pub mod attr {
     pub const FAILOVER_STATE: &str = "failover.state";
     /// A retry-budget withdrawal's result.
     pub const FAILOVER_RESULT: &str = "failover.result";
+    /// The state a tool action entered (`running`, `succeeded`, `failed`,
+    /// `unknown`), or was found in when answered from the store.
+    pub const FAILOVER_ACTION_STATE: &str = "failover.action.state";
+    /// What moved a tool action: `claim` (started, or a lapsed lease
+    /// turned unknown), `complete`, `fail`, `effect_error`, `timeout`,
+    /// `dropped`, `reconcile`.
+    pub const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
+    /// A reconciler's answer: `succeeded`, `not_applied`, `still_unknown`,
+    /// `error`.
+    pub const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
 }
 
 /// Metric names.
@@ -154,11 +168,21 @@ pub mod metric {
     pub const RETRY_BUDGET_DEPOSITS: &str = "failover.retry_budget.deposits";
     /// Counter: extra attempts asked of the retry budget, by result.
     pub const RETRY_BUDGET_WITHDRAWALS: &str = "failover.retry_budget.withdrawals";
+    /// Gauge: extra attempts the retry budget would grant now.
+    pub const RETRY_BUDGET_LEVEL: &str = "failover.retry_budget.level";
     /// Histogram: bytes of an attempt flushed to the client before it
     /// failed (0 before commit).
     pub const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
     /// Histogram: attempts a turn made.
     pub const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
+    /// Counter: tool-action state changes, by the state entered and the
+    /// cause.
+    pub const ACTIONS: &str = "failover.actions";
+    /// Counter: tool-action calls answered from the store's record
+    /// (a stored result or final error replayed, the effect not run).
+    pub const ACTION_REPLAYS: &str = "failover.action.replays";
+    /// Counter: reconciler answers about actions in state unknown.
+    pub const ACTION_RECONCILIATIONS: &str = "failover.action.reconciliations";
 }
 
 /// Describes every metric (units and help text) to the installed
@@ -203,6 +227,10 @@ pub fn describe_metrics() {
         metric::RETRY_BUDGET_WITHDRAWALS,
         "Extra attempts asked of the retry budget, by result."
     );
+    metrics::describe_gauge!(
+        metric::RETRY_BUDGET_LEVEL,
+        "Extra attempts the retry budget would grant now."
+    );
     metrics::describe_histogram!(
         metric::BYTES_FLUSHED_BEFORE_FAILURE,
         Unit::Bytes,
@@ -212,6 +240,18 @@ pub fn describe_metrics() {
         metric::ATTEMPTS_PER_TURN,
         Unit::Count,
         "Upstream attempts per turn."
+    );
+    metrics::describe_counter!(
+        metric::ACTIONS,
+        "Tool-action state changes, by the state entered and the cause."
+    );
+    metrics::describe_counter!(
+        metric::ACTION_REPLAYS,
+        "Tool-action calls answered from the stored record, by state."
+    );
+    metrics::describe_counter!(
+        metric::ACTION_RECONCILIATIONS,
+        "Reconciler answers about unknown tool actions."
     );
 }
 
@@ -246,8 +286,13 @@ pub fn record_health(store: &dyn HealthStore) {
 }
 
 /// Sets the retry budget's counters ([`metric::RETRY_BUDGET_DEPOSITS`],
-/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far.
+/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far, and
+/// [`metric::RETRY_BUDGET_LEVEL`] to its level when it can say
+/// ([`RetryBudget::level`]).
 pub fn record_retry_budget(budget: &RetryBudget) {
+    if let Some(level) = budget.level() {
+        metrics::gauge!(metric::RETRY_BUDGET_LEVEL).set(level);
+    }
     let stats = budget.stats();
     metrics::counter!(metric::RETRY_BUDGET_DEPOSITS).absolute(stats.deposits);
     metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "granted")
