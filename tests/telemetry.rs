@@ -421,34 +421,45 @@ async fn a_provider_key_echoed_in_an_error_appears_nowhere() {
     }
 }
 
-/// The last value a snapshot took of the gauge `name` (no labels).
-fn gauge(name: &str) -> Option<f64> {
-    metrics_so_far()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == name)
-        .next_back()
-        .map(|(_, _, text)| {
-            let number = text
-                .trim_start_matches("Gauge(OrderedFloat(")
-                .trim_end_matches("))");
-            number.parse().unwrap_or_else(|_| panic!("{text}"))
-        })
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_retry_budget_level_is_a_gauge() {
     use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig};
     use tower_llm_failover::telemetry::record_retry_budget;
-    globals();
+    // Recorded synchronously: a recorder of this test's own (a snapshot of
+    // the global one, taken by a test in parallel, resets values).
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let level = |budget: &RetryBudget| {
+        metrics::with_local_recorder(&recorder, || record_retry_budget(budget));
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| key.key().name() == metric::RETRY_BUDGET_LEVEL)
+            .map(|(.., value)| match value {
+                DebugValue::Gauge(level) => level.into_inner(),
+                other => panic!("{other:?}"),
+            })
+    };
     // 50 %: two first attempts earn one extra attempt; no reserve.
     let budget =
         RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
     for _ in 0..5 {
         budget.deposit();
     }
-    record_retry_budget(&budget);
-    assert_eq!(gauge(metric::RETRY_BUDGET_LEVEL), Some(2.5));
+    assert_eq!(level(&budget), Some(2.5));
     assert!(budget.withdraw() && budget.withdraw());
-    record_retry_budget(&budget);
-    assert_eq!(gauge(metric::RETRY_BUDGET_LEVEL), Some(0.5));
+    assert_eq!(level(&budget), Some(0.5));
+    // A budget that cannot say its level sets no gauge.
+    let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
+    let fresh = DebuggingRecorder::new();
+    metrics::with_local_recorder(&fresh, || record_retry_budget(&other));
+    assert!(
+        fresh
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .iter()
+            .all(|(key, ..)| key.key().name() != metric::RETRY_BUDGET_LEVEL)
+    );
 }

@@ -488,9 +488,9 @@ targets = [
         string(turn, "failover.outcome").as_deref(),
         Some("after_hop")
     );
-    // The client's model is known only once the request is read: it is an
-    // attribute of the turn span, whose exported name stays `chat`.
-    assert_eq!(turn.name, "chat");
+    // The conventions' name, with the client's model: the turn span
+    // starts once the request is read.
+    assert_eq!(turn.name, "chat demo-failover");
     assert_eq!(
         string(turn, "gen_ai.request.model").as_deref(),
         Some("demo-failover")

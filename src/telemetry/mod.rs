@@ -16,9 +16,9 @@
 //!
 //! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
 //! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
-//! The turn's model is known only once the request is read, after the span
-//! starts: `tracing-opentelemetry` exports the turn span as `chat`, with the
-//! model in `gen_ai.request.model`.
+//! The turn span starts once the request is read (reading it is not an
+//! operation on a model), so its name carries the client's model from the
+//! start; a request that cannot be read leaves a turn span named `chat`.
 //! A committed stream's attempt span (and its turn's) stays open until the
 //! stream ends, so its figures are the final ones; an attempt that is
 //! retried or rerouted ends when the next attempt begins, the moment its
@@ -321,15 +321,23 @@ pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
     .increment(1);
 }
 
-/// The span of a turn. Fields known later are recorded by [`turn_model`]
-/// and [`turn_ended`].
-pub(crate) fn turn_span(run_id: &str) -> tracing::Span {
+/// The span of a turn, started once the request is read: `model` is the
+/// client's (`None` when the request could not be read; the span is then
+/// named `chat`). Fields known later are recorded by [`turn_ended`].
+pub(crate) fn turn_span(run_id: &str, model: Option<&str>) -> tracing::Span {
+    let model = model.map(|m| crate::record::log_safe(m).to_string());
+    // Named at creation: an OpenTelemetry bridge fixes a span's name when
+    // it starts it, on first entry.
+    let name = match &model {
+        Some(model) => format!("{} {model}", span::OPERATION_CHAT),
+        None => span::OPERATION_CHAT.to_owned(),
+    };
     tracing::info_span!(
         target: "tower_llm_failover::turn",
         span::TURN,
-        { attr::OTEL_NAME } = span::OPERATION_CHAT,
+        { attr::OTEL_NAME } = %name,
         { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
-        { attr::GEN_AI_REQUEST_MODEL } = tracing::field::Empty,
+        { attr::GEN_AI_REQUEST_MODEL } = model.as_deref(),
         { attr::GEN_AI_PROVIDER_NAME } = tracing::field::Empty,
         { attr::FAILOVER_RUN_ID } = %crate::record::log_safe(run_id),
         { attr::FAILOVER_ATTEMPTS } = tracing::field::Empty,
@@ -488,17 +496,6 @@ pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>) {
         attr::FAILOVER_OUTCOME => facts.outcome.as_str(),
     )
     .record(facts.attempts as f64);
-}
-
-/// The client's model, once the request is read (escaped: it is the
-/// client's).
-pub(crate) fn turn_model(span: &tracing::Span, model: &str) {
-    let model = crate::record::log_safe(model).to_string();
-    span.record(
-        attr::OTEL_NAME,
-        format_args!("{} {model}", span::OPERATION_CHAT).to_string(),
-    );
-    span.record(attr::GEN_AI_REQUEST_MODEL, model);
 }
 
 /// A count as a span field: `i64`, which OpenTelemetry exports as an
