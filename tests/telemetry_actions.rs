@@ -163,8 +163,13 @@ fn actions_are_counted_by_state_including_unknown_and_reconciled() {
     let replays = |s: &str| get(&c, metric::ACTION_REPLAYS, &[(state, s)]);
     assert_eq!(replays("succeeded"), 1, "{c:#?}");
     assert_eq!(replays("failed"), 1, "{c:#?}");
-    let answers =
-        |a: &str| get(&c, metric::ACTION_RECONCILIATIONS, &[(attr::FAILOVER_ACTION_ANSWER, a)]);
+    let answers = |a: &str| {
+        get(
+            &c,
+            metric::ACTION_RECONCILIATIONS,
+            &[(attr::FAILOVER_ACTION_ANSWER, a)],
+        )
+    };
     assert_eq!(answers("succeeded"), 1, "{c:#?}");
     assert_eq!(answers("not_applied"), 1, "{c:#?}");
     assert_eq!(answers("error"), 1, "{c:#?}");
