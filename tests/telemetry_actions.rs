@@ -75,7 +75,9 @@ async fn submit(executor: &mut Executor, id: &str) -> Result<Value, ActionError>
 }
 
 /// Counter values by (name, sorted labels).
-fn counters(recorder: &DebuggingRecorder) -> HashMap<(String, Vec<(String, String)>), u64> {
+type Counters = HashMap<(String, Vec<(String, String)>), u64>;
+
+fn counters(recorder: &DebuggingRecorder) -> Counters {
     recorder
         .snapshotter()
         .snapshot()
@@ -96,11 +98,7 @@ fn counters(recorder: &DebuggingRecorder) -> HashMap<(String, Vec<(String, Strin
         .collect()
 }
 
-fn get(
-    counters: &HashMap<(String, Vec<(String, String)>), u64>,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> u64 {
+fn get(counters: &Counters, name: &str, labels: &[(&str, &str)]) -> u64 {
     let mut labels: Vec<(String, String)> = labels
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

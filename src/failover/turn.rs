@@ -70,6 +70,10 @@ where
     response
 }
 
+/// A request as read: what it requires and the dialect's parse, or the
+/// answer refusing it.
+type Read<D, B> = Result<(Requirements, <D as Dialect>::Request), Response<FailoverBody<B, D>>>;
+
 /// Concludes a turn dropped before it answered.
 struct Unanswered<'a>(&'a RunRecord);
 
@@ -84,7 +88,7 @@ impl Drop for Unanswered<'_> {
 async fn answer<S, D, ResBody>(
     shared: &Arc<Shared<S, D>>,
     parts: http::request::Parts,
-    parsed: Result<(Requirements, D::Request), Response<FailoverBody<ResBody, D>>>,
+    parsed: Read<D, ResBody>,
     budget: &TurnBudget,
     run: &RunRecord,
 ) -> Response<FailoverBody<ResBody, D>>
@@ -125,10 +129,7 @@ where
 
 /// Reads the request body once, with a cap, and has the dialect parse it
 /// once.
-async fn read<S, D, ReqBody, ResBody>(
-    shared: &Shared<S, D>,
-    body: ReqBody,
-) -> Result<(Requirements, D::Request), Response<FailoverBody<ResBody, D>>>
+async fn read<S, D, ReqBody, ResBody>(shared: &Shared<S, D>, body: ReqBody) -> Read<D, ResBody>
 where
     D: Dialect,
     ReqBody: Body,
