@@ -420,3 +420,107 @@ async fn a_provider_key_echoed_in_an_error_appears_nowhere() {
         assert!(!text.contains("TOPSECRET"), "the key leaked into {what}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_budget_level_is_a_gauge() {
+    use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig};
+    use tower_llm_failover::telemetry::record_retry_budget;
+    // Recorded synchronously: a recorder of this test's own (a snapshot of
+    // the global one, taken by a test in parallel, resets values).
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let level = |budget: &RetryBudget| {
+        metrics::with_local_recorder(&recorder, || record_retry_budget(budget));
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| key.key().name() == metric::RETRY_BUDGET_LEVEL)
+            .map(|(.., value)| match value {
+                DebugValue::Gauge(level) => level.into_inner(),
+                other => panic!("{other:?}"),
+            })
+    };
+    // 50 %: two first attempts earn one extra attempt; no reserve.
+    let budget =
+        RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
+    for _ in 0..5 {
+        budget.deposit();
+    }
+    assert_eq!(level(&budget), Some(2.5));
+    assert!(budget.withdraw() && budget.withdraw());
+    assert_eq!(level(&budget), Some(0.5));
+    // A budget that cannot say its level sets no gauge.
+    let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
+    let fresh = DebuggingRecorder::new();
+    metrics::with_local_recorder(&fresh, || record_retry_budget(&other));
+    assert!(
+        fresh
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .iter()
+            .all(|(key, ..)| key.key().name() != metric::RETRY_BUDGET_LEVEL)
+    );
+}
+
+/// A whole answer's id and finish reason land on its attempt span and in
+/// its record, in either dialect.
+#[tokio::test(start_paused = true)]
+async fn whole_answers_record_their_id_and_finish_reason() {
+    use tower_llm_failover::dialect::AnthropicMessages;
+    globals();
+    // OpenAI chat: the first choice's finish reason.
+    let provider = FakeProvider::new("whole-openai").always(Reply::status(
+        200,
+        r#"{"id":"chatcmpl-whole-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"length"},{"index":1,"message":{"role":"assistant","content":"ho"},"finish_reason":"stop"}]}"#,
+    ));
+    let failover = Failover::builder()
+        .target(Target::new("whole-openai", provider))
+        .build();
+    let response = failover
+        .oneshot(chat(false, "whole-openai-turn"))
+        .await
+        .unwrap();
+    let (run, body) = read(response).await;
+    assert!(body.contains("chatcmpl-whole-1"), "{body}");
+    let record = &run.attempts()[0];
+    assert_eq!(record.response_id.as_deref(), Some("chatcmpl-whole-1"));
+    assert_eq!(record.finish_reason.as_deref(), Some("length"));
+    let (_, attempts) = spans_of("whole-openai-turn");
+    let f = &attempts[0].fields;
+    assert_eq!(f[attr::GEN_AI_RESPONSE_ID], "chatcmpl-whole-1");
+    assert_eq!(f[attr::GEN_AI_RESPONSE_FINISH_REASONS], "length");
+    assert_eq!(f[attr::FAILOVER_DECISION], "committed");
+
+    // Anthropic Messages: the stop reason.
+    let provider = FakeProvider::new("whole-messages").always(Reply::status(
+        200,
+        r#"{"id":"msg_whole_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":1}}"#,
+    ));
+    let failover = Failover::builder()
+        .target(Target::new("whole-messages", provider))
+        .dialect(AnthropicMessages)
+        .build();
+    let mut request = Request::post("/v1/messages")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"claude-x","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(TurnLimits::new().start_with_run_id("whole-messages-turn".into()));
+    let response = failover.oneshot(request).await.unwrap();
+    let (run, body) = read(response).await;
+    assert!(body.contains("msg_whole_1"), "{body}");
+    assert_eq!(
+        run.attempts()[0].response_id.as_deref(),
+        Some("msg_whole_1")
+    );
+    let (turn, attempts) = spans_of("whole-messages-turn");
+    assert_eq!(turn.fields[attr::OTEL_NAME], "chat claude-x");
+    let f = &attempts[0].fields;
+    assert_eq!(f[attr::GEN_AI_RESPONSE_ID], "msg_whole_1");
+    assert_eq!(f[attr::GEN_AI_RESPONSE_FINISH_REASONS], "max_tokens");
+    assert_eq!(f[attr::GEN_AI_RESPONSE_MODEL], "claude-x");
+}

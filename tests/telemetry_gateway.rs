@@ -369,6 +369,11 @@ targets = [
         Some(3.0),
         "{text}"
     );
+    // The default budget: a reserve of 10/s for 10 s (100 extra attempts),
+    // plus a fifth per first attempt, less the two hops (deposits may
+    // have expired by the scrape, never the reserve).
+    let level = sample(&text, "failover_retry_budget_level", &[]).expect(&text);
+    assert!((98.0..=100.0).contains(&level), "{level}: {text}");
     // Convention histograms (summaries without configured buckets).
     assert_eq!(
         sample(
@@ -483,9 +488,9 @@ targets = [
         string(turn, "failover.outcome").as_deref(),
         Some("after_hop")
     );
-    // The client's model is known only once the request is read: it is an
-    // attribute of the turn span, whose exported name stays `chat`.
-    assert_eq!(turn.name, "chat");
+    // The conventions' name, with the client's model: the turn span
+    // starts once the request is read.
+    assert_eq!(turn.name, "chat demo-failover");
     assert_eq!(
         string(turn, "gen_ai.request.model").as_deref(),
         Some("demo-failover")

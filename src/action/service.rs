@@ -15,6 +15,8 @@ use super::layer::{ActionExecutorLayer, Config};
 use super::reconcile::Reconciliation;
 use super::state::{RunToken, StoredError, Transition};
 use super::store::{ActionStore, BoxError, Claim, ClaimRequest, Claimed};
+// Names only: `telemetry`'s name modules are constants and import nothing.
+use crate::telemetry::{attr, metric};
 
 /// How many times one call may consult the reconciler: a second unknown
 /// after a resolution means another caller's run is unknown too; stop there.
@@ -130,8 +132,16 @@ where
             Claim::Acquired { run } => {
                 return run_effect(&config, inner, &classify, call, &request, run).await;
             }
-            Claim::Succeeded { result } => return Ok(result),
+            Claim::Succeeded { result } => {
+                if claimed.transition.is_none() {
+                    count_replay("succeeded");
+                }
+                return Ok(result);
+            }
             Claim::Failed { error } => {
+                if claimed.transition.is_none() {
+                    count_replay("failed");
+                }
                 return Err(ActionError::Failed {
                     action_id: request.action_id,
                     error,
@@ -163,14 +173,17 @@ where
                     ));
                 }
                 reconciliations += 1;
-                let answer =
-                    reconciler
-                        .reconcile(&call)
-                        .await
-                        .map_err(|source| ActionError::Reconcile {
-                            action_id: request.action_id.clone(),
+                let answer = match reconciler.reconcile(&call).await {
+                    Ok(answer) => answer,
+                    Err(source) => {
+                        count_reconciliation("error");
+                        return Err(ActionError::Reconcile {
+                            action_id: request.action_id,
                             source,
-                        })?;
+                        });
+                    }
+                };
+                count_reconciliation(reconciliation_name(&answer));
                 tracing::info!(
                     action_id = %Escaped(request.action_id.as_str()),
                     attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
@@ -330,6 +343,25 @@ fn trace_transition(request: &ClaimRequest, transition: &Transition, cause: &'st
         cause,
         "action transition"
     );
+    metrics::counter!(
+        metric::ACTIONS,
+        attr::FAILOVER_ACTION_STATE => transition.after.as_str(),
+        attr::FAILOVER_ACTION_CAUSE => cause,
+    )
+    .increment(1);
+}
+
+/// A call answered from the stored record, the effect not run.
+fn count_replay(state: &'static str) {
+    metrics::counter!(metric::ACTION_REPLAYS, attr::FAILOVER_ACTION_STATE => state).increment(1);
+}
+
+fn count_reconciliation(answer: &'static str) {
+    metrics::counter!(
+        metric::ACTION_RECONCILIATIONS,
+        attr::FAILOVER_ACTION_ANSWER => answer,
+    )
+    .increment(1);
 }
 
 fn report(
@@ -392,7 +424,7 @@ impl Drop for RunGuard {
 /// line: control characters, quotes and backslashes escaped as
 /// [`char::escape_debug`] does, so it cannot forge a line. (The same rule
 /// as `record::log_safe`; kept here, since `action` imports nothing of the
-/// rest of the crate.)
+/// rest of the crate but the telemetry names.)
 struct Escaped<'a>(&'a str);
 
 impl std::fmt::Display for Escaped<'_> {

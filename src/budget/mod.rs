@@ -22,8 +22,9 @@
 //!   [`TurnBudget::wait_fits`] refuse a wait that would end past the deadline.
 //! - **Tenant spend** over a day or a month ([`TenantSpend`] over a
 //!   [`SpendStore`]: in memory, or shared by replicas on Redis).
-//! - **Retry budget** shared across turns ([`RetryBudget`], tower's
-//!   `TpsBudget` inside), so an outage does not become a retry storm.
+//! - **Retry budget** shared across turns ([`RetryBudget`]: tower's
+//!   `TpsBudget` token bucket, with a level that can be read), so an outage
+//!   does not become a retry storm.
 //!
 //! The layer never has to be told how it is nested. It answers a refused
 //! turn (deadline passed, attempts or spend used up) with an error response

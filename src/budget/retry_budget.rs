@@ -2,17 +2,20 @@
 //! storm.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tower::retry::budget::{Budget as TowerBudget, TpsBudget};
+use tokio::time::Instant;
+use tower::retry::budget::Budget as TowerBudget;
 
 /// Caps extra attempts (retries and reroutes) as a fraction of first
 /// attempts, across all turns that share it.
 ///
-/// By default it wraps tower's [`TpsBudget`] (a windowed token bucket after
-/// Finagle's retry budget); [`RetryBudget::from_budget`] accepts any other
+/// By default it is a windowed token bucket with the semantics of tower's
+/// [`TpsBudget`](tower::retry::budget::TpsBudget) (after Finagle's retry
+/// budget), kept here so its [`level`](Self::level) can be read;
+/// [`RetryBudget::from_budget`] accepts any other
 /// [`tower::retry::budget::Budget`], e.g. one shared by several gateway
 /// replicas. Cloning shares the budget (an `Arc` inside).
 ///
@@ -37,14 +40,22 @@ use tower::retry::budget::{Budget as TowerBudget, TpsBudget};
 /// for _ in 0..5 {
 ///     budget.deposit();
 /// }
+/// assert_eq!(budget.level(), Some(1.0));
 /// assert!(budget.withdraw());
 /// assert!(!budget.withdraw());
 /// assert_eq!(budget.stats().refused, 1);
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
-    inner: Arc<dyn TowerBudget + Send + Sync>,
+    inner: Arc<Inner>,
     stats: Arc<Counters>,
+}
+
+enum Inner {
+    /// Ours: the level can be read.
+    Local(TokenBucket),
+    /// Any other budget: it cannot say its level.
+    Other(Box<dyn TowerBudget + Send + Sync>),
 }
 
 #[derive(Debug, Default)]
@@ -66,8 +77,8 @@ pub struct RetryBudgetStats {
     pub refused: u64,
 }
 
-/// Settings for the [`TpsBudget`] inside a [`RetryBudget`], checked before
-/// use because `TpsBudget::new` panics on values out of range.
+/// Settings of a [`RetryBudget`]'s token bucket, in tower's `TpsBudget`
+/// terms and ranges (a shared budget, e.g. on Redis, takes the same).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryBudgetConfig {
     ttl: Duration,
@@ -117,7 +128,7 @@ impl RetryBudgetConfig {
         (self.ttl, self.min_per_sec, self.retry_percent)
     }
 
-    /// Check the settings against `TpsBudget::new`'s assertions.
+    /// Check the settings against the ranges tower's `TpsBudget` accepts.
     pub fn validate(&self) -> Result<(), RetryBudgetConfigError> {
         if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
             return Err(RetryBudgetConfigError::Ttl(self.ttl));
@@ -133,7 +144,8 @@ impl RetryBudgetConfig {
     }
 }
 
-/// A [`RetryBudgetConfig`] value out of the range [`TpsBudget`] accepts.
+/// A [`RetryBudgetConfig`] value out of the range tower's `TpsBudget`
+/// accepts.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetryBudgetConfigError {
@@ -149,34 +161,44 @@ pub enum RetryBudgetConfigError {
 }
 
 impl RetryBudget {
-    /// A [`TpsBudget`] with the given settings, or the setting that is out
+    /// A token bucket with the given settings, or the setting that is out
     /// of range.
     pub fn new(config: RetryBudgetConfig) -> Result<Self, RetryBudgetConfigError> {
         config.validate()?;
-        Ok(Self::from_budget(TpsBudget::new(
-            config.ttl,
-            config.min_per_sec,
-            config.retry_percent,
-        )))
+        Ok(Self::local(TokenBucket::new(config)))
     }
 
-    /// Any tower retry budget (e.g. one backed by shared storage).
+    fn local(bucket: TokenBucket) -> Self {
+        Self {
+            inner: Arc::new(Inner::Local(bucket)),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Any tower retry budget (e.g. one backed by shared storage). Its
+    /// [`level`](Self::level) is unknown.
     pub fn from_budget(budget: impl TowerBudget + Send + Sync + 'static) -> Self {
         Self {
-            inner: Arc::new(budget),
+            inner: Arc::new(Inner::Other(Box::new(budget))),
             stats: Arc::default(),
         }
     }
 
     /// Record a first attempt; each one earns a fraction of an extra attempt.
     pub fn deposit(&self) {
-        self.inner.deposit();
+        match &*self.inner {
+            Inner::Local(bucket) => bucket.deposit(),
+            Inner::Other(budget) => budget.deposit(),
+        }
         self.stats.deposits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Ask for one extra attempt; `false` means don't make it.
     pub fn withdraw(&self) -> bool {
-        let granted = self.inner.withdraw();
+        let granted = match &*self.inner {
+            Inner::Local(bucket) => bucket.withdraw(),
+            Inner::Other(budget) => budget.withdraw(),
+        };
         let counter = if granted {
             &self.stats.granted
         } else {
@@ -195,6 +217,16 @@ impl RetryBudget {
         }
     }
 
+    /// Extra attempts the budget would grant now (fractional: a deposit
+    /// earns part of one), never below 0; `None` for a budget from
+    /// [`from_budget`](Self::from_budget), which cannot say.
+    pub fn level(&self) -> Option<f64> {
+        match &*self.inner {
+            Inner::Local(bucket) => Some(bucket.level()),
+            Inner::Other(_) => None,
+        }
+    }
+
     /// Whether two handles share one budget.
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.stats, &other.stats)
@@ -202,9 +234,9 @@ impl RetryBudget {
 }
 
 impl Default for RetryBudget {
-    /// tower's default [`TpsBudget`] (10 s, 10/s, 20 %).
+    /// tower's defaults (10 s, 10/s, 20 %).
     fn default() -> Self {
-        Self::from_budget(TpsBudget::default())
+        Self::local(TokenBucket::new(RetryBudgetConfig::new()))
     }
 }
 
@@ -212,7 +244,133 @@ impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
             .field("stats", &self.stats())
+            .field("level", &self.level())
             .finish_non_exhaustive()
+    }
+}
+
+/// Slots per ttl, as in tower's `TpsBudget`.
+const SLOTS: usize = 10;
+
+/// tower's `TpsBudget`, token for token, with a readable balance.
+///
+/// Tokens are integers: a deposit adds `deposit_amount`, a withdrawal
+/// takes `withdraw_amount` (for 20 %: 1 and 5). Changes land in the
+/// current slot (`writer`); every `ttl / 10` the slot is committed and the
+/// oldest forgotten, so a deposit counts for one ttl. A reserve of
+/// `min_per_sec × ttl` withdrawals is always added to the balance. One
+/// lock over the slots (tower mixes a lock and atomics): a turn touches
+/// it once or twice.
+struct TokenBucket {
+    slots: Mutex<Slots>,
+    reserve: i64,
+    window: Duration,
+    deposit_amount: i64,
+    withdraw_amount: i64,
+}
+
+struct Slots {
+    committed: [i64; SLOTS],
+    /// The current slot's changes, committed when it expires.
+    writer: i64,
+    /// The slot `writer` is committed to.
+    index: usize,
+    /// When the current slot began.
+    since: Instant,
+}
+
+impl TokenBucket {
+    /// Settings already validated.
+    fn new(config: RetryBudgetConfig) -> Self {
+        let (ttl, min_per_sec, percent) = config.parts();
+        // tower's arithmetic, so both budgets grant the same.
+        let (deposit_amount, withdraw_amount) = if percent == 0.0 {
+            // Deposits earn nothing: only the reserve can be withdrawn.
+            (0, 1)
+        } else if percent <= 1.0 {
+            (1, (1.0 / percent) as i64)
+        } else {
+            // Each deposit earns `percent` withdrawals.
+            (1000, (1000.0 / percent) as i64)
+        };
+        let reserve = i64::from(min_per_sec)
+            .saturating_mul(ttl.as_secs() as i64)
+            .saturating_mul(withdraw_amount);
+        Self {
+            slots: Mutex::new(Slots {
+                committed: [0; SLOTS],
+                writer: 0,
+                index: 0,
+                since: Instant::now(),
+            }),
+            reserve,
+            window: ttl / SLOTS as u32,
+            deposit_amount,
+            withdraw_amount,
+        }
+    }
+
+    fn deposit(&self) {
+        let mut slots = self.lock();
+        self.expire(&mut slots);
+        slots.writer = slots.writer.saturating_add(self.deposit_amount);
+    }
+
+    fn withdraw(&self) -> bool {
+        let mut slots = self.lock();
+        self.expire(&mut slots);
+        if self.balance(&slots) >= self.withdraw_amount {
+            slots.writer = slots.writer.saturating_sub(self.withdraw_amount);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The balance in withdrawals.
+    fn level(&self) -> f64 {
+        let mut slots = self.lock();
+        self.expire(&mut slots);
+        self.balance(&slots).max(0) as f64 / self.withdraw_amount.max(1) as f64
+    }
+
+    /// A panic elsewhere while holding the lock leaves whole integers
+    /// behind: still a valid state.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Commits the current slot once its window passed, and forgets the
+    /// slots older than the ttl.
+    fn expire(&self, slots: &mut Slots) {
+        let now = Instant::now();
+        let mut elapsed = now.saturating_duration_since(slots.since);
+        if elapsed < self.window {
+            return;
+        }
+        let writer = std::mem::take(&mut slots.writer);
+        let index = slots.index;
+        slots.committed[index] = writer;
+        let mut next = (index + 1) % SLOTS;
+        // tower clears one slot per window passed; ten clear them all (the
+        // one just committed included), so stop there after a long idle.
+        let mut cleared = 0;
+        while elapsed > self.window && cleared < SLOTS {
+            slots.committed[next] = 0;
+            elapsed -= self.window;
+            next = (next + 1) % SLOTS;
+            cleared += 1;
+        }
+        slots.index = next;
+        slots.since = now;
+    }
+
+    fn balance(&self, slots: &Slots) -> i64 {
+        slots
+            .committed
+            .iter()
+            .fold(slots.writer, |sum, slot| sum.saturating_add(*slot))
+            .saturating_add(self.reserve)
     }
 }
 
@@ -275,5 +433,69 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(!budget.withdraw());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn level_is_the_withdrawals_left() {
+        // 20 %: five deposits earn one extra attempt; a reserve of 1/s for
+        // a 2 s ttl is two more.
+        let budget = RetryBudget::new(
+            RetryBudgetConfig::new()
+                .ttl(Duration::from_secs(2))
+                .min_per_sec(1)
+                .retry_percent(0.2),
+        )
+        .unwrap();
+        assert_eq!(budget.level(), Some(2.0));
+        for _ in 0..3 {
+            budget.deposit();
+        }
+        assert_eq!(budget.level(), Some(2.6));
+        budget.deposit();
+        budget.deposit();
+        assert_eq!(budget.level(), Some(3.0));
+        assert!(budget.withdraw());
+        assert_eq!(budget.level(), Some(2.0));
+        assert!(budget.withdraw() && budget.withdraw());
+        assert_eq!(budget.level(), Some(0.0));
+        assert!(!budget.withdraw());
+        // The deposits expire after the ttl, the withdrawals with them:
+        // the reserve is whole again.
+        tokio::time::advance(Duration::from_millis(2_300)).await;
+        assert_eq!(budget.level(), Some(2.0));
+        // A budget that cannot say reports no level.
+        let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
+        assert_eq!(other.level(), None);
+    }
+
+    /// The same script of deposits, withdrawals and pauses gets the same
+    /// grants from tower's `TpsBudget` and from ours.
+    #[tokio::test(start_paused = true)]
+    async fn grants_what_tower_tps_budget_grants() {
+        use tower::retry::budget::{Budget as _, TpsBudget};
+        for (ttl, min_per_sec, percent) in [(1, 0, 0.5), (3, 1, 0.2), (10, 0, 2.5), (2, 2, 0.0)] {
+            let config = RetryBudgetConfig::new()
+                .ttl(Duration::from_secs(ttl))
+                .min_per_sec(min_per_sec)
+                .retry_percent(percent);
+            let ours = RetryBudget::new(config).unwrap();
+            let tower = TpsBudget::new(Duration::from_secs(ttl), min_per_sec, percent);
+            let mut rng = fastrand::Rng::with_seed(ttl);
+            for step in 0..2_000 {
+                match rng.u8(0..10) {
+                    0..=4 => {
+                        ours.deposit();
+                        tower.deposit();
+                    }
+                    5..=7 => assert_eq!(
+                        ours.withdraw(),
+                        tower.withdraw(),
+                        "step {step} of {config:?}"
+                    ),
+                    8 => tokio::time::advance(Duration::from_millis(rng.u64(1..400))).await,
+                    _ => tokio::time::advance(Duration::from_millis(rng.u64(0..30_000))).await,
+                }
+            }
+        }
     }
 }

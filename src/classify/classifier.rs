@@ -268,10 +268,29 @@ impl Classifier {
         provider: Option<&str>,
         body: &[u8],
     ) -> Result<(Option<crate::dialect::Usage>, Option<String>), Classification> {
+        self.validate_answer(dialect, provider, body)
+            .map(|(usage, model, _)| (usage, model))
+    }
+
+    /// [`validate_body`](Self::validate_body), with what identifies a
+    /// valid answer ([`Dialect::check_answer`](crate::dialect::Dialect::check_answer)).
+    pub(crate) fn validate_answer<D: crate::dialect::Dialect>(
+        &self,
+        dialect: &D,
+        provider: Option<&str>,
+        body: &[u8],
+    ) -> Result<
+        (
+            Option<crate::dialect::Usage>,
+            Option<String>,
+            crate::dialect::AnswerFacts,
+        ),
+        Classification,
+    > {
         use crate::dialect::BodyCheck;
-        let (fault, message) = match dialect.check_body(body) {
-            BodyCheck::Valid { usage, model } => return Ok((usage, model)),
-            BodyCheck::Invalid { fault, message } => (fault, message),
+        let (fault, message) = match dialect.check_answer(body) {
+            (BodyCheck::Valid { usage, model }, facts) => return Ok((usage, model, facts)),
+            (BodyCheck::Invalid { fault, message }, _) => (fault, message),
         };
         if let Some(facts) = dialect.body_error_facts(body) {
             return Err(self

@@ -359,6 +359,25 @@ pub enum BodyCheck {
     },
 }
 
+/// What identifies a whole (non-streaming) answer, read for the records
+/// and spans (`gen_ai.response.id`, `gen_ai.response.finish_reasons`) by
+/// [`Dialect::check_answer`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AnswerFacts {
+    /// The answer's id, when it has one.
+    pub id: Option<String>,
+    /// Why the model stopped (the first choice's, as for a stream).
+    pub finish_reason: Option<String>,
+}
+
+impl AnswerFacts {
+    /// Facts with `id` and `finish_reason`.
+    pub fn new(id: Option<String>, finish_reason: Option<String>) -> Self {
+        Self { id, finish_reason }
+    }
+}
+
 /// Why a whole answer is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -432,6 +451,13 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// Checks a whole non-streaming answer before it is released.
     fn check_body(&self, body: &[u8]) -> BodyCheck;
+
+    /// Checks a whole answer as [`check_body`](Self::check_body) does and,
+    /// in the same pass, reads what identifies it (its id and finish
+    /// reason) for the records. Default: `check_body`, nothing read.
+    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
+        (self.check_body(body), AnswerFacts::default())
+    }
 
     /// What an error carried by a success body says. Default `None`: the
     /// classifier reads the body with the error shapes it knows.

@@ -239,10 +239,10 @@ where
         }
         Ok(bytes) => bytes,
     };
-    let (usage, response_model) =
+    let (usage, response_model, facts) =
         match shared
             .classifier
-            .validate_body(&shared.dialect, provider, &bytes)
+            .validate_answer(&shared.dialect, provider, &bytes)
         {
             Ok(read) => read,
             Err(failure) => return failed(failure.with_status(status), 0),
@@ -252,6 +252,8 @@ where
     let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
     let mut record = plan.start.record(Decision::Committed);
     record.response_model = response_model;
+    record.response_id = facts.id;
+    record.finish_reason = facts.finish_reason;
     record.status = Some(status.as_u16());
     record.bytes_flushed = bytes.len() as u64;
     record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);

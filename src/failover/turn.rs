@@ -44,22 +44,35 @@ where
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
 {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let budget =
         TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| shared.limits.start());
     let run = RunRecord::new(budget.run_id().clone());
-    let span = telemetry::turn_span(budget.run_id().as_str());
-    run.set_turn_span(span.clone());
     // Dropped before it answers (the client left): the turn still leaves
     // its line, as cancelled.
     let unanswered = Unanswered(&run);
-    let response = answer(&shared, parts, body, &budget, &run, &span)
-        .instrument(span.clone())
+    // Read by a gateway in front already: not parsed again.
+    let parsed = match parts.extensions.remove::<ParsedRequest<D::Request>>() {
+        Some(parsed) => Ok(parsed.into_parts()),
+        None => read(&shared, body).await,
+    };
+    // The span starts once the model is known, so its name is the
+    // conventions' `chat {model}` (an OpenTelemetry bridge ignores a name
+    // recorded after the span started).
+    let model = parsed.as_ref().ok().map(|(r, _)| r.model.as_str());
+    let span = telemetry::turn_span(budget.run_id().as_str(), model);
+    run.set_turn_span(span.clone());
+    let response = answer(&shared, parts, parsed, &budget, &run)
+        .instrument(span)
         .await;
     let response = reply::finish(response, &run, &budget);
     std::mem::forget(unanswered);
     response
 }
+
+/// A request as read: what it requires and the dialect's parse, or the
+/// answer refusing it.
+type Read<D, B> = Result<(Requirements, <D as Dialect>::Request), Response<FailoverBody<B, D>>>;
 
 /// Concludes a turn dropped before it answered.
 struct Unanswered<'a>(&'a RunRecord);
@@ -70,14 +83,14 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// The turn's answer: the request read once, then attempts.
-async fn answer<S, D, ReqBody, ResBody>(
+/// The turn's answer to the request as read: attempts, or the refusal of
+/// a request that could not be read.
+async fn answer<S, D, ResBody>(
     shared: &Arc<Shared<S, D>>,
-    mut parts: http::request::Parts,
-    body: ReqBody,
+    parts: http::request::Parts,
+    parsed: Read<D, ResBody>,
     budget: &TurnBudget,
     run: &RunRecord,
-    span: &tracing::Span,
 ) -> Response<FailoverBody<ResBody, D>>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -86,22 +99,13 @@ where
     D: Dialect,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
-    ReqBody: Body + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
 {
-    // Read by a gateway in front already: not parsed again.
-    let parsed = match parts.extensions.remove::<ParsedRequest<D::Request>>() {
-        Some(parsed) => Ok(parsed.into_parts()),
-        None => read(shared, body).await,
-    };
     match parsed {
         Err(response) => {
             run.stop(StopReason::InvalidRequest);
             response
         }
         Ok((requirements, request)) => {
-            telemetry::turn_model(span, &requirements.model);
             let turn = Turn {
                 shared,
                 parts: &parts,
@@ -125,10 +129,7 @@ where
 
 /// Reads the request body once, with a cap, and has the dialect parse it
 /// once.
-async fn read<S, D, ReqBody, ResBody>(
-    shared: &Shared<S, D>,
-    body: ReqBody,
-) -> Result<(Requirements, D::Request), Response<FailoverBody<ResBody, D>>>
+async fn read<S, D, ReqBody, ResBody>(shared: &Shared<S, D>, body: ReqBody) -> Read<D, ResBody>
 where
     D: Dialect,
     ReqBody: Body,

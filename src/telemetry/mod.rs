@@ -16,9 +16,9 @@
 //!
 //! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
 //! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
-//! The turn's model is known only once the request is read, after the span
-//! starts: `tracing-opentelemetry` exports the turn span as `chat`, with the
-//! model in `gen_ai.request.model`.
+//! The turn span starts once the request is read (reading it is not an
+//! operation on a model), so its name carries the client's model from the
+//! start; a request that cannot be read leaves a turn span named `chat`.
 //! A committed stream's attempt span (and its turn's) stays open until the
 //! stream ends, so its figures are the final ones; an attempt that is
 //! retried or rerouted ends when the next attempt begins, the moment its
@@ -38,8 +38,12 @@
 //! | [`metric::COOLDOWNS`] | counter | `failover.scope` (`account`, `model`), `gen_ai.provider.name` |
 //! | [`metric::HEALTH_STATE`] | gauge, 1 for the key's state, 0 for the others | `gen_ai.provider.name`, `gen_ai.request.model` (`*` for an account key), `failover.scope`, `failover.state` |
 //! | [`metric::RETRY_BUDGET_DEPOSITS`], [`metric::RETRY_BUDGET_WITHDRAWALS`] | counter | `failover.result` (`granted`, `refused`) on withdrawals |
+//! | [`metric::RETRY_BUDGET_LEVEL`] | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`], e.g. the Redis one, cannot say: no gauge) | none |
 //! | [`metric::BYTES_FLUSHED_BEFORE_FAILURE`] (By) | histogram | `failover.phase`, `failover.target` |
 //! | [`metric::ATTEMPTS_PER_TURN`] | histogram | `failover.outcome` |
+//! | [`metric::ACTIONS`] (feature `actions`) | counter: every tool-action state change | `failover.action.state` (entered: `running`, `succeeded`, `failed`, `unknown`), `failover.action.cause` (`claim`, `complete`, `fail`, `effect_error`, `timeout`, `dropped`, `reconcile`) |
+//! | [`metric::ACTION_REPLAYS`] | counter: calls answered from the record, effect not run | `failover.action.state` (`succeeded`, `failed`) |
+//! | [`metric::ACTION_RECONCILIATIONS`] | counter | `failover.action.answer` (`succeeded`, `not_applied`, `still_unknown`, `error`) |
 //!
 //! The model is left out of attempt metrics' labels (target and provider
 //! names are the operator's, a model may be the client's); health gauges
@@ -128,6 +132,16 @@ pub mod attr {
     pub const FAILOVER_STATE: &str = "failover.state";
     /// A retry-budget withdrawal's result.
     pub const FAILOVER_RESULT: &str = "failover.result";
+    /// The state a tool action entered (`running`, `succeeded`, `failed`,
+    /// `unknown`), or was found in when answered from the store.
+    pub const FAILOVER_ACTION_STATE: &str = "failover.action.state";
+    /// What moved a tool action: `claim` (started, or a lapsed lease
+    /// turned unknown), `complete`, `fail`, `effect_error`, `timeout`,
+    /// `dropped`, `reconcile`.
+    pub const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
+    /// A reconciler's answer: `succeeded`, `not_applied`, `still_unknown`,
+    /// `error`.
+    pub const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
 }
 
 /// Metric names.
@@ -154,11 +168,21 @@ pub mod metric {
     pub const RETRY_BUDGET_DEPOSITS: &str = "failover.retry_budget.deposits";
     /// Counter: extra attempts asked of the retry budget, by result.
     pub const RETRY_BUDGET_WITHDRAWALS: &str = "failover.retry_budget.withdrawals";
+    /// Gauge: extra attempts the retry budget would grant now.
+    pub const RETRY_BUDGET_LEVEL: &str = "failover.retry_budget.level";
     /// Histogram: bytes of an attempt flushed to the client before it
     /// failed (0 before commit).
     pub const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
     /// Histogram: attempts a turn made.
     pub const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
+    /// Counter: tool-action state changes, by the state entered and the
+    /// cause.
+    pub const ACTIONS: &str = "failover.actions";
+    /// Counter: tool-action calls answered from the store's record
+    /// (a stored result or final error replayed, the effect not run).
+    pub const ACTION_REPLAYS: &str = "failover.action.replays";
+    /// Counter: reconciler answers about actions in state unknown.
+    pub const ACTION_RECONCILIATIONS: &str = "failover.action.reconciliations";
 }
 
 /// Describes every metric (units and help text) to the installed
@@ -203,6 +227,10 @@ pub fn describe_metrics() {
         metric::RETRY_BUDGET_WITHDRAWALS,
         "Extra attempts asked of the retry budget, by result."
     );
+    metrics::describe_gauge!(
+        metric::RETRY_BUDGET_LEVEL,
+        "Extra attempts the retry budget would grant now."
+    );
     metrics::describe_histogram!(
         metric::BYTES_FLUSHED_BEFORE_FAILURE,
         Unit::Bytes,
@@ -212,6 +240,18 @@ pub fn describe_metrics() {
         metric::ATTEMPTS_PER_TURN,
         Unit::Count,
         "Upstream attempts per turn."
+    );
+    metrics::describe_counter!(
+        metric::ACTIONS,
+        "Tool-action state changes, by the state entered and the cause."
+    );
+    metrics::describe_counter!(
+        metric::ACTION_REPLAYS,
+        "Tool-action calls answered from the stored record, by state."
+    );
+    metrics::describe_counter!(
+        metric::ACTION_RECONCILIATIONS,
+        "Reconciler answers about unknown tool actions."
     );
 }
 
@@ -246,8 +286,13 @@ pub fn record_health(store: &dyn HealthStore) {
 }
 
 /// Sets the retry budget's counters ([`metric::RETRY_BUDGET_DEPOSITS`],
-/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far.
+/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far, and
+/// [`metric::RETRY_BUDGET_LEVEL`] to its level when it can say
+/// ([`RetryBudget::level`]).
 pub fn record_retry_budget(budget: &RetryBudget) {
+    if let Some(level) = budget.level() {
+        metrics::gauge!(metric::RETRY_BUDGET_LEVEL).set(level);
+    }
     let stats = budget.stats();
     metrics::counter!(metric::RETRY_BUDGET_DEPOSITS).absolute(stats.deposits);
     metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "granted")
@@ -276,15 +321,23 @@ pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
     .increment(1);
 }
 
-/// The span of a turn. Fields known later are recorded by [`turn_model`]
-/// and [`turn_ended`].
-pub(crate) fn turn_span(run_id: &str) -> tracing::Span {
+/// The span of a turn, started once the request is read: `model` is the
+/// client's (`None` when the request could not be read; the span is then
+/// named `chat`). Fields known later are recorded by [`turn_ended`].
+pub(crate) fn turn_span(run_id: &str, model: Option<&str>) -> tracing::Span {
+    let model = model.map(|m| crate::record::log_safe(m).to_string());
+    // Named at creation: an OpenTelemetry bridge fixes a span's name when
+    // it starts it, on first entry.
+    let name = match &model {
+        Some(model) => format!("{} {model}", span::OPERATION_CHAT),
+        None => span::OPERATION_CHAT.to_owned(),
+    };
     tracing::info_span!(
         target: "tower_llm_failover::turn",
         span::TURN,
-        { attr::OTEL_NAME } = span::OPERATION_CHAT,
+        { attr::OTEL_NAME } = %name,
         { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
-        { attr::GEN_AI_REQUEST_MODEL } = tracing::field::Empty,
+        { attr::GEN_AI_REQUEST_MODEL } = model.as_deref(),
         { attr::GEN_AI_PROVIDER_NAME } = tracing::field::Empty,
         { attr::FAILOVER_RUN_ID } = %crate::record::log_safe(run_id),
         { attr::FAILOVER_ATTEMPTS } = tracing::field::Empty,
@@ -443,17 +496,6 @@ pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>) {
         attr::FAILOVER_OUTCOME => facts.outcome.as_str(),
     )
     .record(facts.attempts as f64);
-}
-
-/// The client's model, once the request is read (escaped: it is the
-/// client's).
-pub(crate) fn turn_model(span: &tracing::Span, model: &str) {
-    let model = crate::record::log_safe(model).to_string();
-    span.record(
-        attr::OTEL_NAME,
-        format_args!("{} {model}", span::OPERATION_CHAT).to_string(),
-    );
-    span.record(attr::GEN_AI_REQUEST_MODEL, model);
 }
 
 /// A count as a span field: `i64`, which OpenTelemetry exports as an

@@ -12,7 +12,7 @@ use http::{HeaderMap, StatusCode};
 pub use request::MessagesRequest;
 
 use super::{
-    BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
+    AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
     TerminalError, TerminalMode,
 };
 use crate::failure::FailureClass;
@@ -101,7 +101,11 @@ impl Dialect for AnthropicMessages {
     }
 
     fn check_body(&self, body: &[u8]) -> BodyCheck {
-        reply::check_body(body)
+        reply::check_answer(body).0
+    }
+
+    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
+        reply::check_answer(body)
     }
 
     fn error_body(&self, error: &ErrorReply<'_>) -> Bytes {
@@ -352,11 +356,14 @@ mod tests {
     fn whole_messages_are_checked_and_read() {
         let ok = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":10,"cache_read_input_tokens":5,"output_tokens":3}}"#;
         assert_eq!(
-            AnthropicMessages.check_body(ok),
-            BodyCheck::Valid {
-                usage: Some(Usage::new(15, 3)),
-                model: Some("claude-x".to_owned()),
-            }
+            AnthropicMessages.check_answer(ok),
+            (
+                BodyCheck::Valid {
+                    usage: Some(Usage::new(15, 3)),
+                    model: Some("claude-x".to_owned()),
+                },
+                AnswerFacts::new(Some("msg_1".to_owned()), Some("end_turn".to_owned()))
+            )
         );
         let empty_after_tool = br#"{"type":"message","content":[],"stop_reason":"end_turn"}"#;
         assert!(matches!(

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::first_non_space;
-use crate::dialect::{BodyCheck, BodyFault, ErrorReply, Usage};
+use crate::dialect::{AnswerFacts, BodyCheck, BodyFault, ErrorReply, Usage};
 use crate::failure::FailureClass;
 
 /// The Anthropic error `type` of a failure class.
@@ -72,10 +72,14 @@ pub(super) fn error_body(error: &ErrorReply<'_>) -> Bytes {
 
 /// A whole `message` is an object of `type` `"message"` (when it says),
 /// with a `content` array and a `stop_reason`; its `usage` and `model`
-/// are read for the records. An error object on a 200 is no answer.
-pub(super) fn check_body(body: &[u8]) -> BodyCheck {
+/// are read for the records, with its `id` and `stop_reason`, in the same
+/// pass. An error object on a 200 is no answer.
+pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     #[derive(Deserialize)]
     struct Message<'a> {
+        // Raw: an id of another type leaves the answer valid, unnamed.
+        #[serde(borrow, default)]
+        id: Option<&'a RawValue>,
         #[serde(borrow, default, rename = "type")]
         kind: Option<std::borrow::Cow<'a, str>>,
         #[serde(borrow, default)]
@@ -100,9 +104,12 @@ pub(super) fn check_body(body: &[u8]) -> BodyCheck {
         #[serde(default)]
         output_tokens: u64,
     }
-    let invalid = |fault: BodyFault, message: &str| BodyCheck::Invalid {
-        fault,
-        message: message.to_owned(),
+    let invalid = |fault: BodyFault, message: &str| {
+        let check = BodyCheck::Invalid {
+            fault,
+            message: message.to_owned(),
+        };
+        (check, AnswerFacts::default())
     };
     if first_non_space(body) != Some(b'{') {
         return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
@@ -144,7 +151,7 @@ pub(super) fn check_body(body: &[u8]) -> BodyCheck {
     if message.stop_reason.is_none_or(|r| r.get() == "null") {
         return invalid(BodyFault::NoAnswer, "the message has no `stop_reason`");
     }
-    BodyCheck::Valid {
+    let check = BodyCheck::Valid {
         usage: message.usage.map(|u| {
             let input = u
                 .input_tokens
@@ -153,5 +160,9 @@ pub(super) fn check_body(body: &[u8]) -> BodyCheck {
             Usage::new(input, u.output_tokens)
         }),
         model: message.model,
-    }
+    };
+    let text =
+        |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let facts = AnswerFacts::new(text(message.id), text(message.stop_reason));
+    (check, facts)
 }

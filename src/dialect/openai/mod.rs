@@ -17,7 +17,7 @@ use bytes::Bytes;
 pub use request::ChatRequest;
 
 use super::{
-    BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
+    AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
     TerminalError, TerminalMode,
 };
 use crate::sse::SseEvent;
@@ -67,7 +67,11 @@ impl Dialect for OpenAiChat {
     }
 
     fn check_body(&self, body: &[u8]) -> BodyCheck {
-        reply::check_body(body)
+        reply::check_answer(body).0
+    }
+
+    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
+        reply::check_answer(body)
     }
 
     fn error_body(&self, error: &ErrorReply<'_>) -> Bytes {

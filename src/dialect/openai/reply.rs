@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::dialect::{BodyCheck, BodyFault, ErrorReply, Usage};
+use crate::dialect::{AnswerFacts, BodyCheck, BodyFault, ErrorReply, Usage};
 use crate::failure::FailureClass;
 
 /// The OpenAI error `type` of a failure class.
@@ -84,10 +84,14 @@ pub(super) fn error_body(error: &ErrorReply<'_>) -> Bytes {
 }
 
 /// A `chat.completion` is an object with a non-empty `choices` and no
-/// `error`; its `usage` and `model` are read for the records.
-pub(super) fn check_body(body: &[u8]) -> BodyCheck {
+/// `error`; its `usage`, `model`, `id` and first choice's `finish_reason`
+/// are read for the records, in the same pass.
+pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     #[derive(Deserialize)]
     struct Completion<'a> {
+        // Raw: an id of another type leaves the answer valid, unnamed.
+        #[serde(borrow, default)]
+        id: Option<&'a RawValue>,
         #[serde(borrow, default)]
         error: Option<&'a RawValue>,
         #[serde(borrow, default)]
@@ -104,9 +108,17 @@ pub(super) fn check_body(body: &[u8]) -> BodyCheck {
         #[serde(default)]
         completion_tokens: u64,
     }
-    let invalid = |fault: BodyFault, message: &str| BodyCheck::Invalid {
-        fault,
-        message: message.to_owned(),
+    #[derive(Deserialize)]
+    struct Choice {
+        #[serde(default)]
+        finish_reason: Option<String>,
+    }
+    let invalid = |fault: BodyFault, message: &str| {
+        let check = BodyCheck::Invalid {
+            fault,
+            message: message.to_owned(),
+        };
+        (check, AnswerFacts::default())
     };
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
@@ -142,13 +154,25 @@ pub(super) fn check_body(body: &[u8]) -> BodyCheck {
         .choices
         .and_then(|c| serde_json::from_str::<Vec<&RawValue>>(c.get()).ok());
     match choices {
-        Some(choices) if !choices.is_empty() => BodyCheck::Valid {
-            usage: completion.usage.map(|u| Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            }),
-            model: completion.model,
-        },
+        Some(choices) if !choices.is_empty() => {
+            let check = BodyCheck::Valid {
+                usage: completion.usage.map(|u| Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                }),
+                model: completion.model,
+            };
+            // The first choice only, as a stream records; its other
+            // fields were skimmed once already.
+            let finish_reason = choices
+                .first()
+                .and_then(|c| serde_json::from_str::<Choice>(c.get()).ok())
+                .and_then(|c| c.finish_reason);
+            let id = completion
+                .id
+                .and_then(|id| serde_json::from_str::<String>(id.get()).ok());
+            (check, AnswerFacts::new(id, finish_reason))
+        }
         Some(_) => invalid(BodyFault::NoAnswer, "the completion has an empty `choices`"),
         None => invalid(BodyFault::NoAnswer, "the completion has no `choices`"),
     }
@@ -190,14 +214,30 @@ mod tests {
     fn completions_are_checked_and_read() {
         let ok = br#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
         assert_eq!(
-            check_body(ok),
-            BodyCheck::Valid {
-                usage: Some(Usage {
-                    prompt_tokens: 3,
-                    completion_tokens: 2
-                }),
-                model: Some("m".to_owned())
-            }
+            check_answer(ok),
+            (
+                BodyCheck::Valid {
+                    usage: Some(Usage {
+                        prompt_tokens: 3,
+                        completion_tokens: 2
+                    }),
+                    model: Some("m".to_owned())
+                },
+                AnswerFacts::new(Some("c".to_owned()), Some("stop".to_owned()))
+            )
+        );
+        // An id or a choice of an unexpected shape: still an answer,
+        // without the facts it could not read.
+        let odd = br#"{"id":7,"choices":[1,{"finish_reason":"length"}]}"#;
+        assert_eq!(
+            check_answer(odd),
+            (
+                BodyCheck::Valid {
+                    usage: None,
+                    model: None
+                },
+                AnswerFacts::default()
+            )
         );
         for bad in [
             &b"{\"choices\":[]}"[..],
@@ -208,7 +248,7 @@ mod tests {
             b"not json",
         ] {
             assert!(
-                matches!(check_body(bad), BodyCheck::Invalid { .. }),
+                matches!(check_answer(bad).0, BodyCheck::Invalid { .. }),
                 "{bad:?}"
             );
         }
