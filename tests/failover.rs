@@ -201,6 +201,64 @@ async fn retry_after_two_seconds_is_honoured_on_the_same_target() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_long_retry_after_reroutes_when_a_backup_is_left_but_is_waited_out_alone() {
+    // 30 s is within the deadline and the backoff's maximum, but longer
+    // than the same-target wait (5 s by default): the backup answers now.
+    let primary = FakeProvider::new("primary")
+        .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "30"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() < Duration::from_millis(10), "no wait");
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+    assert_eq!(reply.run.attempts()[0].decision, Decision::Reroute);
+
+    // Raised above the hint: the same target is retried after 30 s.
+    let primary = FakeProvider::new("primary")
+        .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "30"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup)
+        .max_same_target_wait(Duration::from_secs(60))
+        .build();
+    let started = Instant::now();
+    let reply = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply.status, 200);
+    assert!(started.elapsed() >= Duration::from_secs(30));
+    assert_eq!((primary.calls(), backup.calls()), (2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_finds_its_target_resting_is_recorded_as_a_reroute() {
+    // Turn A backs off to retry the primary after a 500; meanwhile turn
+    // B's 429 rests the primary for a minute, so A's next attempt goes to
+    // the backup: A's first record says what was done (reroute), not what
+    // was planned (retry the same target).
+    let primary = FakeProvider::new("primary")
+        .then(Reply::status(500, SERVER_500))
+        .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "60"));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).build();
+    let turn_a = {
+        let failover = failover.clone();
+        tokio::spawn(async move { send(&failover, request(true, serde_json::json!({}))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(primary.calls(), 1, "A's first attempt came first");
+    let reply_b = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(reply_b.status, 200);
+    let reply_a = turn_a.await.unwrap();
+    assert_eq!(reply_a.status, 200);
+    assert_eq!(primary.calls(), 2, "A's retry never reached the primary");
+    let attempts = reply_a.run.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(&*attempts[0].target, "primary");
+    assert_eq!(&*attempts[1].target, "backup");
+    assert_eq!(attempts[0].decision, Decision::Reroute);
+}
+
+#[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_reroutes_or_stops_at_once() {
     let limits = TurnLimits::new().deadline(Duration::from_secs(5));
     let primary = FakeProvider::new("primary")

@@ -448,6 +448,16 @@ fn log_safe_escapes_control_characters() {
     assert_eq!(log_safe("gpt-4o-mini").to_string(), "gpt-4o-mini");
 }
 
+#[test]
+fn log_safe_cuts_a_long_value() {
+    use tower_llm_failover::record::LOG_SAFE_MAX_CHARS;
+    let exact = "m".repeat(LOG_SAFE_MAX_CHARS);
+    assert_eq!(log_safe(&exact).to_string(), exact, "not cut at the limit");
+    let long = format!("{exact}\nFORGED{}", "x".repeat(100_000));
+    let safe = log_safe(&long).to_string();
+    assert_eq!(safe, format!("{exact}…"));
+}
+
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 

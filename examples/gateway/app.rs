@@ -135,6 +135,8 @@ pub(crate) struct FailoverConfig {
     pub(crate) commit_output_bytes: Option<u64>,
     pub(crate) commit_after_first_output_ms: Option<u64>,
     pub(crate) max_retries_per_target: u32,
+    /// With another target left, a longer wait reroutes instead.
+    pub(crate) max_same_target_wait_ms: u64,
     /// `error_chunk`, `finish_reason_only` or `error_event`.
     pub(crate) terminal_mode: String,
     pub(crate) max_request_bytes: usize,
@@ -167,6 +169,7 @@ impl Default for FailoverConfig {
             commit_output_bytes: None,
             commit_after_first_output_ms: None,
             max_retries_per_target: 2,
+            max_same_target_wait_ms: 5_000,
             terminal_mode: "error_chunk".to_owned(),
             max_request_bytes: 4 << 20,
             shutdown_grace_ms: 30_000,
@@ -522,6 +525,7 @@ impl Gateway {
                 .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
                 .idle_timeout(Duration::from_millis(b.idle_timeout_ms))
                 .max_retries_per_target(f.max_retries_per_target)
+                .max_same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
                 .max_request_bytes(f.max_request_bytes)
                 .health(health.clone())
                 .refuse_when_cooling(f.refuse_when_cooling)

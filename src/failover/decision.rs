@@ -40,7 +40,8 @@ pub(super) fn decide(
     max_retries: u32,
     budget: &TurnBudget,
     cooldown: Option<Duration>,
-    others_left: bool,
+    // With another target left: the longest wait worth taking here.
+    others_left: Option<Duration>,
 ) -> Decision {
     match failure.recovery {
         Recovery::Stop => Decision::Stop,
@@ -50,7 +51,7 @@ pub(super) fn decide(
         Recovery::RetrySame
             if failure.class == FailureClass::Overloaded
                 && failure.retry.after.is_none()
-                && others_left =>
+                && others_left.is_some() =>
         {
             Decision::Reroute
         }
@@ -62,6 +63,10 @@ pub(super) fn decide(
             // The failure just cooled the target down for longer than the
             // wait: retrying it would only find it resting.
             RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Decision::Reroute,
+            // Another target answers sooner than a long wait on this one.
+            RetryDelay::Wait(after) if others_left.is_some_and(|max| after > max) => {
+                Decision::Reroute
+            }
             RetryDelay::Wait(after) => Decision::RetrySame { after },
             // A wait past the deadline or longer than any we honour is not
             // taken: reroute now (or stop if nothing is left).

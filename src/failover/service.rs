@@ -113,6 +113,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     max_response_bytes: usize,
     max_held_bytes: u64,
     max_retries_per_target: u32,
+    max_same_target_wait: Duration,
     default_output_tokens: u64,
     stream: StreamStateLayer<D>,
     health: Option<Arc<dyn HealthStore>>,
@@ -159,6 +160,7 @@ impl<S> FailoverBuilder<S> {
             max_response_bytes: 16 << 20,
             max_held_bytes: 1 << 20,
             max_retries_per_target: 2,
+            max_same_target_wait: Duration::from_secs(5),
             default_output_tokens: 512,
             stream: StreamStateLayer::new().idle_timeout(Duration::from_secs(30)),
             health: None,
@@ -188,6 +190,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             max_response_bytes: self.max_response_bytes,
             max_held_bytes: self.max_held_bytes,
             max_retries_per_target: self.max_retries_per_target,
+            max_same_target_wait: self.max_same_target_wait,
             default_output_tokens: self.default_output_tokens,
             health: self.health,
             scopes: self.scopes,
@@ -375,6 +378,16 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// The longest wait before retrying the same target while another
+    /// target is left (default 5 s). A longer wait, usually a provider's
+    /// `retry-after`, reroutes at once instead: a healthy backup answers
+    /// sooner. With no other target left, any wait that fits the turn's
+    /// deadline (and the backoff's `max_server_delay`) is taken.
+    pub fn max_same_target_wait(mut self, wait: Duration) -> Self {
+        self.max_same_target_wait = wait;
+        self
+    }
+
     /// Output tokens assumed for spend checks when the request sets no
     /// `max_tokens`.
     pub fn default_output_tokens(mut self, tokens: u64) -> Self {
@@ -429,6 +442,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 max_response_bytes: self.max_response_bytes,
                 max_held_bytes: self.max_held_bytes,
                 max_retries_per_target: self.max_retries_per_target,
+                max_same_target_wait: self.max_same_target_wait,
                 default_output_tokens: self.default_output_tokens,
                 stream: Arc::new(stream.config().clone()),
             }),

@@ -41,6 +41,8 @@ pub(crate) struct Shared<S, D> {
     pub(crate) max_response_bytes: usize,
     pub(crate) max_held_bytes: u64,
     pub(crate) max_retries_per_target: u32,
+    /// With another target left, a longer wait reroutes instead.
+    pub(crate) max_same_target_wait: std::time::Duration,
     pub(crate) default_output_tokens: u64,
     pub(crate) stream: Arc<InspectConfig<D>>,
 }

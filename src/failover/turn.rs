@@ -249,7 +249,7 @@ where
                 &start.provider,
                 &start.upstream_model,
             );
-            self.run.begin_attempt(span.clone());
+            self.run.begin_attempt(span.clone(), &start.target);
             let in_flight = InFlight::new(self.run, start.clone());
             let outcome = attempt::run(self.shared, plan, request, self.budget, self.run)
                 .instrument(span)
@@ -499,7 +499,7 @@ where
             self.shared.max_retries_per_target,
             self.budget,
             cooldown,
-            self.queue.len() > 1,
+            (self.queue.len() > 1).then_some(self.shared.max_same_target_wait),
         );
         if decision != Decision::Reroute {
             return decision;

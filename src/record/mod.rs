@@ -250,8 +250,19 @@ impl RunRecord {
         self.lock().turn_span = Some(span);
     }
 
-    /// An attempt begins with `span`: a held attempt's decision stands.
-    pub(crate) fn begin_attempt(&self, span: tracing::Span) {
+    /// An attempt begins on `target` with `span`: a held attempt's decision
+    /// stands, except that a retry of the same target that went elsewhere
+    /// (the target began resting meanwhile) was a reroute.
+    pub(crate) fn begin_attempt(&self, span: tracing::Span, target: &str) {
+        {
+            let mut inner = self.lock();
+            if let Some(held) = inner.held.as_mut()
+                && matches!(held.decision, Decision::RetrySame { .. })
+                && *held.target != *target
+            {
+                held.decision = Decision::Reroute;
+            }
+        }
         self.release_held();
         self.lock().attempt_span = Some(span);
     }
@@ -455,13 +466,17 @@ fn emit(run_id: &str, r: &AttemptRecord, span: Option<&tracing::Span>) {
 /// with control characters (newlines, ANSI escapes), quotes and
 /// backslashes escaped as Rust's [`char::escape_debug`] does, so a
 /// client-chosen value (a model name, an id) can never forge a line or
-/// restyle a terminal. Nothing is allocated.
+/// restyle a terminal. A value longer than [`LOG_SAFE_MAX_CHARS`]
+/// characters is cut there and marked `…`, so a client cannot inflate
+/// every line and span either. Nothing is allocated.
 ///
 /// ```
 /// use tower_llm_failover::record::log_safe;
 ///
 /// let model = "gpt-x\nINFO forged \u{1b}[31mred";
 /// assert_eq!(log_safe(model).to_string(), r"gpt-x\nINFO forged \u{1b}[31mred");
+/// let long = "m".repeat(10_000);
+/// assert_eq!(log_safe(&long).to_string().chars().count(), 257);
 /// ```
 pub fn log_safe<T: fmt::Display>(value: T) -> LogSafe<T> {
     LogSafe(value)
@@ -471,21 +486,43 @@ pub fn log_safe<T: fmt::Display>(value: T) -> LogSafe<T> {
 #[derive(Debug, Clone, Copy)]
 pub struct LogSafe<T>(T);
 
+/// The most characters of a value [`log_safe`] writes (before escaping).
+pub const LOG_SAFE_MAX_CHARS: usize = 256;
+
 impl<T: fmt::Display> fmt::Display for LogSafe<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use fmt::Write as _;
-        write!(Escaping(f), "{}", self.0)
+        let mut escaping = Escaping {
+            out: f,
+            left: LOG_SAFE_MAX_CHARS,
+            cut: false,
+        };
+        write!(escaping, "{}", self.0)?;
+        if escaping.cut {
+            escaping.out.write_char('…')?;
+        }
+        Ok(())
     }
 }
 
-/// Writes through to a formatter, escaping as it goes.
-struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
+/// Writes through to a formatter, escaping as it goes, up to `left`
+/// characters of the value.
+struct Escaping<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    left: usize,
+    cut: bool,
+}
 
 impl fmt::Write for Escaping<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         for c in s.chars() {
+            if self.left == 0 {
+                self.cut = true;
+                return Ok(());
+            }
+            self.left -= 1;
             for e in c.escape_debug() {
-                self.0.write_char(e)?;
+                self.out.write_char(e)?;
             }
         }
         Ok(())

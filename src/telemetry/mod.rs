@@ -325,6 +325,11 @@ pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
 /// client's (`None` when the request could not be read; the span is then
 /// named `chat`). Fields known later are recorded by [`turn_ended`].
 pub(crate) fn turn_span(run_id: &str, model: Option<&str>) -> tracing::Span {
+    // The name and fields are built (escaped, allocated) only when a
+    // subscriber could take an info span: nothing per request otherwise.
+    if !tracing::level_enabled!(tracing::Level::INFO) {
+        return tracing::Span::none();
+    }
     let model = model.map(|m| crate::record::log_safe(m).to_string());
     // Named at creation: an OpenTelemetry bridge fixes a span's name when
     // it starts it, on first entry.
@@ -355,6 +360,9 @@ pub(crate) fn attempt_span(
     provider: &str,
     upstream_model: &str,
 ) -> tracing::Span {
+    if !tracing::level_enabled!(tracing::Level::INFO) {
+        return tracing::Span::none();
+    }
     let model = crate::record::log_safe(upstream_model).to_string();
     tracing::info_span!(
         target: "tower_llm_failover::attempt",
