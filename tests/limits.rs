@@ -243,9 +243,14 @@ shutdown_grace_ms = 1000
 
 [[providers]]
 name = "primary"
-base_url = "{}"
+base_url = "{base}"
+
+[[providers]]
+name = "claude"
+base_url = "{base}"
+dialect = "anthropic"
 "#,
-        upstream.base_url()
+        base = upstream.base_url()
     );
     let config = app::Config::from_toml(&config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
@@ -263,6 +268,15 @@ async fn read_to_close(tcp: &mut TcpStream) -> String {
 }
 
 const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+const MESSAGES: &str = r#"{"model":"claude-m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn messages_request(body: &str) -> String {
+    format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
 
 fn chat_request(body: &str) -> String {
     format!(
@@ -325,6 +339,24 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
 
 #[tokio::test]
 async fn a_trickled_body_is_cut_with_408() {
+    let answer = trickle_a_body(chat_request(CHAT)).await;
+    assert!(answer.contains("request_body_timeout"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_trickled_messages_body_is_cut_with_408_in_anthropics_shape() {
+    let answer = trickle_a_body(messages_request(MESSAGES)).await;
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["type"], "error", "{json}");
+    assert_eq!(json["error"]["type"], "timeout_error", "{json}");
+    assert_eq!(json["error"]["code"], "request_body_timeout", "{json}");
+}
+
+/// Sends `request`'s head at once and its body a byte every 50 ms to a
+/// gateway with a 300 ms body read timeout; asserts the 408 came before the
+/// body was complete and nothing reached the upstream; the answer.
+async fn trickle_a_body(request: String) -> String {
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway(
         "body_read_timeout_ms = 300\nbody_min_bytes_per_second = 0",
@@ -332,7 +364,6 @@ async fn a_trickled_body_is_cut_with_408() {
     )
     .await;
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    let request = chat_request(CHAT);
     let head_len = request.find("\r\n\r\n").unwrap() + 4;
     tcp.write_all(&request.as_bytes()[..head_len])
         .await
@@ -358,8 +389,8 @@ async fn a_trickled_body_is_cut_with_408() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(sent < body.len(), "cut before the body was complete");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(answer.contains("request_body_timeout"), "{answer}");
     assert_eq!(upstream.attempts(), 0);
+    answer.into_owned()
 }
 
 /// Sends a streamed chat request and reads its head (the stream stays open).
