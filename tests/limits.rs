@@ -395,8 +395,13 @@ async fn trickle_a_body(request: String) -> String {
 
 /// Sends a streamed chat request and reads its head (the stream stays open).
 async fn open_stream(addr: std::net::SocketAddr) -> TcpStream {
+    open_stream_with(addr, chat_request(CHAT)).await
+}
+
+/// Sends `request` (a stream) and reads its head (the stream stays open).
+async fn open_stream_with(addr: std::net::SocketAddr, request: String) -> TcpStream {
     let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(chat_request(CHAT).as_bytes()).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -442,6 +447,76 @@ async fn the_request_over_the_in_flight_cap_is_shed_with_503_and_retry_after() {
     drop(stream);
 }
 
+/// Sends one request on a new connection and reads its whole answer (the
+/// gateway answers and the client asks it to close).
+async fn one_answer(addr: std::net::SocketAddr, request: &str) -> String {
+    let request = request.replacen("host: gw\r\n", "host: gw\r\nconnection: close\r\n", 1);
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    read_to_close(&mut tcp).await
+}
+
+/// A slow upstream (40 tokens, 100 ms apart) and a gateway that runs one
+/// model request at a time.
+async fn saturated_gateway() -> (FakeUpstream, app::Running) {
+    let upstream = FakeUpstream::builder("primary")
+        .tokens(40)
+        .pace(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    let gw = gateway("max_in_flight = 1\nshed_retry_after_s = 3", &upstream).await;
+    (upstream, gw)
+}
+
+#[tokio::test]
+async fn health_models_and_metrics_answer_at_saturation() {
+    let (upstream, gw) = saturated_gateway().await;
+    let stream = open_stream(gw.addr).await;
+    // The model routes are full…
+    let shed = one_answer(gw.addr, &chat_request(CHAT)).await;
+    assert!(shed.starts_with("HTTP/1.1 503"), "{shed}");
+    // …but an orchestrator's probes still get their answers.
+    for path in ["/healthz", "/v1/models", "/v1/health/targets", "/metrics"] {
+        let answer = one_answer(gw.addr, &format!("GET {path} HTTP/1.1\r\nhost: gw\r\n\r\n")).await;
+        assert!(!answer.starts_with("HTTP/1.1 503"), "{path}: {answer}");
+        if path != "/metrics" {
+            // `/metrics` is 404 without a Prometheus recorder: not shed.
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+    }
+    assert_eq!(upstream.attempts(), 1);
+    drop(stream);
+}
+
+#[tokio::test]
+async fn a_messages_request_over_the_cap_is_shed_in_anthropics_shape() {
+    let (upstream, gw) = saturated_gateway().await;
+    // A chat stream holds the one slot: the count is shared.
+    let stream = open_stream(gw.addr).await;
+    let answer = one_answer(gw.addr, &messages_request(MESSAGES)).await;
+    let lower = answer.to_lowercase();
+    assert!(lower.starts_with("http/1.1 529"), "{answer}");
+    assert!(lower.contains("retry-after: 3"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["type"], "error", "{json}");
+    assert_eq!(json["error"]["type"], "overloaded_error", "{json}");
+    drop(stream);
+
+    // And the other way round: a Messages stream holds the slot, a chat
+    // request is shed in OpenAI's shape.
+    let (_upstream, gw) = saturated_gateway().await;
+    let stream = open_stream_with(gw.addr, messages_request(MESSAGES)).await;
+    let answer = one_answer(gw.addr, &chat_request(CHAT)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["error"]["code"], "overloaded", "{json}");
+    assert_eq!(upstream.attempts(), 1);
+    drop(stream);
+}
+
 #[tokio::test]
 async fn the_connection_over_the_cap_is_answered_503_and_closed() {
     let upstream = FakeUpstream::start("primary").await;
@@ -465,6 +540,10 @@ async fn the_connection_over_the_cap_is_answered_503_and_closed() {
     assert!(answer.starts_with("http/1.1 503"), "{answer}");
     assert!(answer.contains("retry-after: 1"), "{answer}");
     assert!(answer.contains("\"overloaded\""), "{answer}");
+    // A Messages request over the cap is answered in Anthropic's shape.
+    let answer = one_answer(gw.addr, &messages_request(MESSAGES)).await;
+    assert!(answer.starts_with("HTTP/1.1 529"), "{answer}");
+    assert!(answer.contains("\"overloaded_error\""), "{answer}");
     // The first connection still works.
     first
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")

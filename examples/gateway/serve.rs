@@ -13,9 +13,13 @@
 //! - **Connection cap**: connection `max_connections + 1` is answered `503`
 //!   with `retry-after` and closed (a few such answers at a time; beyond
 //!   them it is closed at once).
-//! - **In-flight cap**: request `max_in_flight + 1` is shed with an
-//!   OpenAI-shaped `503` and `retry-after`, never queued (the library's
-//!   [`InFlightLimitLayer`]; a stream counts until its body ends).
+//! - **In-flight cap**: model request `max_in_flight + 1` (`POST
+//!   /v1/chat/completions` and `/v1/messages`, counted together) is shed
+//!   with `retry-after` in the route's dialect (OpenAI's `503`, Anthropic's
+//!   `529 overloaded_error`), never queued (the library's
+//!   [`InFlightLimitLayer`]; a stream counts until its body ends). Health,
+//!   models and metrics are never shed: an orchestrator probing a saturated
+//!   gateway must not restart it.
 //! - **Graceful shutdown**: [`Running::shutdown`] stops accepting (new
 //!   connections are refused), lets running responses finish within the
 //!   grace period, then ends the streams still running with the terminal
@@ -37,7 +41,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
-use tower_llm_failover::dialect::OpenAiChat;
+use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat};
 use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitLayer, ReadLimits, shed_response};
 use tower_llm_failover::shutdown::Shutdown;
 
@@ -76,6 +80,27 @@ impl Default for ServerConfig {
             shed_retry_after_s: 1,
             shutdown_drain_ms: 2_000,
         }
+    }
+}
+
+/// The in-flight cap of the model routes: one layer per endpoint, each
+/// shedding in its endpoint's dialect, all sharing one count.
+pub(crate) struct InFlightCaps {
+    /// For `POST /v1/chat/completions`.
+    pub(crate) chat: InFlightLimitLayer<OpenAiChat>,
+    /// For `POST /v1/messages`.
+    pub(crate) messages: InFlightLimitLayer<AnthropicMessages>,
+}
+
+impl InFlightCaps {
+    /// `max_in_flight` model requests at once, over both endpoints.
+    pub(crate) fn new(config: &ServerConfig) -> Self {
+        let chat = InFlightLimitLayer::new(config.max_in_flight)
+            .retry_after(Duration::from_secs(config.shed_retry_after_s))
+            .dialect(OpenAiChat);
+        // `dialect` keeps the layer's semaphore: one count for both.
+        let messages = chat.clone().dialect(AnthropicMessages);
+        Self { chat, messages }
     }
 }
 
@@ -139,8 +164,9 @@ pub(crate) fn serve(
             Duration::from_millis(config.body_min_rate_grace_ms),
         );
     }
+    // The in-flight cap is not here but on the model routes (see
+    // `InFlightCaps`): health and metrics must answer at saturation.
     let service = ServiceBuilder::new()
-        .layer(InFlightLimitLayer::new(config.max_in_flight).retry_after(retry_after))
         .layer(ReadLimitLayer::new(limits))
         .service(router);
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -220,7 +246,7 @@ async fn connection<S>(
 ) where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
-            Response = http::Response<tower_llm_failover::limit::InFlightBody<axum::body::Body>>,
+            Response = http::Response<axum::body::Body>,
             Error = std::convert::Infallible,
         > + Clone
         + Send
@@ -252,8 +278,13 @@ async fn shed_connection(
     if !first_byte(&tcp, budget).await {
         return;
     }
-    let service = hyper::service::service_fn(move |_request| async move {
-        let mut response = shed_response(&OpenAiChat, retry_after);
+    let service = hyper::service::service_fn(move |request: http::Request<_>| async move {
+        // In the dialect of the endpoint asked for.
+        let mut response = if request.uri().path() == "/v1/messages" {
+            shed_response(&AnthropicMessages, retry_after)
+        } else {
+            shed_response(&OpenAiChat, retry_after)
+        };
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
