@@ -518,6 +518,30 @@ async fn a_messages_request_over_the_cap_is_shed_in_anthropics_shape() {
 }
 
 #[tokio::test]
+async fn an_h2c_prior_knowledge_connection_is_refused() {
+    let upstream = FakeUpstream::start("primary").await;
+    // A header timeout far past the read below: the close is a refusal.
+    let gw = gateway("header_read_timeout_ms = 60000", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    // The HTTP/2 connection preface, then an empty SETTINGS frame.
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await;
+    assert!(
+        matches!(read, Ok(Ok(_)) | Ok(Err(_))),
+        "the connection is closed, not held open for HTTP/2"
+    );
+    // An HTTP/2 server would answer with its own SETTINGS frame (type 4).
+    assert!(
+        !(out.len() >= 9 && out[3] == 4),
+        "answered as HTTP/2: {out:?}"
+    );
+    assert_eq!(upstream.attempts(), 0);
+}
+
+#[tokio::test]
 async fn the_connection_over_the_cap_is_answered_503_and_closed() {
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway("max_connections = 1", &upstream).await;

@@ -1,11 +1,16 @@
 //! Serving the gateway: hyper-util's server with a timer, so that a slow or
 //! greedy client cannot hold what other clients need.
 //!
+//! - **HTTP/1.1 only**: the gateway serves plain TCP, and every limit here
+//!   is one of HTTP/1's (hyper's header-read timeout applies to HTTP/1
+//!   only; an idle HTTP/2 connection would keep its connection slot for
+//!   ever). A client that opens with the HTTP/2 preface (h2c prior
+//!   knowledge) is refused and closed. Put HTTP/2 and TLS in front, in a
+//!   proxy that terminates them.
 //! - **Header-read timeout**: a connection that sends nothing, trickles its
 //!   request head or idles between requests is closed after
-//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the protocol
-//!   sniffing before it is timed here, since hyper-util's auto server waits
-//!   for the first bytes without a limit).
+//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the wait for
+//!   a connection's first byte is timed here too).
 //! - **Request body**: read within `body_read_timeout_ms` and, after
 //!   `body_min_rate_grace_ms`, at `body_min_bytes_per_second` on average
 //!   (the library's [`ReadLimitLayer`]); a body that breaks either is
@@ -32,8 +37,8 @@ use std::time::Duration;
 
 use axum::Router;
 use http::header::{CONNECTION, HeaderValue};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
@@ -169,12 +174,10 @@ pub(crate) fn serve(
     let service = ServiceBuilder::new()
         .layer(ReadLimitLayer::new(limits))
         .service(router);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
-    builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let connections = Arc::new(Semaphore::new(config.max_connections));
     let shed = Arc::new(Semaphore::new(MAX_SHED_CONNECTIONS));
@@ -239,7 +242,7 @@ async fn first_byte(tcp: &TcpStream, timeout: Duration) -> bool {
 async fn connection<S>(
     tcp: TcpStream,
     service: S,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<http1::Builder>,
     watcher: Watcher,
     header_timeout: Duration,
     permit: OwnedSemaphorePermit,
@@ -253,14 +256,13 @@ async fn connection<S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    // hyper-util's protocol sniffing waits for the first bytes without a
-    // limit of its own; hyper's header timer starts only after it.
+    // A connection that never sends its first byte is closed at the header
+    // timeout, whatever hyper's timer does before a first read.
     if !first_byte(&tcp, header_timeout).await {
         return;
     }
-    let conn = builder
-        .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(service))
-        .into_owned();
+    // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper closes.
+    let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
     if let Err(error) = watcher.watch(conn).await {
         tracing::debug!(%error, "client connection ended with an error");
     }
