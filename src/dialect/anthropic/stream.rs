@@ -169,7 +169,10 @@ fn empty_start(block: &BlockStart<'_>) -> bool {
 /// after it. [`TerminalMode::FinishReasonOnly`], for clients that must not
 /// raise, ends the message instead: a `message_delta` whose `stop_reason`
 /// is the gateway's finish reason (`"error"`), the error under
-/// `stream_error`, then `message_stop`.
+/// `stream_error`, then `message_stop`. Its `usage` is an empty object: the
+/// gateway does not know the output token count (output *events* are not
+/// tokens), and the SDKs' stream helpers read `event.usage.output_tokens`
+/// unconditionally, so a missing `usage` would make them raise.
 pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: TerminalMode) -> Bytes {
     #[derive(serde::Serialize)]
     struct ErrorBody<'a> {
@@ -206,7 +209,8 @@ pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: Termina
                 &serde_json::json!({
                     "type": "message_delta",
                     "delta": {"stop_reason": finish_reason, "stop_sequence": null},
-                    "usage": {"output_tokens": error.output_events},
+                    // No count claimed; see the doc comment.
+                    "usage": {},
                     "stream_error": body,
                 }),
             )
@@ -284,5 +288,26 @@ mod tests {
             kind_of("event: error\ndata: {\"type\":\"ping\"}\n\n"),
             ChunkKind::Error
         );
+    }
+
+    #[test]
+    fn the_quiet_terminal_claims_no_output_token_count() {
+        let error = TerminalError::new(
+            crate::failure::FailureClass::Overloaded,
+            crate::failure::Phase::Committed,
+            "Overloaded",
+        )
+        .sent(1234, 40);
+        let frames = terminal("error", &error, TerminalMode::FinishReasonOnly);
+        let text = std::str::from_utf8(&frames).unwrap();
+        let prefix = "event: message_delta\ndata: ";
+        let at = text.find(prefix).unwrap() + prefix.len();
+        let end = text[at..].find("\n\n").unwrap() + at;
+        let delta: serde_json::Value = serde_json::from_str(&text[at..end]).unwrap();
+        // 40 output events are not 40 tokens: no count at all, but still
+        // a `usage` object for the SDK helpers that read through it.
+        assert_eq!(delta["usage"], serde_json::json!({}), "{delta}");
+        assert_eq!(delta["stream_error"]["output_events"], 40);
+        assert!(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
     }
 }
