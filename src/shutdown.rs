@@ -6,9 +6,17 @@
 //! the network): [`Shutdown::end_streams`] ends every stream inspected with
 //! the signal the way any post-commit failure ends, with the dialect's
 //! terminal event (class [`Shutdown`](crate::classify::FailureClass::Shutdown))
-//! and end marker. A stream still held back before its commit point fails
-//! its attempt with the same class, which never reroutes, so the client
-//! gets a clean error before any output.
+//! in the stream's [`TerminalMode`](crate::dialect::TerminalMode). What that
+//! event is belongs to the dialect: for OpenAI chat, a terminal chunk and
+//! `[DONE]`; for Anthropic Messages, an `event: error` and no end marker
+//! after it (`message_stop` would mean success). A stream still held back
+//! before its commit point fails its attempt with the same class, which
+//! never reroutes, so the client gets a clean error before any output.
+//!
+//! Only streams see the signal. A turn still waiting for a response head
+//! or sleeping in backoff between attempts when the grace period ends is
+//! not answered by it (no `503`): it goes on until the server drops its
+//! connection, so the client sees the connection cut without an answer.
 //!
 //! The signal is dialect-generic: give one to
 //! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)

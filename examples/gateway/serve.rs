@@ -27,9 +27,12 @@
 //!   gateway must not restart it.
 //! - **Graceful shutdown**: [`Running::shutdown`] stops accepting (new
 //!   connections are refused), lets running responses finish within the
-//!   grace period, then ends the streams still running with the terminal
-//!   chunk (class `shutdown`) and `[DONE]` (the library's [`Shutdown`]
-//!   signal), and closes what is left after a short drain.
+//!   grace period, then ends the streams still running with the dialect's
+//!   terminal event, class `shutdown` (a terminal chunk and `[DONE]` on
+//!   chat; `event: error`, with no end marker, on Messages; the library's
+//!   [`Shutdown`] signal), and closes what is left after a short drain.
+//!   A turn still waiting for a response head or in backoff is not answered
+//!   by the signal: its connection is cut when the drain ends.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,7 +72,7 @@ pub(crate) struct ServerConfig {
     /// The `retry-after` of a shed answer, in seconds.
     pub(crate) shed_retry_after_s: u64,
     /// After the grace period, how long the streams just ended get to
-    /// write their terminal chunk before their connections are closed.
+    /// write their terminal event before their connections are closed.
     pub(crate) shutdown_drain_ms: u64,
 }
 
@@ -125,8 +128,9 @@ pub(crate) struct Running {
 impl Running {
     /// Stops accepting (new connections are refused) and waits up to
     /// `grace` for running responses. Streams still running then end with
-    /// the terminal chunk (class `shutdown`) and `[DONE]`. Returns whether
-    /// every response finished within `grace`.
+    /// the dialect's terminal event (class `shutdown`); turns still waiting
+    /// for a response head or in backoff are cut when the drain ends.
+    /// Returns whether every response finished within `grace`.
     pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

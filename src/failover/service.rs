@@ -390,8 +390,11 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     }
 
     /// Ends running streams with the dialect's terminal event (class
-    /// `shutdown`) when `signal` fires, and fails attempts still held back
-    /// before commit with that class (it never reroutes). See
+    /// `shutdown`; no end marker for dialects whose marker means success)
+    /// when `signal` fires, and fails attempts still held back before
+    /// commit with that class (it never reroutes). A turn still waiting for
+    /// a response head or in backoff does not see the signal: it is cut
+    /// when the server drops its connection. See
     /// [`Shutdown`](crate::shutdown::Shutdown).
     pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
         self.shutdown = Some(signal);
