@@ -13,10 +13,13 @@
 //! before its commit point fails its attempt with the same class, which
 //! never reroutes, so the client gets a clean error before any output.
 //!
-//! Only streams see the signal. A turn still waiting for a response head
-//! or sleeping in backoff between attempts when the grace period ends is
-//! not answered by it (no `503`): it goes on until the server drops its
-//! connection, so the client sees the connection cut without an answer.
+//! A turn given the signal through
+//! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)
+//! that has not answered yet (waiting for a response head, or sleeping in
+//! backoff between attempts) answers at once with the dialect's `503` error,
+//! class and code `shutdown`, and tries no other target. Only a layer given
+//! the signal sees it: a turn behind a [`StreamStateLayer`](crate::stream::StreamStateLayer)
+//! alone is cut with its connection.
 //!
 //! The signal is dialect-generic: give one to
 //! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)

@@ -31,8 +31,8 @@
 //!   terminal event, class `shutdown` (a terminal chunk and `[DONE]` on
 //!   chat; `event: error`, with no end marker, on Messages; the library's
 //!   [`Shutdown`] signal), and closes what is left after a short drain.
-//!   A turn still waiting for a response head or in backoff is not answered
-//!   by the signal: its connection is cut when the drain ends.
+//!   A turn still waiting for a response head or in backoff answers the
+//!   dialect's `503` (class and code `shutdown`) at once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,7 +129,7 @@ impl Running {
     /// Stops accepting (new connections are refused) and waits up to
     /// `grace` for running responses. Streams still running then end with
     /// the dialect's terminal event (class `shutdown`); turns still waiting
-    /// for a response head or in backoff are cut when the drain ends.
+    /// for a response head or in backoff answer the dialect's `503`.
     /// Returns whether every response finished within `grace`.
     pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
         if let Some(stop) = self.stop.take() {

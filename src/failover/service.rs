@@ -389,13 +389,12 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Ends running streams with the dialect's terminal event (class
-    /// `shutdown`; no end marker for dialects whose marker means success)
-    /// when `signal` fires, and fails attempts still held back before
-    /// commit with that class (it never reroutes). A turn still waiting for
-    /// a response head or in backoff does not see the signal: it is cut
-    /// when the server drops its connection. See
-    /// [`Shutdown`](crate::shutdown::Shutdown).
+    /// When `signal` fires: running streams end with the dialect's terminal
+    /// event (class `shutdown`; no end marker for dialects whose marker
+    /// means success), and a turn that has not answered yet (waiting for a
+    /// response head, held back before commit, or in backoff) answers the
+    /// dialect's `503` error with class and code `shutdown` at once (it
+    /// never reroutes). See [`Shutdown`](crate::shutdown::Shutdown).
     pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
         self.shutdown = Some(signal);
         self
@@ -410,7 +409,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             .map(|t| t.classified(&classifier))
             .collect();
         let mut stream = self.stream.classifier(classifier.clone());
-        if let Some(signal) = self.shutdown {
+        if let Some(signal) = self.shutdown.clone() {
             stream = stream.shutdown(signal);
         }
         Failover {
@@ -434,6 +433,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 max_retries_per_target: self.max_retries_per_target,
                 default_output_tokens: self.default_output_tokens,
                 stream: Arc::new(stream.config().clone()),
+                shutdown: self.shutdown,
             }),
         }
     }

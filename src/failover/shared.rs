@@ -43,4 +43,7 @@ pub(crate) struct Shared<S, D> {
     pub(crate) max_retries_per_target: u32,
     pub(crate) default_output_tokens: u64,
     pub(crate) stream: Arc<InspectConfig<D>>,
+    /// When it fires, a turn that has not answered yet answers `503`
+    /// (class `shutdown`) instead of waiting on.
+    pub(crate) shutdown: Option<crate::shutdown::Shutdown>,
 }
