@@ -6,9 +6,20 @@
 //! the network): [`Shutdown::end_streams`] ends every stream inspected with
 //! the signal the way any post-commit failure ends, with the dialect's
 //! terminal event (class [`Shutdown`](crate::classify::FailureClass::Shutdown))
-//! and end marker. A stream still held back before its commit point fails
-//! its attempt with the same class, which never reroutes, so the client
-//! gets a clean error before any output.
+//! in the stream's [`TerminalMode`](crate::dialect::TerminalMode). What that
+//! event is belongs to the dialect: for OpenAI chat, a terminal chunk and
+//! `[DONE]`; for Anthropic Messages, an `event: error` and no end marker
+//! after it (`message_stop` would mean success). A stream still held back
+//! before its commit point fails its attempt with the same class, which
+//! never reroutes, so the client gets a clean error before any output.
+//!
+//! A turn given the signal through
+//! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)
+//! that has not answered yet (waiting for a response head, or sleeping in
+//! backoff between attempts) answers at once with the dialect's `503` error,
+//! class and code `shutdown`, and tries no other target. Only a layer given
+//! the signal sees it: a turn behind a [`StreamStateLayer`](crate::stream::StreamStateLayer)
+//! alone is cut with its connection.
 //!
 //! The signal is dialect-generic: give one to
 //! [`FailoverBuilder::shutdown`](crate::failover::FailoverBuilder::shutdown)

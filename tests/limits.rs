@@ -243,9 +243,14 @@ shutdown_grace_ms = 1000
 
 [[providers]]
 name = "primary"
-base_url = "{}"
+base_url = "{base}"
+
+[[providers]]
+name = "claude"
+base_url = "{base}"
+dialect = "anthropic"
 "#,
-        upstream.base_url()
+        base = upstream.base_url()
     );
     let config = app::Config::from_toml(&config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
@@ -263,6 +268,15 @@ async fn read_to_close(tcp: &mut TcpStream) -> String {
 }
 
 const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+const MESSAGES: &str = r#"{"model":"claude-m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn messages_request(body: &str) -> String {
+    format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
 
 fn chat_request(body: &str) -> String {
     format!(
@@ -325,6 +339,24 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
 
 #[tokio::test]
 async fn a_trickled_body_is_cut_with_408() {
+    let answer = trickle_a_body(chat_request(CHAT)).await;
+    assert!(answer.contains("request_body_timeout"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_trickled_messages_body_is_cut_with_408_in_anthropics_shape() {
+    let answer = trickle_a_body(messages_request(MESSAGES)).await;
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["type"], "error", "{json}");
+    assert_eq!(json["error"]["type"], "timeout_error", "{json}");
+    assert_eq!(json["error"]["code"], "request_body_timeout", "{json}");
+}
+
+/// Sends `request`'s head at once and its body a byte every 50 ms to a
+/// gateway with a 300 ms body read timeout; asserts the 408 came before the
+/// body was complete and nothing reached the upstream; the answer.
+async fn trickle_a_body(request: String) -> String {
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway(
         "body_read_timeout_ms = 300\nbody_min_bytes_per_second = 0",
@@ -332,7 +364,6 @@ async fn a_trickled_body_is_cut_with_408() {
     )
     .await;
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    let request = chat_request(CHAT);
     let head_len = request.find("\r\n\r\n").unwrap() + 4;
     tcp.write_all(&request.as_bytes()[..head_len])
         .await
@@ -358,14 +389,19 @@ async fn a_trickled_body_is_cut_with_408() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(sent < body.len(), "cut before the body was complete");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(answer.contains("request_body_timeout"), "{answer}");
     assert_eq!(upstream.attempts(), 0);
+    answer.into_owned()
 }
 
 /// Sends a streamed chat request and reads its head (the stream stays open).
 async fn open_stream(addr: std::net::SocketAddr) -> TcpStream {
+    open_stream_with(addr, chat_request(CHAT)).await
+}
+
+/// Sends `request` (a stream) and reads its head (the stream stays open).
+async fn open_stream_with(addr: std::net::SocketAddr, request: String) -> TcpStream {
     let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(chat_request(CHAT).as_bytes()).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -411,6 +447,100 @@ async fn the_request_over_the_in_flight_cap_is_shed_with_503_and_retry_after() {
     drop(stream);
 }
 
+/// Sends one request on a new connection and reads its whole answer (the
+/// gateway answers and the client asks it to close).
+async fn one_answer(addr: std::net::SocketAddr, request: &str) -> String {
+    let request = request.replacen("host: gw\r\n", "host: gw\r\nconnection: close\r\n", 1);
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    read_to_close(&mut tcp).await
+}
+
+/// A slow upstream (40 tokens, 100 ms apart) and a gateway that runs one
+/// model request at a time.
+async fn saturated_gateway() -> (FakeUpstream, app::Running) {
+    let upstream = FakeUpstream::builder("primary")
+        .tokens(40)
+        .pace(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    let gw = gateway("max_in_flight = 1\nshed_retry_after_s = 3", &upstream).await;
+    (upstream, gw)
+}
+
+#[tokio::test]
+async fn health_models_and_metrics_answer_at_saturation() {
+    let (upstream, gw) = saturated_gateway().await;
+    let stream = open_stream(gw.addr).await;
+    // The model routes are full…
+    let shed = one_answer(gw.addr, &chat_request(CHAT)).await;
+    assert!(shed.starts_with("HTTP/1.1 503"), "{shed}");
+    // …but an orchestrator's probes still get their answers.
+    for path in ["/healthz", "/v1/models", "/v1/health/targets", "/metrics"] {
+        let answer = one_answer(gw.addr, &format!("GET {path} HTTP/1.1\r\nhost: gw\r\n\r\n")).await;
+        assert!(!answer.starts_with("HTTP/1.1 503"), "{path}: {answer}");
+        if path != "/metrics" {
+            // `/metrics` is 404 without a Prometheus recorder: not shed.
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+    }
+    assert_eq!(upstream.attempts(), 1);
+    drop(stream);
+}
+
+#[tokio::test]
+async fn a_messages_request_over_the_cap_is_shed_in_anthropics_shape() {
+    let (upstream, gw) = saturated_gateway().await;
+    // A chat stream holds the one slot: the count is shared.
+    let stream = open_stream(gw.addr).await;
+    let answer = one_answer(gw.addr, &messages_request(MESSAGES)).await;
+    let lower = answer.to_lowercase();
+    assert!(lower.starts_with("http/1.1 529"), "{answer}");
+    assert!(lower.contains("retry-after: 3"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["type"], "error", "{json}");
+    assert_eq!(json["error"]["type"], "overloaded_error", "{json}");
+    drop(stream);
+
+    // And the other way round: a Messages stream holds the slot, a chat
+    // request is shed in OpenAI's shape.
+    let (_upstream, gw) = saturated_gateway().await;
+    let stream = open_stream_with(gw.addr, messages_request(MESSAGES)).await;
+    let answer = one_answer(gw.addr, &chat_request(CHAT)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["error"]["code"], "overloaded", "{json}");
+    assert_eq!(upstream.attempts(), 1);
+    drop(stream);
+}
+
+#[tokio::test]
+async fn an_h2c_prior_knowledge_connection_is_refused() {
+    let upstream = FakeUpstream::start("primary").await;
+    // A header timeout far past the read below: the close is a refusal.
+    let gw = gateway("header_read_timeout_ms = 60000", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    // The HTTP/2 connection preface, then an empty SETTINGS frame.
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await;
+    assert!(
+        matches!(read, Ok(Ok(_)) | Ok(Err(_))),
+        "the connection is closed, not held open for HTTP/2"
+    );
+    // An HTTP/2 server would answer with its own SETTINGS frame (type 4).
+    assert!(
+        !(out.len() >= 9 && out[3] == 4),
+        "answered as HTTP/2: {out:?}"
+    );
+    assert_eq!(upstream.attempts(), 0);
+}
+
 #[tokio::test]
 async fn the_connection_over_the_cap_is_answered_503_and_closed() {
     let upstream = FakeUpstream::start("primary").await;
@@ -434,6 +564,10 @@ async fn the_connection_over_the_cap_is_answered_503_and_closed() {
     assert!(answer.starts_with("http/1.1 503"), "{answer}");
     assert!(answer.contains("retry-after: 1"), "{answer}");
     assert!(answer.contains("\"overloaded\""), "{answer}");
+    // A Messages request over the cap is answered in Anthropic's shape.
+    let answer = one_answer(gw.addr, &messages_request(MESSAGES)).await;
+    assert!(answer.starts_with("HTTP/1.1 529"), "{answer}");
+    assert!(answer.contains("\"overloaded_error\""), "{answer}");
     // The first connection still works.
     first
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")

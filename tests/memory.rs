@@ -1,5 +1,6 @@
 //! Memory bounded per request: a 4 MiB request body (an array of 2M small
-//! elements) costs at most about 3x its size at peak, through the whole
+//! elements, inside `messages` itself and beside it) costs at most about 3x
+//! its size at peak, on the chat and the Messages routes, through the whole
 //! gateway (hyper server, limits, body read, the dialect's one parse, the
 //! spliced upstream body, the upstream client) and back.
 //!
@@ -23,6 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+const MESSAGE: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}"#;
 
 /// An upstream that reads the request body frame by frame without keeping
 /// it, then answers a small completion.
@@ -35,15 +37,21 @@ async fn discard_upstream() -> (std::net::SocketAddr, tokio::task::JoinHandle<()
                 return;
             };
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(|request: Request<Incoming>| async {
+                let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                    let request_path = request.uri().path().to_owned();
                     let mut body = request.into_body();
                     let mut seen = 0usize;
                     while let Some(Ok(frame)) = body.frame().await {
                         seen += frame.data_ref().map_or(0, Bytes::len);
                     }
                     assert!(seen > 4_000_000, "the whole body reached the upstream");
+                    let answer = if request_path.ends_with("/messages") {
+                        MESSAGE
+                    } else {
+                        COMPLETION
+                    };
                     let mut response =
-                        Response::new(Full::new(Bytes::from_static(COMPLETION.as_bytes())));
+                        Response::new(Full::new(Bytes::from_static(answer.as_bytes())));
                     response.headers_mut().insert(
                         "content-type",
                         http::HeaderValue::from_static("application/json"),
@@ -59,25 +67,55 @@ async fn discard_upstream() -> (std::net::SocketAddr, tokio::task::JoinHandle<()
     (addr, task)
 }
 
-fn big_body() -> Bytes {
+/// Where the 2M-element bulk sits in the body.
+#[derive(Clone, Copy, Debug)]
+enum Bulk {
+    /// `"messages": [{…}, 1, 1, …]`: every element is a message the
+    /// request reader walks.
+    InMessages,
+    /// `"messages": [{"role":"user","content":[{…}, 1, 1, …]}]`: every
+    /// element is a content part or block.
+    InContent,
+    /// A field beside `messages` that nothing reads.
+    Beside,
+}
+
+fn big_body(bulk: Bulk) -> Bytes {
     // 2M elements of `1,`: 4 MB of array.
     let mut body = String::with_capacity(4_100_000);
-    body.push_str(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata_blob":["#);
+    body.push_str(r#"{"model":"m","max_tokens":16,"#);
+    match bulk {
+        Bulk::InMessages => body.push_str(r#""messages":[{"role":"user","content":"hi"}"#),
+        Bulk::InContent => {
+            body.push_str(r#""messages":[{"role":"user","content":[{"type":"text","text":"hi"}"#)
+        }
+        Bulk::Beside => {
+            body.push_str(r#""messages":[{"role":"user","content":"hi"}],"metadata_blob":["#)
+        }
+    }
     for i in 0..2_000_000 {
-        if i > 0 {
+        if i > 0 || !matches!(bulk, Bulk::Beside) {
             body.push(',');
         }
         body.push('1');
     }
-    body.push_str("]}");
+    match bulk {
+        Bulk::InContent => body.push_str("]}]}"),
+        _ => body.push_str("]}"),
+    }
     Bytes::from(body)
 }
 
-#[test]
-fn a_4_mib_body_costs_at_most_3x_its_size_at_peak() {
-    let body = big_body();
+/// Sends `body` to `path` of a gateway whose one provider speaks `dialect`,
+/// and asserts the request's whole path peaked at no more than 3x the body.
+fn peak_is_at_most_3x(path: &str, dialect: &str, bulk: Bulk) {
+    let body = big_body(bulk);
     let size = body.len();
     assert!(size >= 4_000_000);
+    assert!(
+        serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok(),
+        "the body is JSON"
+    );
     let mut status = None;
     let info = allocation_counter::measure(|| {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -94,6 +132,7 @@ max_request_bytes = 8388608
 [[providers]]
 name = "p"
 base_url = "http://{upstream}/v1"
+dialect = "{dialect}"
 "#
             );
             let config = app::Config::from_toml(&config).unwrap();
@@ -101,7 +140,7 @@ base_url = "http://{upstream}/v1"
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let running = app::serve(gateway, listener);
             let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-            let request = Request::post(format!("http://{}/v1/chat/completions", running.addr))
+            let request = Request::post(format!("http://{}{path}", running.addr))
                 .header("content-type", "application/json")
                 .body(Full::new(body.clone()))
                 .unwrap();
@@ -114,15 +153,33 @@ base_url = "http://{upstream}/v1"
             status
         }));
     });
-    assert_eq!(status, Some(http::StatusCode::OK));
+    assert_eq!(status, Some(http::StatusCode::OK), "{path} {bulk:?}");
     let ratio = info.bytes_max as f64 / size as f64;
     println!(
-        "request body {size} bytes; peak {} bytes ({ratio:.2}x); {} allocations",
+        "{path} {bulk:?}: request body {size} bytes; peak {} bytes ({ratio:.2}x); {} allocations",
         info.bytes_max, info.count_total
     );
     assert!(
         info.bytes_max <= 3 * size as u64,
-        "peak {} bytes is {ratio:.2}x the {size}-byte body",
+        "{path} {bulk:?}: peak {} bytes is {ratio:.2}x the {size}-byte body",
         info.bytes_max
     );
+}
+
+#[test]
+fn a_4_mib_body_costs_at_most_3x_its_size_at_peak() {
+    peak_is_at_most_3x("/v1/chat/completions", "openai", Bulk::Beside);
+}
+
+#[test]
+fn a_4_mib_messages_array_costs_at_most_3x_on_the_chat_route() {
+    peak_is_at_most_3x("/v1/chat/completions", "openai", Bulk::InMessages);
+    peak_is_at_most_3x("/v1/chat/completions", "openai", Bulk::InContent);
+}
+
+#[test]
+fn a_4_mib_messages_array_costs_at_most_3x_on_the_messages_route() {
+    peak_is_at_most_3x("/v1/messages", "anthropic", Bulk::InMessages);
+    peak_is_at_most_3x("/v1/messages", "anthropic", Bulk::InContent);
+    peak_is_at_most_3x("/v1/messages", "anthropic", Bulk::Beside);
 }

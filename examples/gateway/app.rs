@@ -623,9 +623,15 @@ impl Gateway {
 
     /// The axum router: chat completions, models, health.
     pub(crate) fn router(self) -> Router {
+        // Only the model routes are capped: health and metrics answer at
+        // saturation.
+        let caps = serve::InFlightCaps::new(&self.server);
         Router::new()
-            .route("/v1/chat/completions", post(chat_completions))
-            .route("/v1/messages", post(messages::handler))
+            .route(
+                "/v1/chat/completions",
+                post(chat_completions).layer(caps.chat),
+            )
+            .route("/v1/messages", post(messages::handler).layer(caps.messages))
             .route("/v1/models", get(models))
             .route("/v1/health/targets", get(health_targets))
             .route("/metrics", get(metrics_text))

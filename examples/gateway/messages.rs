@@ -21,6 +21,7 @@ use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, ParsedRequest, RequestError,
 };
 use tower_llm_failover::failover::Failover;
+use tower_llm_failover::limit::ReadLimitError;
 
 use super::{Gateway, ProviderConfig, RouteConfig, pattern_matches};
 
@@ -160,6 +161,16 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             while let Some(e) = source {
                 too_large |= e.is::<http_body_util::LengthLimitError>();
                 source = e.source();
+            }
+            // A body cut by the read limits (timeout, too slow) is the
+            // client's pace, not a bad body: 408, as the chat route says.
+            if let Some(limit) = ReadLimitError::find_in(&error) {
+                return error_answer(
+                    StatusCode::REQUEST_TIMEOUT,
+                    FailureClass::Timeout,
+                    &limit.to_string(),
+                    "request_body_timeout",
+                );
             }
             return if too_large {
                 error_answer(

@@ -1,11 +1,16 @@
 //! Serving the gateway: hyper-util's server with a timer, so that a slow or
 //! greedy client cannot hold what other clients need.
 //!
+//! - **HTTP/1.1 only**: the gateway serves plain TCP, and every limit here
+//!   is one of HTTP/1's (hyper's header-read timeout applies to HTTP/1
+//!   only; an idle HTTP/2 connection would keep its connection slot for
+//!   ever). A client that opens with the HTTP/2 preface (h2c prior
+//!   knowledge) is refused and closed. Put HTTP/2 and TLS in front, in a
+//!   proxy that terminates them.
 //! - **Header-read timeout**: a connection that sends nothing, trickles its
 //!   request head or idles between requests is closed after
-//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the protocol
-//!   sniffing before it is timed here, since hyper-util's auto server waits
-//!   for the first bytes without a limit).
+//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the wait for
+//!   a connection's first byte is timed here too).
 //! - **Request body**: read within `body_read_timeout_ms` and, after
 //!   `body_min_rate_grace_ms`, at `body_min_bytes_per_second` on average
 //!   (the library's [`ReadLimitLayer`]); a body that breaks either is
@@ -13,14 +18,21 @@
 //! - **Connection cap**: connection `max_connections + 1` is answered `503`
 //!   with `retry-after` and closed (a few such answers at a time; beyond
 //!   them it is closed at once).
-//! - **In-flight cap**: request `max_in_flight + 1` is shed with an
-//!   OpenAI-shaped `503` and `retry-after`, never queued (the library's
-//!   [`InFlightLimitLayer`]; a stream counts until its body ends).
+//! - **In-flight cap**: model request `max_in_flight + 1` (`POST
+//!   /v1/chat/completions` and `/v1/messages`, counted together) is shed
+//!   with `retry-after` in the route's dialect (OpenAI's `503`, Anthropic's
+//!   `529 overloaded_error`), never queued (the library's
+//!   [`InFlightLimitLayer`]; a stream counts until its body ends). Health,
+//!   models and metrics are never shed: an orchestrator probing a saturated
+//!   gateway must not restart it.
 //! - **Graceful shutdown**: [`Running::shutdown`] stops accepting (new
 //!   connections are refused), lets running responses finish within the
-//!   grace period, then ends the streams still running with the terminal
-//!   chunk (class `shutdown`) and `[DONE]` (the library's [`Shutdown`]
-//!   signal), and closes what is left after a short drain.
+//!   grace period, then ends the streams still running with the dialect's
+//!   terminal event, class `shutdown` (a terminal chunk and `[DONE]` on
+//!   chat; `event: error`, with no end marker, on Messages; the library's
+//!   [`Shutdown`] signal), and closes what is left after a short drain.
+//!   A turn still waiting for a response head or in backoff answers the
+//!   dialect's `503` (class and code `shutdown`) at once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,8 +40,8 @@ use std::time::Duration;
 
 use axum::Router;
 use http::header::{CONNECTION, HeaderValue};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
@@ -37,7 +49,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
-use tower_llm_failover::dialect::OpenAiChat;
+use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat};
 use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitLayer, ReadLimits, shed_response};
 use tower_llm_failover::shutdown::Shutdown;
 
@@ -60,7 +72,7 @@ pub(crate) struct ServerConfig {
     /// The `retry-after` of a shed answer, in seconds.
     pub(crate) shed_retry_after_s: u64,
     /// After the grace period, how long the streams just ended get to
-    /// write their terminal chunk before their connections are closed.
+    /// write their terminal event before their connections are closed.
     pub(crate) shutdown_drain_ms: u64,
 }
 
@@ -76,6 +88,27 @@ impl Default for ServerConfig {
             shed_retry_after_s: 1,
             shutdown_drain_ms: 2_000,
         }
+    }
+}
+
+/// The in-flight cap of the model routes: one layer per endpoint, each
+/// shedding in its endpoint's dialect, all sharing one count.
+pub(crate) struct InFlightCaps {
+    /// For `POST /v1/chat/completions`.
+    pub(crate) chat: InFlightLimitLayer<OpenAiChat>,
+    /// For `POST /v1/messages`.
+    pub(crate) messages: InFlightLimitLayer<AnthropicMessages>,
+}
+
+impl InFlightCaps {
+    /// `max_in_flight` model requests at once, over both endpoints.
+    pub(crate) fn new(config: &ServerConfig) -> Self {
+        let chat = InFlightLimitLayer::new(config.max_in_flight)
+            .retry_after(Duration::from_secs(config.shed_retry_after_s))
+            .dialect(OpenAiChat);
+        // `dialect` keeps the layer's semaphore: one count for both.
+        let messages = chat.clone().dialect(AnthropicMessages);
+        Self { chat, messages }
     }
 }
 
@@ -95,8 +128,9 @@ pub(crate) struct Running {
 impl Running {
     /// Stops accepting (new connections are refused) and waits up to
     /// `grace` for running responses. Streams still running then end with
-    /// the terminal chunk (class `shutdown`) and `[DONE]`. Returns whether
-    /// every response finished within `grace`.
+    /// the dialect's terminal event (class `shutdown`); turns still waiting
+    /// for a response head or in backoff answer the dialect's `503`.
+    /// Returns whether every response finished within `grace`.
     pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -139,16 +173,15 @@ pub(crate) fn serve(
             Duration::from_millis(config.body_min_rate_grace_ms),
         );
     }
+    // The in-flight cap is not here but on the model routes (see
+    // `InFlightCaps`): health and metrics must answer at saturation.
     let service = ServiceBuilder::new()
-        .layer(InFlightLimitLayer::new(config.max_in_flight).retry_after(retry_after))
         .layer(ReadLimitLayer::new(limits))
         .service(router);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
-    builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     let connections = Arc::new(Semaphore::new(config.max_connections));
     let shed = Arc::new(Semaphore::new(MAX_SHED_CONNECTIONS));
@@ -213,28 +246,27 @@ async fn first_byte(tcp: &TcpStream, timeout: Duration) -> bool {
 async fn connection<S>(
     tcp: TcpStream,
     service: S,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<http1::Builder>,
     watcher: Watcher,
     header_timeout: Duration,
     permit: OwnedSemaphorePermit,
 ) where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
-            Response = http::Response<tower_llm_failover::limit::InFlightBody<axum::body::Body>>,
+            Response = http::Response<axum::body::Body>,
             Error = std::convert::Infallible,
         > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
 {
-    // hyper-util's protocol sniffing waits for the first bytes without a
-    // limit of its own; hyper's header timer starts only after it.
+    // A connection that never sends its first byte is closed at the header
+    // timeout, whatever hyper's timer does before a first read.
     if !first_byte(&tcp, header_timeout).await {
         return;
     }
-    let conn = builder
-        .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(service))
-        .into_owned();
+    // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper closes.
+    let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
     if let Err(error) = watcher.watch(conn).await {
         tracing::debug!(%error, "client connection ended with an error");
     }
@@ -252,8 +284,13 @@ async fn shed_connection(
     if !first_byte(&tcp, budget).await {
         return;
     }
-    let service = hyper::service::service_fn(move |_request| async move {
-        let mut response = shed_response(&OpenAiChat, retry_after);
+    let service = hyper::service::service_fn(move |request: http::Request<_>| async move {
+        // In the dialect of the endpoint asked for.
+        let mut response = if request.uri().path() == "/v1/messages" {
+            shed_response(&AnthropicMessages, retry_after)
+        } else {
+            shed_response(&OpenAiChat, retry_after)
+        };
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));

@@ -3,8 +3,10 @@
 
 use std::ops::Range;
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+use std::fmt;
+
+use serde::de::{IgnoredAny, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 /// A field that is present, `null` included.
@@ -62,4 +64,51 @@ pub(crate) fn splice(
 /// The leading byte of a body that is not whitespace.
 pub(crate) fn first_non_space(body: &[u8]) -> Option<u8> {
     body.iter().find(|b| !b.is_ascii_whitespace()).copied()
+}
+
+/// Calls `each` on every element of the raw JSON array `raw`, in order,
+/// reading one element at a time: no list of elements is built, so a
+/// request of millions of tiny elements costs nothing per element.
+/// Fails when `raw` is not an array.
+pub(crate) fn for_each_element<'a>(
+    raw: &'a RawValue,
+    each: impl FnMut(&'a RawValue),
+) -> Result<(), serde_json::Error> {
+    struct Elements<F>(F);
+    impl<'de, F: FnMut(&'de RawValue)> Visitor<'de> for Elements<F> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(element) = seq.next_element::<&'de RawValue>()? {
+                (self.0)(element);
+            }
+            Ok(())
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    deserializer.deserialize_seq(Elements(each))?;
+    deserializer.end()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_are_visited_in_order_borrowed_from_the_array() {
+        let raw: &RawValue = serde_json::from_str(r#"[1, "two", {"three": [3]}, []]"#).unwrap();
+        let mut seen = Vec::new();
+        for_each_element(raw, |e| seen.push(e.get())).unwrap();
+        assert_eq!(seen, ["1", "\"two\"", r#"{"three": [3]}"#, "[]"]);
+        let inside = raw.get().as_ptr() as usize..raw.get().as_ptr() as usize + raw.get().len();
+        assert!(
+            inside.contains(&(seen[2].as_ptr() as usize)),
+            "borrowed, not copied"
+        );
+
+        let not_array: &RawValue = serde_json::from_str(r#"{"a": 1}"#).unwrap();
+        assert!(for_each_element(not_array, |_| {}).is_err());
+    }
 }

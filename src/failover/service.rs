@@ -402,10 +402,12 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Ends running streams with the dialect's terminal event (class
-    /// `shutdown`) when `signal` fires, and fails attempts still held back
-    /// before commit with that class (it never reroutes). See
-    /// [`Shutdown`](crate::shutdown::Shutdown).
+    /// When `signal` fires: running streams end with the dialect's terminal
+    /// event (class `shutdown`; no end marker for dialects whose marker
+    /// means success), and a turn that has not answered yet (waiting for a
+    /// response head, held back before commit, or in backoff) answers the
+    /// dialect's `503` error with class and code `shutdown` at once (it
+    /// never reroutes). See [`Shutdown`](crate::shutdown::Shutdown).
     pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
         self.shutdown = Some(signal);
         self
@@ -420,7 +422,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             .map(|t| t.classified(&classifier))
             .collect();
         let mut stream = self.stream.classifier(classifier.clone());
-        if let Some(signal) = self.shutdown {
+        if let Some(signal) = self.shutdown.clone() {
             stream = stream.shutdown(signal);
         }
         Failover {
@@ -445,6 +447,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 max_same_target_wait: self.max_same_target_wait,
                 default_output_tokens: self.default_output_tokens,
                 stream: Arc::new(stream.config().clone()),
+                shutdown: self.shutdown,
             }),
         }
     }

@@ -45,4 +45,7 @@ pub(crate) struct Shared<S, D> {
     pub(crate) max_same_target_wait: std::time::Duration,
     pub(crate) default_output_tokens: u64,
     pub(crate) stream: Arc<InspectConfig<D>>,
+    /// When it fires, a turn that has not answered yet answers `503`
+    /// (class `shutdown`) instead of waiting on.
+    pub(crate) shutdown: Option<crate::shutdown::Shutdown>,
 }

@@ -25,7 +25,7 @@ use super::upstream;
 use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
-use crate::dialect::{Dialect, ParsedRequest, Requirements, Usage};
+use crate::dialect::{Dialect, ErrorReply, ParsedRequest, Requirements, Usage};
 use crate::record::{RunRecord, StopReason, log_safe};
 use crate::telemetry;
 
@@ -122,7 +122,29 @@ where
                 resting: Resting::new(shared.refuse_when_cooling),
                 retries_here: 0,
             };
-            turn.run().await
+            let Some(signal) = shared.shutdown.as_ref() else {
+                return turn.run().await;
+            };
+            // A turn that has not answered when the gateway stops answers
+            // at once, cleanly, rather than being cut with its connection.
+            // Nothing was sent to the client yet, so any answer is whole.
+            let ending = signal.ending();
+            tokio::select! {
+                biased;
+                () = ending => {
+                    run.stop(StopReason::Shutdown);
+                    reply::error(
+                        &shared.dialect,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &ErrorReply::new(
+                            FailureClass::Shutdown,
+                            "the gateway is shutting down; retry the request",
+                        )
+                        .code("shutdown"),
+                    )
+                }
+                response = turn.run() => response,
+            }
         }
     }
 }

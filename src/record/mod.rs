@@ -144,6 +144,8 @@ pub enum StopReason {
     Cancelled,
     /// A committed stream failed and was ended with a terminal event.
     StreamFailed,
+    /// The gateway shut down before the turn answered.
+    Shutdown,
 }
 
 impl StopReason {
@@ -160,6 +162,7 @@ impl StopReason {
             Self::RetryBudget => "retry_budget",
             Self::Cancelled => "cancelled",
             Self::StreamFailed => "stream_failed",
+            Self::Shutdown => "shutdown",
         }
     }
 }

@@ -10,7 +10,9 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use crate::dialect::raw::{first_byte, first_non_space, is_true, non_empty_array, span, splice};
+use crate::dialect::raw::{
+    first_byte, first_non_space, for_each_element, is_true, non_empty_array, span, splice,
+};
 use crate::dialect::{RequestError, Requirements};
 
 /// The API version sent upstream when the client named none.
@@ -89,10 +91,13 @@ impl Tally {
         match first_byte(raw) {
             b'"' => self.text_bytes += raw.get().len().saturating_sub(2) as u64,
             b'[' if depth < 4 => {
-                let blocks: Vec<&RawValue> = serde_json::from_str(raw.get()).unwrap_or_default();
-                for block in blocks.iter().filter(|b| first_byte(b) == b'{') {
-                    self.block(block, depth);
-                }
+                // Element by element: a list of blocks would cost 16 bytes
+                // per element of a hostile `[0,0,…]`.
+                let _ = for_each_element(raw, |block| {
+                    if first_byte(block) == b'{' {
+                        self.block(block, depth);
+                    }
+                });
             }
             _ => {}
         }
@@ -136,8 +141,6 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
     let model_raw = top.model.ok_or(RequestError::MissingModel)?;
     let model: Cow<'_, str> =
         serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
-    let messages: Vec<&RawValue> =
-        serde_json::from_str(messages.get()).map_err(|_| RequestError::MissingMessages)?;
     let max_tokens = match top.max_tokens {
         None => None,
         Some(raw) => {
@@ -151,7 +154,11 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
     };
 
     let mut tally = Tally::default();
-    for message in messages.iter().filter(|m| first_byte(m) == b'{') {
+    // Read one message at a time, never collected (see `for_each_element`).
+    for_each_element(messages, |message| {
+        if first_byte(message) != b'{' {
+            return;
+        }
         tally.text_bytes += 16; // role and framing
         if let Ok(Message {
             content: Some(content),
@@ -159,7 +166,8 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         {
             tally.content(content, 0);
         }
-    }
+    })
+    .map_err(|_| RequestError::MissingMessages)?;
     if let Some(system) = top.system {
         tally.content(system, 0);
     }

@@ -92,7 +92,10 @@ impl RawUsage {
 /// Reads one dispatched event of a Messages stream.
 ///
 /// The SDKs dispatch on the SSE event name; a stream without names is read
-/// by its data's `type`, which Anthropic always sends as well.
+/// by its data's `type`, which Anthropic always sends as well. When both
+/// are there they must agree: an event named one thing whose data says
+/// another would be read one way here and another way by some client, so
+/// it is malformed.
 pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
     if event.is_named("error") {
         return Chunk::of(ChunkKind::Error);
@@ -100,8 +103,13 @@ pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
     let Ok(data) = serde_json::from_slice::<Event<'_>>(event.data()) else {
         return Chunk::of(ChunkKind::Malformed);
     };
-    let named = event.event().filter(|name| *name != b"message");
-    let kind: &[u8] = named.unwrap_or(data.kind.as_bytes());
+    let kind = data.kind.as_bytes();
+    if event
+        .event()
+        .is_some_and(|name| name != b"message" && name != kind)
+    {
+        return Chunk::of(ChunkKind::Malformed);
+    }
     match kind {
         b"message_start" => {
             let Some(message) = data.message else {
@@ -161,7 +169,10 @@ fn empty_start(block: &BlockStart<'_>) -> bool {
 /// after it. [`TerminalMode::FinishReasonOnly`], for clients that must not
 /// raise, ends the message instead: a `message_delta` whose `stop_reason`
 /// is the gateway's finish reason (`"error"`), the error under
-/// `stream_error`, then `message_stop`.
+/// `stream_error`, then `message_stop`. Its `usage` is an empty object: the
+/// gateway does not know the output token count (output *events* are not
+/// tokens), and the SDKs' stream helpers read `event.usage.output_tokens`
+/// unconditionally, so a missing `usage` would make them raise.
 pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: TerminalMode) -> Bytes {
     #[derive(serde::Serialize)]
     struct ErrorBody<'a> {
@@ -198,7 +209,8 @@ pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: Termina
                 &serde_json::json!({
                     "type": "message_delta",
                     "delta": {"stop_reason": finish_reason, "stop_sequence": null},
-                    "usage": {"output_tokens": error.output_events},
+                    // No count claimed; see the doc comment.
+                    "usage": {},
                     "stream_error": body,
                 }),
             )
@@ -217,4 +229,85 @@ pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: Termina
         out.extend_from_slice(MESSAGE_STOP);
     }
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::{SseItem, SseScanner};
+
+    fn kind_of(wire: &str) -> ChunkKind {
+        let mut kinds = Vec::new();
+        SseScanner::new().feed(&Bytes::copy_from_slice(wire.as_bytes()), |item| {
+            if let SseItem::Event(event) = item {
+                kinds.push(inspect(&event).kind);
+            }
+        });
+        assert_eq!(kinds.len(), 1, "{wire}");
+        kinds[0]
+    }
+
+    #[test]
+    fn an_event_name_and_data_type_that_disagree_are_malformed() {
+        // Named as preamble, typed as output: either reading is a guess.
+        assert_eq!(
+            kind_of(
+                "event: ping\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n"
+            ),
+            ChunkKind::Malformed
+        );
+        // Named as output, typed as preamble.
+        assert_eq!(
+            kind_of("event: content_block_delta\ndata: {\"type\":\"ping\"}\n\n"),
+            ChunkKind::Malformed
+        );
+        // Named as the end, typed as something else.
+        assert_eq!(
+            kind_of(
+                "event: message_stop\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n"
+            ),
+            ChunkKind::Malformed
+        );
+        // Agreeing, unnamed, or the default `message` name: read by `type`.
+        assert_eq!(
+            kind_of("event: ping\ndata: {\"type\":\"ping\"}\n\n"),
+            ChunkKind::Preamble
+        );
+        assert_eq!(
+            kind_of("event: message\ndata: {\"type\":\"message_stop\"}\n\n"),
+            ChunkKind::Done
+        );
+        assert_eq!(
+            kind_of(
+                "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n"
+            ),
+            ChunkKind::Output
+        );
+        // `event: error` is an error whatever its data says.
+        assert_eq!(
+            kind_of("event: error\ndata: {\"type\":\"ping\"}\n\n"),
+            ChunkKind::Error
+        );
+    }
+
+    #[test]
+    fn the_quiet_terminal_claims_no_output_token_count() {
+        let error = TerminalError::new(
+            crate::failure::FailureClass::Overloaded,
+            crate::failure::Phase::Committed,
+            "Overloaded",
+        )
+        .sent(1234, 40);
+        let frames = terminal("error", &error, TerminalMode::FinishReasonOnly);
+        let text = std::str::from_utf8(&frames).unwrap();
+        let prefix = "event: message_delta\ndata: ";
+        let at = text.find(prefix).unwrap() + prefix.len();
+        let end = text[at..].find("\n\n").unwrap() + at;
+        let delta: serde_json::Value = serde_json::from_str(&text[at..end]).unwrap();
+        // 40 output events are not 40 tokens: no count at all, but still
+        // a `usage` object for the SDK helpers that read through it.
+        assert_eq!(delta["usage"], serde_json::json!({}), "{delta}");
+        assert_eq!(delta["stream_error"]["output_events"], 40);
+        assert!(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+    }
 }

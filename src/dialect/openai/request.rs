@@ -10,7 +10,9 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use crate::dialect::raw::{first_byte, is_true, non_empty_array, present, span, splice};
+use crate::dialect::raw::{
+    first_byte, for_each_element, is_true, non_empty_array, present, span, splice,
+};
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
 
 /// A parsed chat completion request: the body, and where in it the fields
@@ -103,10 +105,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
     let model_raw = top.model.ok_or(RequestError::MissingModel)?;
     let model: Cow<'_, str> =
         serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
-    let messages: Vec<&RawValue> =
-        serde_json::from_str(messages.get()).map_err(|_| RequestError::MissingMessages)?;
-
-    let (text_bytes, image_input) = prompt_bytes(&messages);
+    let (text_bytes, image_input) = prompt_bytes(messages)?;
     let text_bytes = text_bytes + top.tools.map_or(0, |t| t.get().len() as u64);
     let tools = non_empty_array(top.tools) || non_empty_array(top.functions);
     let response_format = top
@@ -152,25 +151,29 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
 }
 
 /// Text bytes of the messages (plus some framing per message), and whether
-/// any has an image part.
-fn prompt_bytes(messages: &[&RawValue]) -> (u64, bool) {
+/// any has an image part. Messages and parts are read one at a time, never
+/// collected: a list would cost 16 bytes per element of a hostile
+/// `[0,0,…]`, far over the request's memory bound.
+fn prompt_bytes(messages: &RawValue) -> Result<(u64, bool), RequestError> {
     let mut text_bytes = 0u64;
     let mut image_input = false;
-    for message in messages {
+    for_each_element(messages, |message| {
         text_bytes += 16; // role and framing
         if first_byte(message) != b'{' {
-            continue;
+            return;
         }
         let Ok(message) = serde_json::from_str::<Message<'_>>(message.get()) else {
-            continue;
+            return;
         };
         match message.content.map(|c| (first_byte(c), c)) {
             Some((b'"', text)) => text_bytes += text.get().len().saturating_sub(2) as u64,
             Some((b'[', parts)) => {
-                let parts: Vec<&RawValue> = serde_json::from_str(parts.get()).unwrap_or_default();
-                for part in parts.iter().filter(|p| first_byte(p) == b'{') {
+                let _ = for_each_element(parts, |part| {
+                    if first_byte(part) != b'{' {
+                        return;
+                    }
                     let Ok(part) = serde_json::from_str::<Part<'_>>(part.get()) else {
-                        continue;
+                        return;
                     };
                     if let Some("image_url" | "input_image" | "image") = part.kind.as_deref() {
                         image_input = true;
@@ -178,15 +181,16 @@ fn prompt_bytes(messages: &[&RawValue]) -> (u64, bool) {
                     if let Some(text) = part.text.filter(|t| first_byte(t) == b'"') {
                         text_bytes += text.get().len().saturating_sub(2) as u64;
                     }
-                }
+                });
             }
             _ => {}
         }
         if let Some(calls) = message.tool_calls {
             text_bytes += calls.get().len() as u64;
         }
-    }
-    (text_bytes, image_input)
+    })
+    .map_err(|_| RequestError::MissingMessages)?;
+    Ok((text_bytes, image_input))
 }
 
 /// The body one target receives: `model` spliced in, and for a stream
