@@ -337,6 +337,37 @@ async fn a_persistent_outage_stays_within_the_shared_retry_budget() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_the_lease_reroutes_while_the_shared_budget_is_high() {
+    let Some(redis) = RedisServer::start("a_burst_larger_than_the_lease_reroutes").await else {
+        return;
+    };
+    // A reserve of 20/s over 10 s: the fleet may make 200 extra attempts,
+    // far more than this burst needs. Cooldowns off, so every turn tries
+    // the failing primary first and needs the budget to reach the backup.
+    let budget = "retry_min_per_sec = 20\nretry_percent = 0.2\nmax_attempts = 2\n";
+    let failover = "cooldown_failures = 1000000\n";
+    let f = fleet(&redis, budget, failover, "").await;
+    f.primary.set_fault("status=500".parse::<Fault>().unwrap());
+    // One warm-up turn: the replica has asked Redis once (its lease and the
+    // shared level are known), as in any running gateway.
+    let warm = post_to(f.a.addr, None).await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.body);
+    let turns: Vec<_> = (0..50)
+        .map(|_| {
+            let addr = f.a.addr;
+            tokio::spawn(async move { post_to(addr, None).await })
+        })
+        .collect();
+    for turn in turns {
+        let reply = turn.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert!(reply.body.contains("backup"), "{}", reply.body);
+    }
+    assert_eq!(f.primary.requests().len(), 51);
+    assert_eq!(f.backup.requests().len(), 51, "every turn rerouted");
+}
+
 // ---------------------------------------------------------------- happy path
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
