@@ -25,12 +25,15 @@ use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
-use tower_llm_failover::budget::{Cost, SpendStore, SpendWindow, TenantRefusal, TenantSpend};
+use tower_llm_failover::budget::{
+    Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
     Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
 };
-use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, RedisSpendStore, connect};
+use tower_llm_failover::redis::{
+    RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
+};
 use tower_llm_failover::testing::FakeProvider;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
 
@@ -366,6 +369,43 @@ async fn a_burst_larger_than_the_lease_reroutes_while_the_shared_budget_is_high(
     }
     assert_eq!(f.primary.requests().len(), 51);
     assert_eq!(f.backup.requests().len(), 51, "every turn rerouted");
+}
+
+/// A replica's shared retry budget alone, shipping only when asked.
+fn shared_budget(url: &str, config: RetryBudgetConfig) -> (RedisRetryBudget, RetryBudget) {
+    let budget = RedisRetryBudget::builder(connect(url).unwrap(), config)
+        .sync_every(Duration::from_secs(3600))
+        .start()
+        .unwrap();
+    let retry = budget.clone().into_retry_budget();
+    (budget, retry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() {
+    let Some(mut redis) = RedisServer::start("deposits_made_during_an_outage").await else {
+        return;
+    };
+    // No reserve: only deposits fund withdrawals.
+    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2);
+    let (budget, retry) = shared_budget(&redis.url(), config);
+    budget.sync().await.unwrap();
+    assert!(budget.is_shared());
+    redis.kill();
+    // A long outage's first attempts (the local fallback counts them).
+    for _ in 0..1000 {
+        retry.deposit();
+    }
+    assert!(budget.sync().await.is_err(), "Redis is down");
+    redis.restart().await;
+    eventually("the budget reaches Redis again", || async {
+        budget.sync().await.is_ok()
+    })
+    .await;
+    assert!(budget.is_shared());
+    // 1000 old deposits credited at once would fund 200 retries now.
+    let granted = (0..50).filter(|_| retry.withdraw()).count();
+    assert_eq!(granted, 0, "the outage's deposits funded a retry storm");
 }
 
 // ---------------------------------------------------------------- happy path

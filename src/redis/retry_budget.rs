@@ -41,7 +41,10 @@ use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError};
 /// fall back to a local `TpsBudget` of the same settings (fed the same
 /// deposits), so retries stay capped per replica; what it granted is
 /// debited from the shared budget once Redis answers, so the fleet's total
-/// comes back within the shared budget.
+/// comes back within the shared budget. Deposits of a failed exchange are
+/// not shipped again (the fallback counted them): after an outage the
+/// shared budget is not credited with the whole outage's first attempts
+/// at once.
 ///
 /// Use it through [`RetryBudget`]: [`into_retry_budget`](Self::into_retry_budget).
 pub struct RedisRetryBudget {
@@ -330,8 +333,10 @@ where
                 Ok(())
             }
             Err(error) => {
-                // The deposits and the debit count again next time.
-                shared.pending.fetch_add(deposits, Ordering::AcqRel);
+                // The debit counts again next time; the deposits do not:
+                // the local fallback already counted them, and crediting an
+                // outage's worth of deposits at once on reconnect would fund
+                // a retry storm with first attempts made long ago.
                 shared.local_grants.fetch_add(debit, Ordering::AcqRel);
                 if is_unavailable(&error) && shared.reachable.swap(false, Ordering::AcqRel) {
                     tracing::warn!(%error, "Redis unreachable: the retry budget is local");
