@@ -26,7 +26,8 @@ use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
 use tower_llm_failover::budget::{
-    Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend};
+    Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
+};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
     Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
@@ -406,6 +407,39 @@ async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() 
     // 1000 old deposits credited at once would fund 200 retries now.
     let granted = (0..50).filter(|_| retry.withdraw()).count();
     assert_eq!(granted, 0, "the outage's deposits funded a retry storm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_error_answer_falls_back_to_the_local_budget() {
+    let Some(redis) = RedisServer::start("a_redis_error_answer_falls_back").await else {
+        return;
+    };
+    // Each first attempt earns one retry; no reserve.
+    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
+    let (budget, retry) = shared_budget(&redis.url(), config);
+    budget.sync().await.unwrap();
+    assert!(budget.is_shared());
+    // Redis answers, but with an error (OOM) to every script.
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        retry.deposit();
+    }
+    let error = budget.sync().await.unwrap_err();
+    assert!(!error.is_io_error(), "an answer, not an outage: {error}");
+    assert!(
+        !budget.is_shared(),
+        "an error answer switches to the fallback"
+    );
+    let granted = (0..5).filter(|_| retry.withdraw()).count();
+    assert_eq!(granted, 5, "the local budget grants what deposits earned");
 }
 
 // ---------------------------------------------------------------- happy path

@@ -37,7 +37,8 @@ use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError};
 /// floor, only the lease grants, so the budget's last withdrawals are
 /// handed out one exchange at a time, fleet-wide.
 ///
-/// Redis unreachable (or not yet asked, right after start): withdrawals
+/// Redis unreachable, answering with an error (LOADING, OOM, READONLY…)
+/// or not yet asked (right after start): withdrawals
 /// fall back to a local `TpsBudget` of the same settings (fed the same
 /// deposits), so retries stay capped per replica; what it granted is
 /// debited from the shared budget once Redis answers, so the fleet's total
@@ -338,10 +339,16 @@ where
                 // outage's worth of deposits at once on reconnect would fund
                 // a retry storm with first attempts made long ago.
                 shared.local_grants.fetch_add(debit, Ordering::AcqRel);
-                if is_unavailable(&error) && shared.reachable.swap(false, Ordering::AcqRel) {
-                    tracing::warn!(%error, "Redis unreachable: the retry budget is local");
-                } else if !is_unavailable(&error) {
-                    tracing::error!(%error, "Redis retry budget script failed");
+                // Any failed exchange falls back, not only an unreachable
+                // Redis: an error answer (LOADING, OOM, READONLY, a failed
+                // script) would otherwise leave an empty lease that refuses
+                // every retry.
+                if shared.reachable.swap(false, Ordering::AcqRel) {
+                    if is_unavailable(&error) {
+                        tracing::warn!(%error, "Redis unreachable: the retry budget is local");
+                    } else {
+                        tracing::error!(%error, "Redis retry budget script failed: the retry budget is local");
+                    }
                 }
                 Err(error)
             }
