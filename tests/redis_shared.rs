@@ -30,7 +30,7 @@ use tower_llm_failover::budget::{
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
-    Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
+    Admission, Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
 };
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
@@ -440,6 +440,59 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
     );
     let granted = (0..5).filter(|_| retry.withdraw()).count();
     assert_eq!(granted, 5, "the local budget grants what deposits earned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_replicas_probe_claim_keeps_the_first() {
+    let Some(redis) = RedisServer::start("a_second_replicas_probe_claim").await else {
+        return;
+    };
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .refresh_every(Duration::from_secs(3600))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let key = HealthKey::model("primary", "gpt-x");
+    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_millis(30)));
+    a.failure(&key, report);
+    a.sync().await.unwrap();
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    // Both views see the cooldown end; neither knows of the other's probe.
+    eventually("the cooldown ends", || async {
+        a.availability(&key) == Availability::Probe && b.availability(&key) == Availability::Probe
+    })
+    .await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let entry = "{tlf:health}:k:m:7:primarygpt-x";
+    let claim = |admin: &mut ::redis::aio::MultiplexedConnection| {
+        let mut admin = admin.clone();
+        async move {
+            ::redis::cmd("HGET")
+                .arg(entry)
+                .arg("probe")
+                .query_async::<Option<String>>(&mut admin)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(a.admit(&key, false), Admission::Probe);
+    a.sync().await.unwrap();
+    let first = claim(&mut admin).await;
+    assert!(first.is_some(), "A's probe is claimed in Redis");
+    // B probes too (it has not learned A's claim), a little later.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(b.admit(&key, false), Admission::Probe);
+    b.sync().await.unwrap();
+    assert_eq!(
+        claim(&mut admin).await,
+        first,
+        "B's claim replaced or lengthened A's live claim"
+    );
 }
 
 // ---------------------------------------------------------------- happy path

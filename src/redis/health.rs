@@ -43,8 +43,13 @@ const QUEUE: usize = 4096;
 ///   logged; the connection reconnects on its own and the next refresh
 ///   brings the fleet's view back.
 ///
-/// Probes are claimed locally first, then fleet-wide: two replicas may each
-/// send one probe within one refresh, never more.
+/// Probes are claimed locally first (the request does not wait for Redis),
+/// then fleet-wide by a compare-and-set that keeps a live claim. A replica
+/// that learned another's claim (by a refresh or a transition's reply) does
+/// not probe; but replicas that have not learned it yet may each send one
+/// probe: with N replicas, a recovering key may get up to N probes within
+/// one [`refresh_every`](RedisHealthStoreBuilder::refresh_every), one per
+/// replica, never more per replica.
 ///
 /// All keys share the hash tag `{<prefix>:health}` (one cluster slot; the
 /// health state of a gateway is small).
