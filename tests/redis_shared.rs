@@ -278,6 +278,22 @@ async fn a_tenant_ceiling_stops_turns_on_both_replicas() {
     let f = fleet(&redis, "", "", state).await;
     let first = post_to(f.a.addr, Some("acme")).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    // The turn's cost is added once its body is done, in the background:
+    // wait for it to land, so no later acme turn can slip in before it.
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let admin = client.get_multiplexed_async_connection().await.unwrap();
+    eventually("acme's spend is recorded", || {
+        let mut admin = admin.clone();
+        async move {
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg("{tlf:spend:acme}:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            !keys.is_empty()
+        }
+    })
+    .await;
     for (replica, other) in [(f.a.addr, "globex-a"), (f.b.addr, "globex-b")] {
         eventually("the tenant is refused", || async move {
             post_to(replica, Some("acme")).await.status == StatusCode::PAYMENT_REQUIRED
@@ -493,6 +509,48 @@ async fn a_second_replicas_probe_claim_keeps_the_first() {
         first,
         "B's claim replaced or lengthened A's live claim"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitting_a_tenant_writes_nothing_to_redis() {
+    let Some(redis) = RedisServer::start("admitting_a_tenant_writes_nothing").await else {
+        return;
+    };
+    let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
+    let tenant = TenantSpend::new(
+        store,
+        http::HeaderName::from_static("x-tenant"),
+        SpendWindow::Day,
+        Cost::from_usd(1.0),
+    );
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let admin = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = |admin: &::redis::aio::MultiplexedConnection| {
+        let mut admin = admin.clone();
+        async move {
+            ::redis::cmd("DBSIZE")
+                .query_async::<u64>(&mut admin)
+                .await
+                .unwrap()
+        }
+    };
+    // Every distinct header value a client sends is admitted...
+    for i in 0..20 {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-tenant", format!("made-up-{i}").parse().unwrap());
+        assert!(tenant.admit(&headers).await.unwrap().is_some());
+    }
+    // ...and leaves no key behind.
+    assert_eq!(keys(&admin).await, 0, "admission wrote keys");
+    // Recording a cost writes the tenant's counter, which admission reads.
+    tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
+    assert_eq!(keys(&admin).await, 1);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+    assert!(matches!(
+        tenant.admit(&headers).await,
+        Err(TenantRefusal::Ceiling { .. })
+    ));
 }
 
 // ---------------------------------------------------------------- happy path
