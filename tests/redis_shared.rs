@@ -553,6 +553,39 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
     ));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spend_store_outage_answers_503_without_redis_details() {
+    let Some(mut redis) = RedisServer::start("a_spend_store_outage_answers_503").await else {
+        return;
+    };
+    let state = "tenant_header = \"x-tenant\"\ntenant_ceiling_usd = 10.0\n";
+    let f = fleet(&redis, "", "", state).await;
+    let reply = post_to(f.a.addr, Some("acme")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    redis.kill();
+    let reply = post_to(f.a.addr, Some("acme")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains("spend_store_unavailable"),
+        "{}",
+        reply.body
+    );
+    // Redis' own error text (addresses, errno) stays in the log.
+    let message = serde_json::from_str::<Value>(&reply.body).unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        message,
+        "the tenant's spend could not be checked; try again later"
+    );
+}
+
 // ---------------------------------------------------------------- happy path
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
