@@ -30,7 +30,8 @@ use tower_llm_failover::budget::{
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
-    Admission, Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
+    Admission, Availability, CooldownPolicy, Failover, FailureReport, HealthKey, HealthStore,
+    Scope, Target,
 };
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
@@ -583,6 +584,211 @@ async fn a_spend_store_outage_answers_503_without_redis_details() {
     assert_eq!(
         message,
         "the tenant's spend could not be checked; try again later"
+    );
+}
+
+/// A connection whose commands wait at a gate the test opens one command
+/// at a time (or for good), so the order of a replica's Redis calls can be
+/// set without timing.
+#[derive(Clone)]
+struct Gated {
+    inner: ::redis::aio::ConnectionManager,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    closed: std::sync::atomic::AtomicBool,
+    waiting: AtomicUsize,
+    permits: tokio::sync::Semaphore,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            closed: std::sync::atomic::AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            permits: tokio::sync::Semaphore::new(0),
+        }
+    }
+}
+
+impl Gate {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+    fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+        self.permits.add_permits(1000);
+    }
+    fn let_one_through(&self) {
+        self.permits.add_permits(1);
+    }
+    async fn pass(&self) {
+        if self.closed.load(Ordering::SeqCst) {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.permits.acquire().await.unwrap().forget();
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ::redis::aio::ConnectionLike for Gated {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        Box::pin(async move {
+            self.gate.pass().await;
+            self.inner.req_packed_command(cmd).await
+        })
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        Box::pin(async move {
+            self.gate.pass().await;
+            self.inner
+                .req_packed_commands(pipeline, offset, count)
+                .await
+        })
+    }
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_answered_before_a_queued_transition_keeps_the_newer_local_state() {
+    let Some(redis) = RedisServer::start("a_refresh_answered_before_a_queued_transition").await
+    else {
+        return;
+    };
+    let a = RedisHealthStore::builder(connect(&redis.url()).unwrap())
+        .refresh_every(Duration::from_secs(3600))
+        .start()
+        .unwrap();
+    let gate = Arc::new(Gate::default());
+    let b = RedisHealthStore::builder(Gated {
+        inner: connect(&redis.url()).unwrap(),
+        gate: Arc::clone(&gate),
+    })
+    .refresh_every(Duration::from_millis(10))
+    .start()
+    .unwrap();
+    // The fleet knows the key with state but no cooldown (one hintless
+    // failure), and so does B. Both scripts are loaded.
+    let key = HealthKey::model("primary", "gpt-x");
+    a.failure(
+        &key,
+        FailureReport::new(FailureClass::ServerError, Scope::Model),
+    );
+    a.sync().await.unwrap();
+    b.sync().await.unwrap();
+    assert_eq!(b.availability(&key), Availability::Healthy);
+    // B's next refresh waits at the gate; the fleet's version moves on, so
+    // it will bring the whole view (the key still without a cooldown).
+    gate.close();
+    eventually("B's refresh waits", || async {
+        gate.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let other = HealthKey::model("backup", "gpt-x");
+    a.failure(
+        &other,
+        FailureReport::new(FailureClass::ServerError, Scope::Model),
+    );
+    a.sync().await.unwrap();
+    // Meanwhile B learns a cooldown itself; its transition is queued.
+    let rate_limited = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_secs(60)));
+    assert!(b.failure(&key, rate_limited).is_some());
+    let refreshed = b.stats().refreshed;
+    // The refresh goes through; the transition waits at the gate.
+    gate.let_one_through();
+    eventually("B's refresh is answered", || async {
+        b.stats().refreshed > refreshed && gate.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(
+        matches!(b.availability(&key), Availability::Cooling(_)),
+        "the older fleet state cleared B's newer cooldown: {:?}",
+        b.availability(&key)
+    );
+    gate.open();
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    a.sync().await.unwrap();
+    eventually("A learns B's cooldown", || async {
+        let _ = a.sync().await;
+        matches!(a.availability(&key), Availability::Cooling(_))
+    })
+    .await;
+}
+
+/// The process-wide metrics recorder of this test binary (counters are
+/// told apart by a provider name no other test uses).
+fn metrics() -> &'static metrics_util::debugging::Snapshotter {
+    static METRICS: std::sync::OnceLock<metrics_util::debugging::Snapshotter> =
+        std::sync::OnceLock::new();
+    METRICS.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().unwrap();
+        snapshotter
+    })
+}
+
+fn cooldowns_of(provider: &str) -> u64 {
+    metrics()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == "failover.cooldowns"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "gen_ai.provider.name" && l.value() == provider)
+        })
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cooldown_the_fleet_starts_is_counted() {
+    let Some(redis) = RedisServer::start("a_cooldown_the_fleet_starts_is_counted").await else {
+        return;
+    };
+    metrics();
+    let mut policy = CooldownPolicy::default();
+    policy.failure_threshold = 2;
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .policy(policy.clone())
+            .refresh_every(Duration::from_secs(3600))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let key = HealthKey::model("fleet-counted", "gpt-x");
+    let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    // One failure on each replica: neither reaches the threshold of 2
+    // alone, the fleet does.
+    assert_eq!(a.failure(&key, hintless), None);
+    a.sync().await.unwrap();
+    assert_eq!(b.failure(&key, hintless), None);
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    assert_eq!(
+        cooldowns_of("fleet-counted"),
+        1,
+        "the fleet's cooldown is counted once"
     );
 }
 

@@ -57,6 +57,48 @@ pub struct RedisHealthStore {
     local: Arc<MemoryHealthStore>,
     ops: mpsc::Sender<Command>,
     stats: Arc<Stats>,
+    pending: Arc<Pending>,
+}
+
+/// Keys with a transition queued or in flight: the local view is newer than
+/// Redis for them, so a refresh must not adopt the fleet's (older) state.
+#[derive(Debug, Default)]
+struct Pending(std::sync::Mutex<HashMap<HealthKey, usize>>);
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HealthKey, usize>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The keys a transition of `key` touches: the key and its account.
+    fn touched(key: &HealthKey) -> [HealthKey; 2] {
+        [key.clone(), key.to_account()]
+    }
+
+    fn add(&self, key: &HealthKey) {
+        let mut map = self.lock();
+        for k in Self::touched(key) {
+            *map.entry(k).or_default() += 1;
+        }
+    }
+
+    fn remove(&self, key: &HealthKey) {
+        let mut map = self.lock();
+        for k in Self::touched(key) {
+            if let Some(n) = map.get_mut(&k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, key: &HealthKey) -> bool {
+        self.lock().contains_key(key)
+    }
 }
 
 /// Counts of a [`RedisHealthStore`]'s traffic since it started.
@@ -136,7 +178,9 @@ where
         let local = Arc::new(MemoryHealthStore::new(self.policy.clone()).max_keys(self.max_keys));
         let (tx, rx) = mpsc::channel(QUEUE);
         let stats = Arc::new(Stats::default());
+        let pending = Arc::new(Pending::default());
         let worker = Worker {
+            pending: Arc::clone(&pending),
             connection: self.connection,
             local: Arc::clone(&local),
             stats: Arc::clone(&stats),
@@ -153,6 +197,7 @@ where
             local,
             ops: tx,
             stats,
+            pending,
         })
     }
 }
@@ -212,7 +257,11 @@ impl RedisHealthStore {
             key: key.clone(),
             op,
         };
+        // Marked before it is queued, so a refresh answered meanwhile
+        // leaves this key's newer local state alone.
+        self.pending.add(key);
         if self.ops.try_send(command).is_err() {
+            self.pending.remove(key);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -261,7 +310,13 @@ impl HealthStore for RedisHealthStore {
     fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration> {
         let cooldown = self.local.failure(key, report);
         if report.scope != Scope::Request || report.was_probe {
-            self.ship(key, Op::Failure(report));
+            self.ship(
+                key,
+                Op::Failure {
+                    report,
+                    cooled_locally: cooldown.is_some(),
+                },
+            );
         }
         cooldown
     }
@@ -282,9 +337,19 @@ enum Command {
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Failure(FailureReport),
-    Success { whole: bool },
-    Probe { account: bool, model: bool },
+    /// `cooled_locally`: the local view started (and the caller counted) a
+    /// cooldown for it.
+    Failure {
+        report: FailureReport,
+        cooled_locally: bool,
+    },
+    Success {
+        whole: bool,
+    },
+    Probe {
+        account: bool,
+        model: bool,
+    },
     Release,
 }
 
@@ -356,6 +421,7 @@ fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
 
 struct Worker<C> {
     connection: C,
+    pending: Arc<Pending>,
     local: Arc<MemoryHealthStore>,
     stats: Arc<Stats>,
     keys: Keys,
@@ -383,7 +449,10 @@ where
                 biased;
                 command = rx.recv() => match command {
                     None => return,
-                    Some(Command::Transition { key, op }) => self.transition(&key, op).await,
+                    Some(Command::Transition { key, op }) => {
+                        self.transition(&key, op).await;
+                        self.pending.remove(&key);
+                    }
                     Some(Command::Sync(done)) => {
                         let _ = done.send(self.refresh().await);
                     }
@@ -422,21 +491,23 @@ where
             .key(self.keys.entry(&account_member))
             .key(self.keys.entry(&model_member));
         let name = match op {
-            Op::Failure(_) => "failure",
+            Op::Failure { .. } => "failure",
             Op::Success { whole: true } => "whole",
             Op::Success { whole: false } => "committed",
             Op::Probe { .. } => "probe",
             Op::Release => "release",
         };
         invocation.arg(name).arg(&account_member).arg(&model_member);
+        let mut charged_scope = "none";
         match op {
-            Op::Failure(report) => {
+            Op::Failure { report, .. } => {
                 let charged = match report.scope {
                     Scope::Account => "account",
                     Scope::Model if key.upstream_model().is_some() => "model",
                     Scope::Model => "account",
                     _ => "none",
                 };
+                charged_scope = charged;
                 let p = &self.policy;
                 invocation
                     .arg(charged)
@@ -467,6 +538,25 @@ where
             Ok(reply) => {
                 self.stats.shipped.fetch_add(1, Ordering::Relaxed);
                 self.recovered();
+                // A cooldown the fleet started (its failures together
+                // reached the threshold) that the local view did not: count
+                // it, as the caller counts local ones.
+                let fleet_cooldown = reply
+                    .get(1)
+                    .and_then(|ms| ms.parse::<i64>().ok())
+                    .is_some_and(|ms| ms >= 0);
+                if fleet_cooldown
+                    && matches!(
+                        op,
+                        Op::Failure {
+                            cooled_locally: false,
+                            ..
+                        }
+                    )
+                    && charged_scope != "none"
+                {
+                    crate::telemetry::cooldown_started(key.provider(), charged_scope);
+                }
                 // The fleet's state of the touched keys (after the version
                 // and the cooldown).
                 for fields in reply.get(2..).unwrap_or_default().chunks(6) {
@@ -514,6 +604,11 @@ where
             }
         }
         for (key, state) in &seen {
+            // A transition of this key is queued or in flight: the local
+            // view is newer; the transition's reply brings the fleet's.
+            if self.pending.contains(key) {
+                continue;
+            }
             self.local.adopt(key, state);
         }
         self.version.clone_from(version);
