@@ -37,7 +37,8 @@ const QUEUE: usize = 4096;
 /// - **Replicas learn** each other's transitions by a versioned refresh
 ///   every [`refresh_every`](RedisHealthStoreBuilder::refresh_every)
 ///   (default 250 ms): one script call that returns only a version number
-///   when nothing changed.
+///   when nothing changed, and when it did, a second that reads the entries
+///   (each script declares every key it touches, as Redis Cluster needs).
 /// - **Redis unreachable**: the local view keeps serving (this replica's
 ///   own failures still cool its keys); shipping errors are counted and
 ///   logged; the connection reconnects on its own and the next refresh
@@ -190,6 +191,7 @@ where
             version: String::new(),
             transition: Script::new(include_str!("health.lua")),
             refresh: Script::new(include_str!("health_refresh.lua")),
+            entries: Script::new(include_str!("health_entries.lua")),
             warned: false,
         };
         handle.spawn(worker.run(rx, self.refresh_every));
@@ -431,6 +433,7 @@ struct Worker<C> {
     version: String,
     transition: Script,
     refresh: Script,
+    entries: Script,
     /// An outage is logged once, when it starts.
     warned: bool,
 }
@@ -440,7 +443,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+        // The fleet's view first, then one refresh per period: no tick is
+        // left over to land after a caller's sync.
+        let _ = self.refresh().await;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -572,18 +578,17 @@ where
         }
     }
 
+    /// Fetches the fleet's view when its version moved: one call when it
+    /// did not; when it did, a second that reads the entries it named
+    /// (every key a script touches is declared, as Redis Cluster needs).
     async fn refresh(&mut self) -> Result<(), RedisError> {
-        let mut connection = self.connection.clone();
-        let reply = self
-            .refresh
-            .key(&self.keys.index)
-            .key(&self.keys.version)
-            .arg(&self.version)
-            .arg(&self.keys.entry_prefix)
-            .invoke_async::<Vec<String>>(&mut connection)
-            .await;
-        let reply = match reply {
-            Ok(reply) => reply,
+        let reply = self.fetch().await;
+        let (version, entries) = match reply {
+            Ok(Some(view)) => view,
+            Ok(None) => {
+                self.recovered();
+                return Ok(());
+            }
             Err(error) => {
                 self.stats.refresh_failed.fetch_add(1, Ordering::Relaxed);
                 self.outage(&error, "refresh");
@@ -591,12 +596,6 @@ where
             }
         };
         self.recovered();
-        let Some((version, entries)) = reply.split_first() else {
-            return Ok(());
-        };
-        if *version == self.version {
-            return Ok(());
-        }
         let mut seen: HashMap<HealthKey, SharedState> = HashMap::new();
         for fields in entries.chunks(6) {
             if let Some((key, state)) = parse_state(fields) {
@@ -611,9 +610,40 @@ where
             }
             self.local.adopt(key, state);
         }
-        self.version.clone_from(version);
+        self.version = version;
         self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The fleet's version and entries, or `None` when the version is the
+    /// one the local view adopted.
+    async fn fetch(&self) -> Result<Option<(String, Vec<String>)>, RedisError> {
+        let mut connection = self.connection.clone();
+        let reply = self
+            .refresh
+            .key(&self.keys.index)
+            .key(&self.keys.version)
+            .arg(&self.version)
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await?;
+        let Some((version, members)) = reply.split_first() else {
+            return Ok(None);
+        };
+        if *version == self.version {
+            return Ok(None);
+        }
+        if members.is_empty() {
+            return Ok(Some((version.clone(), Vec::new())));
+        }
+        let mut invocation = self.entries.prepare_invoke();
+        invocation.key(&self.keys.index);
+        for member in members {
+            invocation.key(self.keys.entry(member)).arg(member);
+        }
+        let entries = invocation
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await?;
+        Ok(Some((version.clone(), entries)))
     }
 }
 
