@@ -100,8 +100,9 @@ impl RedisRetryBudget {
         }
     }
 
-    /// Waits until the deposits made so far were shipped and the lease was
-    /// topped up; the error when Redis could not be reached.
+    /// Asks Redis now (even with nothing to ship) and waits until the
+    /// deposits made so far were shipped and the lease was topped up; the
+    /// error when Redis could not be reached or answered with an error.
     pub async fn sync(&self) -> Result<(), RedisError> {
         let (tx, rx) = oneshot::channel();
         if self.wake.send(Wake::Sync(tx)).await.is_err() {
@@ -273,7 +274,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn run(mut self, mut rx: mpsc::Receiver<Wake>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+        // Ask Redis at once, then once per period: no tick is left over to
+        // land after a caller's sync.
+        let _ = self.exchange(false).await;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shared = Arc::clone(&self.shared);
         loop {
@@ -281,21 +285,22 @@ where
                 wake = rx.recv() => match wake {
                     None => return,
                     Some(Wake::Sync(done)) => {
-                        let _ = done.send(self.exchange().await);
+                        let _ = done.send(self.exchange(true).await);
                     }
                 },
                 () = shared.notify.notified() => {
-                    let _ = self.exchange().await;
+                    let _ = self.exchange(false).await;
                 }
                 _ = tick.tick() => {
-                    let _ = self.exchange().await;
+                    let _ = self.exchange(false).await;
                 }
             }
         }
     }
 
-    /// Ships the pending deposits and tops the lease up, in one script.
-    async fn exchange(&mut self) -> Result<(), RedisError> {
+    /// Ships the pending deposits and tops the lease up, in one script;
+    /// with nothing to ship or top up and a fresh level, only when `force`d.
+    async fn exchange(&mut self, force: bool) -> Result<(), RedisError> {
         let shared = Arc::clone(&self.shared);
         let deposits = shared.pending.swap(0, Ordering::AcqRel);
         let debit = shared
@@ -308,7 +313,7 @@ where
         let fresh = self
             .last_exchange
             .is_some_and(|at| at.elapsed() < self.stale_after);
-        if deposits == 0 && want == 0 && debit == 0 && fresh {
+        if deposits == 0 && want == 0 && debit == 0 && fresh && !force {
             return Ok(());
         }
         let mut connection = self.connection.clone();
