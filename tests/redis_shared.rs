@@ -25,12 +25,17 @@ use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
-use tower_llm_failover::budget::{Cost, SpendStore, SpendWindow, TenantRefusal, TenantSpend};
+use tower_llm_failover::budget::{
+    Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
+};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
-    Availability, Failover, FailureReport, HealthKey, HealthStore, Scope, Target,
+    Admission, Availability, CooldownPolicy, Failover, FailureReport, HealthKey, HealthStore,
+    Scope, Target,
 };
-use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, RedisSpendStore, connect};
+use tower_llm_failover::redis::{
+    RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
+};
 use tower_llm_failover::testing::FakeProvider;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
 
@@ -274,6 +279,22 @@ async fn a_tenant_ceiling_stops_turns_on_both_replicas() {
     let f = fleet(&redis, "", "", state).await;
     let first = post_to(f.a.addr, Some("acme")).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    // The turn's cost is added once its body is done, in the background:
+    // wait for it to land, so no later acme turn can slip in before it.
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let admin = client.get_multiplexed_async_connection().await.unwrap();
+    eventually("acme's spend is recorded", || {
+        let mut admin = admin.clone();
+        async move {
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg("{tlf:spend:acme}:*")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            !keys.is_empty()
+        }
+    })
+    .await;
     for (replica, other) in [(f.a.addr, "globex-a"), (f.b.addr, "globex-b")] {
         eventually("the tenant is refused", || async move {
             post_to(replica, Some("acme")).await.status == StatusCode::PAYMENT_REQUIRED
@@ -334,6 +355,451 @@ async fn a_persistent_outage_stays_within_the_shared_retry_budget() {
     assert!(
         refused >= 80,
         "{refused} turns refused by the shared budget"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_the_lease_reroutes_while_the_shared_budget_is_high() {
+    let Some(redis) = RedisServer::start("a_burst_larger_than_the_lease_reroutes").await else {
+        return;
+    };
+    // A reserve of 20/s over 10 s: the fleet may make 200 extra attempts,
+    // far more than this burst needs. Cooldowns off, so every turn tries
+    // the failing primary first and needs the budget to reach the backup.
+    let budget = "retry_min_per_sec = 20\nretry_percent = 0.2\nmax_attempts = 2\n";
+    let failover = "cooldown_failures = 1000000\n";
+    let f = fleet(&redis, budget, failover, "").await;
+    f.primary.set_fault("status=500".parse::<Fault>().unwrap());
+    // One warm-up turn: the replica has asked Redis once (its lease and the
+    // shared level are known), as in any running gateway.
+    let warm = post_to(f.a.addr, None).await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.body);
+    let turns: Vec<_> = (0..50)
+        .map(|_| {
+            let addr = f.a.addr;
+            tokio::spawn(async move { post_to(addr, None).await })
+        })
+        .collect();
+    for turn in turns {
+        let reply = turn.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert!(reply.body.contains("backup"), "{}", reply.body);
+    }
+    assert_eq!(f.primary.requests().len(), 51);
+    assert_eq!(f.backup.requests().len(), 51, "every turn rerouted");
+}
+
+/// A replica's shared retry budget alone, shipping only when asked.
+fn shared_budget(url: &str, config: RetryBudgetConfig) -> (RedisRetryBudget, RetryBudget) {
+    let budget = RedisRetryBudget::builder(connect(url).unwrap(), config)
+        .sync_every(Duration::from_secs(3600))
+        .start()
+        .unwrap();
+    let retry = budget.clone().into_retry_budget();
+    (budget, retry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() {
+    let Some(mut redis) = RedisServer::start("deposits_made_during_an_outage").await else {
+        return;
+    };
+    // No reserve: only deposits fund withdrawals.
+    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2);
+    let (budget, retry) = shared_budget(&redis.url(), config);
+    budget.sync().await.unwrap();
+    assert!(budget.is_shared());
+    redis.kill();
+    // A long outage's first attempts (the local fallback counts them).
+    for _ in 0..1000 {
+        retry.deposit();
+    }
+    assert!(budget.sync().await.is_err(), "Redis is down");
+    redis.restart().await;
+    eventually("the budget reaches Redis again", || async {
+        budget.sync().await.is_ok()
+    })
+    .await;
+    assert!(budget.is_shared());
+    // 1000 old deposits credited at once would fund 200 retries now.
+    let granted = (0..50).filter(|_| retry.withdraw()).count();
+    assert_eq!(granted, 0, "the outage's deposits funded a retry storm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_error_answer_falls_back_to_the_local_budget() {
+    let Some(redis) = RedisServer::start("a_redis_error_answer_falls_back").await else {
+        return;
+    };
+    // Each first attempt earns one retry; no reserve.
+    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
+    let (budget, retry) = shared_budget(&redis.url(), config);
+    budget.sync().await.unwrap();
+    assert!(budget.is_shared());
+    // Redis answers, but with an error (OOM) to every script.
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        retry.deposit();
+    }
+    let error = budget.sync().await.unwrap_err();
+    assert!(!error.is_io_error(), "an answer, not an outage: {error}");
+    assert!(
+        !budget.is_shared(),
+        "an error answer switches to the fallback"
+    );
+    let granted = (0..5).filter(|_| retry.withdraw()).count();
+    assert_eq!(granted, 5, "the local budget grants what deposits earned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_replicas_probe_claim_keeps_the_first() {
+    let Some(redis) = RedisServer::start("a_second_replicas_probe_claim").await else {
+        return;
+    };
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .refresh_every(Duration::from_secs(3600))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let key = HealthKey::model("primary", "gpt-x");
+    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_millis(30)));
+    a.failure(&key, report);
+    a.sync().await.unwrap();
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    // Both views see the cooldown end; neither knows of the other's probe.
+    eventually("the cooldown ends", || async {
+        a.availability(&key) == Availability::Probe && b.availability(&key) == Availability::Probe
+    })
+    .await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let entry = "{tlf:health}:k:m:7:primarygpt-x";
+    let claim = |admin: &mut ::redis::aio::MultiplexedConnection| {
+        let mut admin = admin.clone();
+        async move {
+            ::redis::cmd("HGET")
+                .arg(entry)
+                .arg("probe")
+                .query_async::<Option<String>>(&mut admin)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(a.admit(&key, false), Admission::Probe);
+    a.sync().await.unwrap();
+    let first = claim(&mut admin).await;
+    assert!(first.is_some(), "A's probe is claimed in Redis");
+    // B probes too (it has not learned A's claim), a little later.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(b.admit(&key, false), Admission::Probe);
+    b.sync().await.unwrap();
+    assert_eq!(
+        claim(&mut admin).await,
+        first,
+        "B's claim replaced or lengthened A's live claim"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitting_a_tenant_writes_nothing_to_redis() {
+    let Some(redis) = RedisServer::start("admitting_a_tenant_writes_nothing").await else {
+        return;
+    };
+    let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
+    let tenant = TenantSpend::new(
+        store,
+        http::HeaderName::from_static("x-tenant"),
+        SpendWindow::Day,
+        Cost::from_usd(1.0),
+    );
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let admin = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = |admin: &::redis::aio::MultiplexedConnection| {
+        let mut admin = admin.clone();
+        async move {
+            ::redis::cmd("DBSIZE")
+                .query_async::<u64>(&mut admin)
+                .await
+                .unwrap()
+        }
+    };
+    // Every distinct header value a client sends is admitted...
+    for i in 0..20 {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-tenant", format!("made-up-{i}").parse().unwrap());
+        assert!(tenant.admit(&headers).await.unwrap().is_some());
+    }
+    // ...and leaves no key behind.
+    assert_eq!(keys(&admin).await, 0, "admission wrote keys");
+    // Recording a cost writes the tenant's counter, which admission reads.
+    tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
+    assert_eq!(keys(&admin).await, 1);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+    assert!(matches!(
+        tenant.admit(&headers).await,
+        Err(TenantRefusal::Ceiling { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spend_store_outage_answers_503_without_redis_details() {
+    let Some(mut redis) = RedisServer::start("a_spend_store_outage_answers_503").await else {
+        return;
+    };
+    let state = "tenant_header = \"x-tenant\"\ntenant_ceiling_usd = 10.0\n";
+    let f = fleet(&redis, "", "", state).await;
+    let reply = post_to(f.a.addr, Some("acme")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    redis.kill();
+    let reply = post_to(f.a.addr, Some("acme")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains("spend_store_unavailable"),
+        "{}",
+        reply.body
+    );
+    // Redis' own error text (addresses, errno) stays in the log.
+    let message = serde_json::from_str::<Value>(&reply.body).unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        message,
+        "the tenant's spend could not be checked; try again later"
+    );
+}
+
+/// A connection whose commands wait at a gate the test opens one command
+/// at a time (or for good), so the order of a replica's Redis calls can be
+/// set without timing.
+#[derive(Clone)]
+struct Gated {
+    inner: ::redis::aio::ConnectionManager,
+    gate: Arc<Gate>,
+}
+
+struct Gate {
+    closed: std::sync::atomic::AtomicBool,
+    waiting: AtomicUsize,
+    permits: tokio::sync::Semaphore,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            closed: std::sync::atomic::AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            permits: tokio::sync::Semaphore::new(0),
+        }
+    }
+}
+
+impl Gate {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+    fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+        self.permits.add_permits(1000);
+    }
+    fn let_one_through(&self) {
+        self.permits.add_permits(1);
+    }
+    async fn pass(&self) {
+        if self.closed.load(Ordering::SeqCst) {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.permits.acquire().await.unwrap().forget();
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ::redis::aio::ConnectionLike for Gated {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        Box::pin(async move {
+            self.gate.pass().await;
+            self.inner.req_packed_command(cmd).await
+        })
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        Box::pin(async move {
+            self.gate.pass().await;
+            self.inner
+                .req_packed_commands(pipeline, offset, count)
+                .await
+        })
+    }
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_answered_before_a_queued_transition_keeps_the_newer_local_state() {
+    let Some(redis) = RedisServer::start("a_refresh_answered_before_a_queued_transition").await
+    else {
+        return;
+    };
+    let a = RedisHealthStore::builder(connect(&redis.url()).unwrap())
+        .refresh_every(Duration::from_secs(3600))
+        .start()
+        .unwrap();
+    let gate = Arc::new(Gate::default());
+    let b = RedisHealthStore::builder(Gated {
+        inner: connect(&redis.url()).unwrap(),
+        gate: Arc::clone(&gate),
+    })
+    .refresh_every(Duration::from_millis(10))
+    .start()
+    .unwrap();
+    // The fleet knows the key with state but no cooldown (one hintless
+    // failure), and so does B. Both scripts are loaded.
+    let key = HealthKey::model("primary", "gpt-x");
+    a.failure(
+        &key,
+        FailureReport::new(FailureClass::ServerError, Scope::Model),
+    );
+    a.sync().await.unwrap();
+    b.sync().await.unwrap();
+    assert_eq!(b.availability(&key), Availability::Healthy);
+    // B's next refresh waits at the gate; the fleet's version moves on, so
+    // it will bring the whole view (the key still without a cooldown).
+    gate.close();
+    eventually("B's refresh waits", || async {
+        gate.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let other = HealthKey::model("backup", "gpt-x");
+    a.failure(
+        &other,
+        FailureReport::new(FailureClass::ServerError, Scope::Model),
+    );
+    a.sync().await.unwrap();
+    // Meanwhile B learns a cooldown itself; its transition is queued.
+    let rate_limited = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_secs(60)));
+    assert!(b.failure(&key, rate_limited).is_some());
+    let refreshed = b.stats().refreshed;
+    // The refresh goes through (its calls one at a time, however many);
+    // the transition then waits at the gate.
+    eventually("B's refresh is answered", || async {
+        // A call waits and cannot pass, and the refresh is not done: the
+        // call is the refresh's (it counts itself done before the worker
+        // takes the transition), so let it through.
+        let stuck =
+            gate.waiting.load(Ordering::SeqCst) == 1 && gate.permits.available_permits() == 0;
+        if b.stats().refreshed > refreshed {
+            return stuck;
+        }
+        if stuck {
+            gate.let_one_through();
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(b.availability(&key), Availability::Cooling(_)),
+        "the older fleet state cleared B's newer cooldown: {:?}",
+        b.availability(&key)
+    );
+    gate.open();
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    a.sync().await.unwrap();
+    eventually("A learns B's cooldown", || async {
+        let _ = a.sync().await;
+        matches!(a.availability(&key), Availability::Cooling(_))
+    })
+    .await;
+}
+
+/// The process-wide metrics recorder of this test binary (counters are
+/// told apart by a provider name no other test uses).
+fn metrics() -> &'static metrics_util::debugging::Snapshotter {
+    static METRICS: std::sync::OnceLock<metrics_util::debugging::Snapshotter> =
+        std::sync::OnceLock::new();
+    METRICS.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().unwrap();
+        snapshotter
+    })
+}
+
+fn cooldowns_of(provider: &str) -> u64 {
+    metrics()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == "failover.cooldowns"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "gen_ai.provider.name" && l.value() == provider)
+        })
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cooldown_the_fleet_starts_is_counted() {
+    let Some(redis) = RedisServer::start("a_cooldown_the_fleet_starts_is_counted").await else {
+        return;
+    };
+    metrics();
+    let mut policy = CooldownPolicy::default();
+    policy.failure_threshold = 2;
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .policy(policy.clone())
+            .refresh_every(Duration::from_secs(3600))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let key = HealthKey::model("fleet-counted", "gpt-x");
+    let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    // One failure on each replica: neither reaches the threshold of 2
+    // alone, the fleet does.
+    assert_eq!(a.failure(&key, hintless), None);
+    a.sync().await.unwrap();
+    assert_eq!(b.failure(&key, hintless), None);
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+    assert_eq!(
+        cooldowns_of("fleet-counted"),
+        1,
+        "the fleet's cooldown is counted once"
     );
 }
 

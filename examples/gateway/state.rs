@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use tower_llm_failover::budget::{
-    Cost, MemorySpendStore, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal,
-    TenantSpend, TurnBudget,
+    Cost, MemorySpendStore, RetryBudget, RetryBudgetConfig, RunId, SpendStore, SpendWindow,
+    TenantRefusal, TenantSpend, TurnBudget,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{CooldownPolicy, HealthStore, MemoryHealthStore};
+use tower_llm_failover::record::{self, StopReason};
 
 /// `[state]`.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -36,6 +37,9 @@ pub(crate) struct StateConfig {
     /// Let turns through when the spend store is unreachable (default:
     /// refuse them).
     pub(crate) spend_fail_open: bool,
+    /// Refuse requests that name no tenant (400 `tenant_required`;
+    /// default: they are not metered).
+    pub(crate) require_tenant: bool,
 }
 
 /// Health, retry budget and spend store, as one backend builds them.
@@ -78,8 +82,14 @@ impl Stores {
                 };
                 Some(
                     TenantSpend::new(spend, header, window, Cost::from_usd(usd))
-                        .fail_open(state.spend_fail_open),
+                        .fail_open(state.spend_fail_open)
+                        .require_tenant(state.require_tenant),
                 )
+            }
+            (None, None) if state.require_tenant => {
+                return Err(
+                    "state.require_tenant needs tenant_header and tenant_ceiling_usd".to_owned(),
+                );
             }
             (None, None) => None,
             _ => return Err("state: tenant_header and tenant_ceiling_usd go together".to_owned()),
@@ -150,7 +160,17 @@ where
     };
     let name = match spend.admit(headers).await {
         Ok(name) => name,
-        Err(refusal) => return refused(&refusal, answer),
+        Err(refusal) => {
+            // Refused before any attempt: the turn still leaves its line.
+            let run_id = RunId::random();
+            tracing::info!(run_id = %run_id, %refusal, "tenant check refused the turn");
+            record::refused_turn(&run_id, stop_reason(&refusal));
+            let mut response = refused(&refusal, answer);
+            if let Ok(value) = HeaderValue::from_str(run_id.as_str()) {
+                response.headers_mut().insert(record::RUN_ID_HEADER, value);
+            }
+            return response;
+        }
     };
     let response = turn.await;
     let (Some(name), Some(budget)) = (name, response.extensions().get::<TurnBudget>().cloned())
@@ -199,23 +219,38 @@ impl Drop for Recorder {
 /// Writes an error answer in a route's dialect: status, class, message, code.
 pub(crate) type ErrorAnswer = fn(StatusCode, FailureClass, &str, &str) -> Response;
 
+fn stop_reason(refusal: &TenantRefusal) -> StopReason {
+    match refusal {
+        TenantRefusal::Ceiling { .. } => StopReason::TenantCeiling,
+        TenantRefusal::NoTenant(_) => StopReason::TenantRequired,
+        _ => StopReason::SpendStoreUnavailable,
+    }
+}
+
 fn refused(refusal: &TenantRefusal, answer: ErrorAnswer) -> Response {
-    let (status, class, code) = match refusal {
-        TenantRefusal::Ceiling { .. } => (
+    match refusal {
+        TenantRefusal::Ceiling { .. } => answer(
             StatusCode::PAYMENT_REQUIRED,
             FailureClass::QuotaExhausted,
+            &refusal.to_string(),
             "tenant_spend_ceiling_reached",
         ),
-        TenantRefusal::NoTenant(_) => (
+        TenantRefusal::NoTenant(_) => answer(
             StatusCode::BAD_REQUEST,
             FailureClass::InvalidRequest,
+            &refusal.to_string(),
             "tenant_required",
         ),
-        _ => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            FailureClass::Overloaded,
-            "spend_store_unavailable",
-        ),
-    };
-    answer(status, class, &refusal.to_string(), code)
+        _ => {
+            // The store's error (addresses, Redis' own text) is for the
+            // log, not for the client.
+            tracing::error!(error = %refusal, "tenant spend could not be checked; turn refused");
+            answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                FailureClass::Overloaded,
+                "the tenant's spend could not be checked; try again later",
+                "spend_store_unavailable",
+            )
+        }
+    }
 }

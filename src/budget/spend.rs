@@ -110,20 +110,96 @@ pub trait SpendStore: fmt::Debug + Send + Sync + 'static {
         amount: Cost,
         ceiling: Cost,
     ) -> SpendFuture<'a, Result<SpendCheck, SpendError>>;
+
+    /// `tenant`'s total of the current `window` against `ceiling`, without
+    /// writing anything: a tenant that never spent leaves no trace (every
+    /// distinct header value would otherwise keep a record for the
+    /// window). The default adds zero; stores should override it.
+    fn check<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
+        self.add_and_check(tenant, window, Cost::ZERO, ceiling)
+    }
 }
 
 /// The in-memory [`SpendStore`], for one gateway process. Holds one total
-/// per tenant and window label; older windows are dropped when a tenant's
-/// window changes.
+/// per tenant that spent in the current window; when a window ends (its
+/// label changes), the totals of the window that ended are dropped, so the
+/// map holds only the tenants of the current day or month. A
+/// [`check`](SpendStore::check) stores nothing.
 #[derive(Debug, Default)]
 pub struct MemorySpendStore {
-    totals: Mutex<HashMap<(String, SpendWindow), (String, Cost)>>,
+    totals: Mutex<Totals>,
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    /// `(tenant, window)` to the total of the window's current label.
+    spent: HashMap<(String, SpendWindow), Cost>,
+    /// The label each window's totals belong to.
+    labels: HashMap<SpendWindow, String>,
+}
+
+impl Totals {
+    /// Starts `window`'s new label when it changed, dropping the totals of
+    /// the one that ended.
+    fn roll(&mut self, window: SpendWindow, label: String) {
+        if self.labels.get(&window) != Some(&label) {
+            self.spent.retain(|(_, w), _| *w != window);
+            self.labels.insert(window, label);
+        }
+    }
 }
 
 impl MemorySpendStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Adds `amount` at `at` (zero: a check, which stores nothing).
+    fn add_at(
+        &self,
+        tenant: &str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+        at: SystemTime,
+    ) -> SpendCheck {
+        let mut totals = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
+        totals.roll(window, window.label(at));
+        let spent = if amount.is_zero() {
+            totals
+                .spent
+                .get(&(tenant.to_owned(), window))
+                .copied()
+                .unwrap_or(Cost::ZERO)
+        } else {
+            let total = totals
+                .spent
+                .entry((tenant.to_owned(), window))
+                .or_insert(Cost::ZERO);
+            *total = total.saturating_add(amount);
+            *total
+        };
+        SpendCheck::new(spent, ceiling)
+    }
+
+    /// Tenants holding a total (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spent
+            .len()
+    }
+
+    /// Whether no tenant holds a total.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -135,19 +211,13 @@ impl SpendStore for MemorySpendStore {
         amount: Cost,
         ceiling: Cost,
     ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
-        let label = window.label(SystemTime::now());
-        let mut totals = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = totals
-            .entry((tenant.to_owned(), window))
-            .or_insert_with(|| (label.clone(), Cost::ZERO));
-        if slot.0 != label {
-            *slot = (label, Cost::ZERO);
-        }
-        slot.1 = slot.1.saturating_add(amount);
-        let check = SpendCheck::new(slot.1, ceiling);
+        let check = self.add_at(tenant, window, amount, ceiling, SystemTime::now());
         Box::pin(std::future::ready(Ok(check)))
     }
 }
+
+/// The longest tenant name [`TenantSpend`] accepts, in bytes.
+pub const MAX_TENANT_LEN: usize = 128;
 
 /// Why [`TenantSpend::admit`] refused a turn.
 #[derive(Debug, thiserror::Error)]
@@ -221,17 +291,20 @@ impl TenantSpend {
         self
     }
 
-    /// The tenant a request names, if any.
+    /// The tenant a request names, if any: a header value of at most
+    /// [`MAX_TENANT_LEN`] bytes after trimming; a longer one names no
+    /// tenant (it would be a key in the store).
     pub fn tenant(&self, headers: &HeaderMap) -> Option<String> {
         headers
             .get(&self.header)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
-            .filter(|t| !t.is_empty())
+            .filter(|t| !t.is_empty() && t.len() <= MAX_TENANT_LEN)
             .map(str::to_owned)
     }
 
-    /// Whether a turn of the tenant `headers` name may start.
+    /// Whether a turn of the tenant `headers` name may start: a read of the
+    /// store, which writes nothing.
     pub async fn admit(&self, headers: &HeaderMap) -> Result<Option<String>, TenantRefusal> {
         let Some(tenant) = self.tenant(headers) else {
             if self.require_tenant {
@@ -239,11 +312,7 @@ impl TenantSpend {
             }
             return Ok(None);
         };
-        match self
-            .store
-            .add_and_check(&tenant, self.window, Cost::ZERO, self.ceiling)
-            .await
-        {
+        match self.store.check(&tenant, self.window, self.ceiling).await {
             Ok(check) if check.within() => Ok(Some(tenant)),
             Ok(check) => Err(TenantRefusal::Ceiling {
                 spent: check.spent,
@@ -303,5 +372,50 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(other.spent, Cost::ZERO);
+    }
+
+    #[test]
+    fn memory_store_checks_store_nothing_and_old_windows_go() {
+        let store = MemorySpendStore::new();
+        let ceiling = Cost::from_usd(1.0);
+        let day = UNIX_EPOCH + Duration::from_secs(1_796_083_200); // 2026-12-01
+        for i in 0..100 {
+            let tenant = format!("probe-{i}");
+            let c = store.add_at(&tenant, SpendWindow::Day, Cost::ZERO, ceiling, day);
+            assert_eq!(c.spent, Cost::ZERO);
+        }
+        assert!(store.is_empty(), "checks left records");
+        store.add_at("a", SpendWindow::Day, Cost::from_usd(0.5), ceiling, day);
+        store.add_at("b", SpendWindow::Day, Cost::from_usd(0.5), ceiling, day);
+        store.add_at("a", SpendWindow::Month, Cost::from_usd(0.5), ceiling, day);
+        assert_eq!(store.len(), 3);
+        let c = store.add_at("a", SpendWindow::Day, Cost::ZERO, ceiling, day);
+        assert_eq!(c.spent, Cost::from_usd(0.5));
+        // The next day: the day's totals are gone, the month's stay.
+        let next = day + Duration::from_secs(86_400);
+        let c = store.add_at("a", SpendWindow::Day, Cost::ZERO, ceiling, next);
+        assert_eq!(c.spent, Cost::ZERO);
+        assert_eq!(store.len(), 1);
+        let c = store.add_at("a", SpendWindow::Month, Cost::ZERO, ceiling, next);
+        assert_eq!(c.spent, Cost::from_usd(0.5));
+    }
+
+    #[tokio::test]
+    async fn an_over_long_tenant_names_no_tenant() {
+        let store = Arc::new(MemorySpendStore::new());
+        let header = HeaderName::from_static("x-tenant");
+        let spend = TenantSpend::new(store, header, SpendWindow::Day, Cost::from_usd(1.0));
+        let mut headers = HeaderMap::new();
+        let fits = "t".repeat(MAX_TENANT_LEN);
+        headers.insert("x-tenant", fits.parse().unwrap());
+        assert_eq!(spend.tenant(&headers), Some(fits));
+        headers.insert("x-tenant", "t".repeat(MAX_TENANT_LEN + 1).parse().unwrap());
+        assert_eq!(spend.tenant(&headers), None);
+        assert_eq!(spend.admit(&headers).await.unwrap(), None);
+        let required = spend.require_tenant(true);
+        assert!(matches!(
+            required.admit(&headers).await,
+            Err(TenantRefusal::NoTenant(_))
+        ));
     }
 }

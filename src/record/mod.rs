@@ -146,6 +146,13 @@ pub enum StopReason {
     StreamFailed,
     /// The gateway shut down before the turn answered.
     Shutdown,
+    /// The tenant's spend reached its ceiling for the window
+    /// ([`TenantSpend`](crate::budget::TenantSpend)).
+    TenantCeiling,
+    /// The request named no tenant, and one is required.
+    TenantRequired,
+    /// The tenant's spend could not be read and the check fails closed.
+    SpendStoreUnavailable,
 }
 
 impl StopReason {
@@ -163,6 +170,9 @@ impl StopReason {
             Self::Cancelled => "cancelled",
             Self::StreamFailed => "stream_failed",
             Self::Shutdown => "shutdown",
+            Self::TenantCeiling => "tenant_ceiling",
+            Self::TenantRequired => "tenant_required",
+            Self::SpendStoreUnavailable => "spend_store_unavailable",
         }
     }
 }
@@ -430,9 +440,10 @@ pub(crate) struct TurnFacts<'a> {
     pub(crate) error_type: Option<FailureClass>,
 }
 
-/// A turn refused before the failover layer ran (by a budget layer in
-/// front): its one line and its metrics.
-pub(crate) fn refused_turn(run_id: &RunId, reason: StopReason) {
+/// A turn refused before the failover layer ran (by a budget layer, or an
+/// admission check such as a tenant ceiling, in front): its one `turn`
+/// line and its metrics, with no attempts.
+pub fn refused_turn(run_id: &RunId, reason: StopReason) {
     let run = RunRecord::new(run_id.clone());
     run.stop(reason);
     run.conclude();

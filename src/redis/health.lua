@@ -97,7 +97,13 @@ elseif op == 'probe' then
   local flags = { ARGV[5] == '1', ARGV[6] == '1' }
   for i = 1, 2 do
     if flags[i] then
-      redis.call('HSET', hashes[i], 'probe', string.format('%d', now + timeout))
+      -- Compare-and-set: a live claim (another replica's probe) is kept,
+      -- neither replaced nor lengthened; the reply carries it back, so this
+      -- replica's view adopts it.
+      local held = tonumber(redis.call('HGET', hashes[i], 'probe') or '0') or 0
+      if held <= now then
+        redis.call('HSET', hashes[i], 'probe', string.format('%d', now + timeout))
+      end
       touch(i)
     end
   end

@@ -37,14 +37,20 @@ const QUEUE: usize = 4096;
 /// - **Replicas learn** each other's transitions by a versioned refresh
 ///   every [`refresh_every`](RedisHealthStoreBuilder::refresh_every)
 ///   (default 250 ms): one script call that returns only a version number
-///   when nothing changed.
+///   when nothing changed, and when it did, a second that reads the entries
+///   (each script declares every key it touches, as Redis Cluster needs).
 /// - **Redis unreachable**: the local view keeps serving (this replica's
 ///   own failures still cool its keys); shipping errors are counted and
 ///   logged; the connection reconnects on its own and the next refresh
 ///   brings the fleet's view back.
 ///
-/// Probes are claimed locally first, then fleet-wide: two replicas may each
-/// send one probe within one refresh, never more.
+/// Probes are claimed locally first (the request does not wait for Redis),
+/// then fleet-wide by a compare-and-set that keeps a live claim. A replica
+/// that learned another's claim (by a refresh or a transition's reply) does
+/// not probe; but replicas that have not learned it yet may each send one
+/// probe: with N replicas, a recovering key may get up to N probes within
+/// one [`refresh_every`](RedisHealthStoreBuilder::refresh_every), one per
+/// replica, never more per replica.
 ///
 /// All keys share the hash tag `{<prefix>:health}` (one cluster slot; the
 /// health state of a gateway is small).
@@ -52,6 +58,48 @@ pub struct RedisHealthStore {
     local: Arc<MemoryHealthStore>,
     ops: mpsc::Sender<Command>,
     stats: Arc<Stats>,
+    pending: Arc<Pending>,
+}
+
+/// Keys with a transition queued or in flight: the local view is newer than
+/// Redis for them, so a refresh must not adopt the fleet's (older) state.
+#[derive(Debug, Default)]
+struct Pending(std::sync::Mutex<HashMap<HealthKey, usize>>);
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HealthKey, usize>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The keys a transition of `key` touches: the key and its account.
+    fn touched(key: &HealthKey) -> [HealthKey; 2] {
+        [key.clone(), key.to_account()]
+    }
+
+    fn add(&self, key: &HealthKey) {
+        let mut map = self.lock();
+        for k in Self::touched(key) {
+            *map.entry(k).or_default() += 1;
+        }
+    }
+
+    fn remove(&self, key: &HealthKey) {
+        let mut map = self.lock();
+        for k in Self::touched(key) {
+            if let Some(n) = map.get_mut(&k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, key: &HealthKey) -> bool {
+        self.lock().contains_key(key)
+    }
 }
 
 /// Counts of a [`RedisHealthStore`]'s traffic since it started.
@@ -131,7 +179,9 @@ where
         let local = Arc::new(MemoryHealthStore::new(self.policy.clone()).max_keys(self.max_keys));
         let (tx, rx) = mpsc::channel(QUEUE);
         let stats = Arc::new(Stats::default());
+        let pending = Arc::new(Pending::default());
         let worker = Worker {
+            pending: Arc::clone(&pending),
             connection: self.connection,
             local: Arc::clone(&local),
             stats: Arc::clone(&stats),
@@ -141,6 +191,7 @@ where
             version: String::new(),
             transition: Script::new(include_str!("health.lua")),
             refresh: Script::new(include_str!("health_refresh.lua")),
+            entries: Script::new(include_str!("health_entries.lua")),
             warned: false,
         };
         handle.spawn(worker.run(rx, self.refresh_every));
@@ -148,6 +199,7 @@ where
             local,
             ops: tx,
             stats,
+            pending,
         })
     }
 }
@@ -207,7 +259,11 @@ impl RedisHealthStore {
             key: key.clone(),
             op,
         };
+        // Marked before it is queued, so a refresh answered meanwhile
+        // leaves this key's newer local state alone.
+        self.pending.add(key);
         if self.ops.try_send(command).is_err() {
+            self.pending.remove(key);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -256,7 +312,13 @@ impl HealthStore for RedisHealthStore {
     fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration> {
         let cooldown = self.local.failure(key, report);
         if report.scope != Scope::Request || report.was_probe {
-            self.ship(key, Op::Failure(report));
+            self.ship(
+                key,
+                Op::Failure {
+                    report,
+                    cooled_locally: cooldown.is_some(),
+                },
+            );
         }
         cooldown
     }
@@ -277,9 +339,19 @@ enum Command {
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Failure(FailureReport),
-    Success { whole: bool },
-    Probe { account: bool, model: bool },
+    /// `cooled_locally`: the local view started (and the caller counted) a
+    /// cooldown for it.
+    Failure {
+        report: FailureReport,
+        cooled_locally: bool,
+    },
+    Success {
+        whole: bool,
+    },
+    Probe {
+        account: bool,
+        model: bool,
+    },
     Release,
 }
 
@@ -351,6 +423,7 @@ fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
 
 struct Worker<C> {
     connection: C,
+    pending: Arc<Pending>,
     local: Arc<MemoryHealthStore>,
     stats: Arc<Stats>,
     keys: Keys,
@@ -360,6 +433,7 @@ struct Worker<C> {
     version: String,
     transition: Script,
     refresh: Script,
+    entries: Script,
     /// An outage is logged once, when it starts.
     warned: bool,
 }
@@ -369,7 +443,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+        // The fleet's view first, then one refresh per period: no tick is
+        // left over to land after a caller's sync.
+        let _ = self.refresh().await;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -378,7 +455,10 @@ where
                 biased;
                 command = rx.recv() => match command {
                     None => return,
-                    Some(Command::Transition { key, op }) => self.transition(&key, op).await,
+                    Some(Command::Transition { key, op }) => {
+                        self.transition(&key, op).await;
+                        self.pending.remove(&key);
+                    }
                     Some(Command::Sync(done)) => {
                         let _ = done.send(self.refresh().await);
                     }
@@ -417,21 +497,23 @@ where
             .key(self.keys.entry(&account_member))
             .key(self.keys.entry(&model_member));
         let name = match op {
-            Op::Failure(_) => "failure",
+            Op::Failure { .. } => "failure",
             Op::Success { whole: true } => "whole",
             Op::Success { whole: false } => "committed",
             Op::Probe { .. } => "probe",
             Op::Release => "release",
         };
         invocation.arg(name).arg(&account_member).arg(&model_member);
+        let mut charged_scope = "none";
         match op {
-            Op::Failure(report) => {
+            Op::Failure { report, .. } => {
                 let charged = match report.scope {
                     Scope::Account => "account",
                     Scope::Model if key.upstream_model().is_some() => "model",
                     Scope::Model => "account",
                     _ => "none",
                 };
+                charged_scope = charged;
                 let p = &self.policy;
                 invocation
                     .arg(charged)
@@ -462,6 +544,25 @@ where
             Ok(reply) => {
                 self.stats.shipped.fetch_add(1, Ordering::Relaxed);
                 self.recovered();
+                // A cooldown the fleet started (its failures together
+                // reached the threshold) that the local view did not: count
+                // it, as the caller counts local ones.
+                let fleet_cooldown = reply
+                    .get(1)
+                    .and_then(|ms| ms.parse::<i64>().ok())
+                    .is_some_and(|ms| ms >= 0);
+                if fleet_cooldown
+                    && matches!(
+                        op,
+                        Op::Failure {
+                            cooled_locally: false,
+                            ..
+                        }
+                    )
+                    && charged_scope != "none"
+                {
+                    crate::telemetry::cooldown_started(key.provider(), charged_scope);
+                }
                 // The fleet's state of the touched keys (after the version
                 // and the cooldown).
                 for fields in reply.get(2..).unwrap_or_default().chunks(6) {
@@ -477,18 +578,17 @@ where
         }
     }
 
+    /// Fetches the fleet's view when its version moved: one call when it
+    /// did not; when it did, a second that reads the entries it named
+    /// (every key a script touches is declared, as Redis Cluster needs).
     async fn refresh(&mut self) -> Result<(), RedisError> {
-        let mut connection = self.connection.clone();
-        let reply = self
-            .refresh
-            .key(&self.keys.index)
-            .key(&self.keys.version)
-            .arg(&self.version)
-            .arg(&self.keys.entry_prefix)
-            .invoke_async::<Vec<String>>(&mut connection)
-            .await;
-        let reply = match reply {
-            Ok(reply) => reply,
+        let reply = self.fetch().await;
+        let (version, entries) = match reply {
+            Ok(Some(view)) => view,
+            Ok(None) => {
+                self.recovered();
+                return Ok(());
+            }
             Err(error) => {
                 self.stats.refresh_failed.fetch_add(1, Ordering::Relaxed);
                 self.outage(&error, "refresh");
@@ -496,12 +596,6 @@ where
             }
         };
         self.recovered();
-        let Some((version, entries)) = reply.split_first() else {
-            return Ok(());
-        };
-        if *version == self.version {
-            return Ok(());
-        }
         let mut seen: HashMap<HealthKey, SharedState> = HashMap::new();
         for fields in entries.chunks(6) {
             if let Some((key, state)) = parse_state(fields) {
@@ -509,11 +603,47 @@ where
             }
         }
         for (key, state) in &seen {
+            // A transition of this key is queued or in flight: the local
+            // view is newer; the transition's reply brings the fleet's.
+            if self.pending.contains(key) {
+                continue;
+            }
             self.local.adopt(key, state);
         }
-        self.version.clone_from(version);
+        self.version = version;
         self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The fleet's version and entries, or `None` when the version is the
+    /// one the local view adopted.
+    async fn fetch(&self) -> Result<Option<(String, Vec<String>)>, RedisError> {
+        let mut connection = self.connection.clone();
+        let reply = self
+            .refresh
+            .key(&self.keys.index)
+            .key(&self.keys.version)
+            .arg(&self.version)
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await?;
+        let Some((version, members)) = reply.split_first() else {
+            return Ok(None);
+        };
+        if *version == self.version {
+            return Ok(None);
+        }
+        if members.is_empty() {
+            return Ok(Some((version.clone(), Vec::new())));
+        }
+        let mut invocation = self.entries.prepare_invoke();
+        invocation.key(&self.keys.index);
+        for member in members {
+            invocation.key(self.keys.entry(member)).arg(member);
+        }
+        let entries = invocation
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await?;
+        Ok(Some((version.clone(), entries)))
     }
 }
 

@@ -18,6 +18,15 @@
 //! When Redis comes back, the connection manager reconnects and every store
 //! carries on without a restart.
 //!
+//! Run Redis with `maxmemory-policy noeviction`. Finished action records,
+//! spend counters and the health and retry keys carry a TTL, so not only
+//! `allkeys-*` but also `volatile-*` policies may evict them: an evicted
+//! finished action record lets a resubmitted action run its effect again,
+//! an evicted spend counter forgets a tenant's spend.
+//! Under `noeviction` a full Redis answers writes with OOM instead: action
+//! claims fail closed, spend checks follow their fail-open policy, and
+//! health and the retry budget fall back to their local state.
+//!
 //! The request's happy path (a healthy key admitted, a success on a key
 //! without state) makes no round trip: [`RedisHealthStore`] answers from a
 //! local view and ships transitions in the background; replicas learn each

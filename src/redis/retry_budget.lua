@@ -5,7 +5,8 @@
 -- KEYS[1] the slots hash. ARGV: deposits, wanted withdrawals, ttl_ms,
 -- percent in thousandths, reserve in thousandths, withdrawals a replica
 -- already granted from its local fallback budget (debited here).
--- Returns the withdrawals granted.
+-- Returns {withdrawals granted, the withdrawals the shared budget would still
+-- grant after this call (never below 0)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deposits, want = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -34,4 +35,5 @@ if change ~= 0 then
   redis.call('HINCRBY', KEYS[1], tostring(current), change)
 end
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
-return grant
+local level = math.max(math.floor((sum - grant * 1000 + reserve) / 1000), 0)
+return { grant, level }

@@ -19,18 +19,33 @@ use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError};
 ///
 /// The request path never waits for Redis: each replica holds a small
 /// *lease* of withdrawals the shared budget already granted
-/// ([`lease`](Self::lease), default 2) and its deposits not yet shipped; a
-/// background task ships the deposits and tops the lease up every
-/// [`sync_every`](Self::sync_every) (default 50 ms), and at once when a
-/// withdrawal finds the lease empty. Every extra attempt the fleet makes
-/// was granted by the shared budget, so the fleet's total stays within it
-/// (it may refuse a little early, never allow more).
+/// ([`lease`](RedisRetryBudgetBuilder::lease), default 2) and its deposits
+/// not yet shipped; a background task ships the deposits and tops the lease
+/// up every [`sync_every`](RedisRetryBudgetBuilder::sync_every) (default
+/// 50 ms), and at once when a withdrawal finds the lease empty.
 ///
-/// Redis unreachable (or not yet asked, right after start): withdrawals
+/// Each exchange also brings back the shared budget's *level* (the
+/// withdrawals it would still grant). A burst larger than the lease (an
+/// incident: every in-flight turn wants to reroute at once) does not wait
+/// for the next top-up: while the last known level is above
+/// `lease × 4`, a withdrawal that finds the lease empty is granted from a
+/// local *allowance* of half the level above that floor, and debited from
+/// the shared budget at the next exchange (started at once). One replica
+/// alone never passes the shared budget this way; replicas drawing on the
+/// same level at the same moment may together pass it by what they drew
+/// within one exchange (a round trip). Once the level is down to the
+/// floor, only the lease grants, so the budget's last withdrawals are
+/// handed out one exchange at a time, fleet-wide.
+///
+/// Redis unreachable, answering with an error (LOADING, OOM, READONLY…)
+/// or not yet asked (right after start): withdrawals
 /// fall back to a local `TpsBudget` of the same settings (fed the same
 /// deposits), so retries stay capped per replica; what it granted is
 /// debited from the shared budget once Redis answers, so the fleet's total
-/// comes back within the shared budget.
+/// comes back within the shared budget. Deposits of a failed exchange are
+/// not shipped again (the fallback counted them): after an outage the
+/// shared budget is not credited with the whole outage's first attempts
+/// at once.
 ///
 /// Use it through [`RetryBudget`]: [`into_retry_budget`](Self::into_retry_budget).
 pub struct RedisRetryBudget {
@@ -40,6 +55,11 @@ pub struct RedisRetryBudget {
 
 struct Shared {
     lease: AtomicU64,
+    /// The shared budget's level at the last exchange, in withdrawals.
+    level: AtomicU64,
+    /// Withdrawals granted past the lease (from the allowance) since the
+    /// last exchange, debited from the shared budget at the next one.
+    overdraft: AtomicU64,
     pending: AtomicU64,
     /// Withdrawals the local fallback granted, debited from the shared
     /// budget at the next exchange.
@@ -80,8 +100,9 @@ impl RedisRetryBudget {
         }
     }
 
-    /// Waits until the deposits made so far were shipped and the lease was
-    /// topped up; the error when Redis could not be reached.
+    /// Asks Redis now (even with nothing to ship) and waits until the
+    /// deposits made so far were shipped and the lease was topped up; the
+    /// error when Redis could not be reached or answered with an error.
     pub async fn sync(&self) -> Result<(), RedisError> {
         let (tx, rx) = oneshot::channel();
         if self.wake.send(Wake::Sync(tx)).await.is_err() {
@@ -139,6 +160,8 @@ where
         let (ttl, min_per_sec, percent) = self.config.parts();
         let shared = Arc::new(Shared {
             lease: AtomicU64::new(0),
+            level: AtomicU64::new(0),
+            overdraft: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             local_grants: AtomicU64::new(0),
             // Local until Redis first answered: a replica that just
@@ -159,6 +182,10 @@ where
             reserve_milli: u64::from(min_per_sec)
                 .saturating_mul(ttl.as_secs())
                 .saturating_mul(1000),
+            // The script's slot: deposits and withdrawals age per slot, so
+            // the level is re-read at least that often.
+            stale_after: ttl / 10,
+            last_exchange: None,
         };
         tokio::spawn(worker.run(rx, self.sync_every));
         Ok(RedisRetryBudget { shared, wake: tx })
@@ -180,14 +207,42 @@ impl TowerBudget for RedisRetryBudget {
             }
             return granted;
         }
-        let taken = shared
+        let leased = shared
             .lease
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
-        if !taken || shared.lease.load(Ordering::Acquire) == 0 {
-            shared.notify.notify_one();
+        if leased {
+            if shared.lease.load(Ordering::Acquire) == 0 {
+                shared.notify.notify_one();
+            }
+            return true;
         }
-        taken
+        // The lease is empty: a burst. Draw on the allowance while the
+        // shared level is well above the floor, and ship the debit now.
+        let allowance = shared.allowance();
+        let drawn = shared
+            .overdraft
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < allowance).then_some(n + 1)
+            })
+            .is_ok();
+        shared.notify.notify_one();
+        drawn
+    }
+}
+
+/// Above `lease × MARGIN` withdrawals, the shared level is high enough for
+/// a burst to draw on it between exchanges.
+const MARGIN: u64 = 4;
+
+impl Shared {
+    /// Withdrawals past the lease this replica may grant before the next
+    /// exchange: half the last known level above the floor. Half, because
+    /// an exchange in flight debits the grants made before it while the
+    /// level it answers does not yet know those made during it.
+    fn allowance(&self) -> u64 {
+        let floor = self.want.saturating_mul(MARGIN);
+        self.level.load(Ordering::Acquire).saturating_sub(floor) / 2
     }
 }
 
@@ -196,6 +251,7 @@ impl fmt::Debug for RedisRetryBudget {
         f.debug_struct("RedisRetryBudget")
             .field("lease", &self.shared.lease.load(Ordering::Relaxed))
             .field("pending", &self.shared.pending.load(Ordering::Relaxed))
+            .field("level", &self.shared.level.load(Ordering::Relaxed))
             .field("shared", &self.is_shared())
             .finish_non_exhaustive()
     }
@@ -209,42 +265,55 @@ struct Worker<C> {
     ttl_ms: u64,
     percent_milli: u64,
     reserve_milli: u64,
+    stale_after: Duration,
+    last_exchange: Option<tokio::time::Instant>,
 }
 
 impl<C> Worker<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn run(self, mut rx: mpsc::Receiver<Wake>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+    async fn run(mut self, mut rx: mpsc::Receiver<Wake>, every: Duration) {
+        // Ask Redis at once, then once per period: no tick is left over to
+        // land after a caller's sync.
+        let _ = self.exchange(false).await;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shared = Arc::clone(&self.shared);
         loop {
             tokio::select! {
                 wake = rx.recv() => match wake {
                     None => return,
                     Some(Wake::Sync(done)) => {
-                        let _ = done.send(self.exchange().await);
+                        let _ = done.send(self.exchange(true).await);
                     }
                 },
-                () = self.shared.notify.notified() => {
-                    let _ = self.exchange().await;
+                () = shared.notify.notified() => {
+                    let _ = self.exchange(false).await;
                 }
                 _ = tick.tick() => {
-                    let _ = self.exchange().await;
+                    let _ = self.exchange(false).await;
                 }
             }
         }
     }
 
-    /// Ships the pending deposits and tops the lease up, in one script.
-    async fn exchange(&self) -> Result<(), RedisError> {
-        let shared = &self.shared;
+    /// Ships the pending deposits and tops the lease up, in one script;
+    /// with nothing to ship or top up and a fresh level, only when `force`d.
+    async fn exchange(&mut self, force: bool) -> Result<(), RedisError> {
+        let shared = Arc::clone(&self.shared);
         let deposits = shared.pending.swap(0, Ordering::AcqRel);
-        let debit = shared.local_grants.swap(0, Ordering::AcqRel);
+        let debit = shared
+            .local_grants
+            .swap(0, Ordering::AcqRel)
+            .saturating_add(shared.overdraft.swap(0, Ordering::AcqRel));
         let want = shared
             .want
             .saturating_sub(shared.lease.load(Ordering::Acquire));
-        if deposits == 0 && want == 0 && debit == 0 {
+        let fresh = self
+            .last_exchange
+            .is_some_and(|at| at.elapsed() < self.stale_after);
+        if deposits == 0 && want == 0 && debit == 0 && fresh && !force {
             return Ok(());
         }
         let mut connection = self.connection.clone();
@@ -257,24 +326,34 @@ where
             .arg(self.percent_milli)
             .arg(self.reserve_milli)
             .arg(debit)
-            .invoke_async::<u64>(&mut connection)
+            .invoke_async::<(u64, u64)>(&mut connection)
             .await;
         match reply {
-            Ok(granted) => {
+            Ok((granted, level)) => {
+                self.last_exchange = Some(tokio::time::Instant::now());
                 shared.lease.fetch_add(granted, Ordering::AcqRel);
+                shared.level.store(level, Ordering::Release);
                 if !shared.reachable.swap(true, Ordering::AcqRel) {
                     tracing::info!("Redis reachable: the retry budget is shared");
                 }
                 Ok(())
             }
             Err(error) => {
-                // The deposits and the debit count again next time.
-                shared.pending.fetch_add(deposits, Ordering::AcqRel);
+                // The debit counts again next time; the deposits do not:
+                // the local fallback already counted them, and crediting an
+                // outage's worth of deposits at once on reconnect would fund
+                // a retry storm with first attempts made long ago.
                 shared.local_grants.fetch_add(debit, Ordering::AcqRel);
-                if is_unavailable(&error) && shared.reachable.swap(false, Ordering::AcqRel) {
-                    tracing::warn!(%error, "Redis unreachable: the retry budget is local");
-                } else if !is_unavailable(&error) {
-                    tracing::error!(%error, "Redis retry budget script failed");
+                // Any failed exchange falls back, not only an unreachable
+                // Redis: an error answer (LOADING, OOM, READONLY, a failed
+                // script) would otherwise leave an empty lease that refuses
+                // every retry.
+                if shared.reachable.swap(false, Ordering::AcqRel) {
+                    if is_unavailable(&error) {
+                        tracing::warn!(%error, "Redis unreachable: the retry budget is local");
+                    } else {
+                        tracing::error!(%error, "Redis retry budget script failed: the retry budget is local");
+                    }
                 }
                 Err(error)
             }
