@@ -654,67 +654,82 @@ fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &s
     response
 }
 
-async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    let (mut parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, gateway.max_request_bytes).await {
+/// A request body read once by a route's dialect: the raw bytes (each
+/// target's body is spliced from them), what the turn requires, and the
+/// dialect's parsed request. Every refusal is an answer in the dialect's
+/// shape, written by `answer`.
+pub(crate) struct ReadTurn<R> {
+    pub(crate) bytes: bytes::Bytes,
+    pub(crate) requirements: tower_llm_failover::dialect::Requirements,
+    pub(crate) request: R,
+}
+
+/// Reads a model request's body within the gateway's limits and parses it
+/// with `dialect`: 408 for a body cut by the read limits (the client's
+/// pace, not a bad body), 413 over the size limit, 400 for an unreadable
+/// body, bad JSON, a bad request or a model name that is a pattern.
+pub(crate) async fn read_turn<D: Dialect>(
+    dialect: &D,
+    max_request_bytes: usize,
+    body: Body,
+    answer: state::ErrorAnswer,
+) -> Result<ReadTurn<D::Request>, Response> {
+    let bytes = match axum::body::to_bytes(body, max_request_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => {
+            if let Some(limit) = ReadLimitError::find_in(&error) {
+                return Err(answer(
+                    StatusCode::REQUEST_TIMEOUT,
+                    FailureClass::Timeout,
+                    &limit.to_string(),
+                    "request_body_timeout",
+                ));
+            }
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
             let mut too_large = false;
             while let Some(e) = source {
                 too_large |= e.is::<http_body_util::LengthLimitError>();
                 source = e.source();
             }
-            if let Some(limit) = ReadLimitError::find_in(&error) {
-                return error_answer(
-                    StatusCode::REQUEST_TIMEOUT,
-                    FailureClass::Timeout,
-                    &limit.to_string(),
-                    "request_body_timeout",
-                );
-            }
-            return if too_large {
-                error_answer(
+            return Err(if too_large {
+                answer(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     FailureClass::PayloadTooLarge,
-                    &format!(
-                        "the request body exceeds the {}-byte limit",
-                        gateway.max_request_bytes
-                    ),
+                    &format!("the request body exceeds the {max_request_bytes}-byte limit"),
                     "request_too_large",
                 )
             } else {
-                error_answer(
+                answer(
                     StatusCode::BAD_REQUEST,
                     FailureClass::InvalidRequest,
                     &format!("the request body could not be read: {error}"),
                     "invalid_body",
                 )
-            };
+            });
         }
     };
     // Read once, by the dialect: the model picks the route, and the failover
     // layer finds the parsed request in the extensions instead of parsing
     // it again.
-    let (requirements, chat) = match OpenAiChat.read_request(bytes.clone()) {
+    let (requirements, request) = match dialect.read_request(bytes.clone()) {
         Ok(parsed) => parsed,
         Err(error) => {
             let code = match error {
                 RequestError::NotJson(_) => "invalid_json",
                 _ => "invalid_request",
             };
-            return error_answer(
+            return Err(answer(
                 StatusCode::BAD_REQUEST,
                 FailureClass::InvalidRequest,
                 &error.to_string(),
                 code,
-            );
+            ));
         }
     };
     // A model name is a name, not a pattern: `gpt-*` must not reach a
     // provider (or match a route) as if it were one.
     if requirements.model.contains(['*', '?']) {
-        return error_answer(
+        return Err(answer(
             StatusCode::BAD_REQUEST,
             FailureClass::InvalidRequest,
             &format!(
@@ -722,8 +737,25 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
                 requirements.model.escape_debug()
             ),
             "invalid_model",
-        );
+        ));
     }
+    Ok(ReadTurn {
+        bytes,
+        requirements,
+        request,
+    })
+}
+
+async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let ReadTurn {
+        bytes,
+        requirements,
+        request: chat,
+    } = match read_turn(&OpenAiChat, gateway.max_request_bytes, body, error_answer).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
+    };
     let Some(route) = gateway.route(&requirements.model) else {
         return error_answer(
             StatusCode::NOT_FOUND,

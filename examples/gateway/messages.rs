@@ -17,11 +17,8 @@ use tower::ServiceExt;
 use tower_llm_failover::budget::Budget;
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::UpstreamClient;
-use tower_llm_failover::dialect::{
-    AnthropicMessages, Dialect, ErrorReply, ParsedRequest, RequestError,
-};
+use tower_llm_failover::dialect::{AnthropicMessages, Dialect, ErrorReply, ParsedRequest};
 use tower_llm_failover::failover::Failover;
-use tower_llm_failover::limit::ReadLimitError;
 
 use super::{Gateway, ProviderConfig, RouteConfig, pattern_matches};
 
@@ -152,69 +149,21 @@ fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &s
 /// by model, and hands the parsed request to its stack.
 pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
-    let limit = gateway.max_request_bytes;
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(bytes) => bytes,
-        Err(error) => {
-            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
-            let mut too_large = false;
-            while let Some(e) = source {
-                too_large |= e.is::<http_body_util::LengthLimitError>();
-                source = e.source();
-            }
-            // A body cut by the read limits (timeout, too slow) is the
-            // client's pace, not a bad body: 408, as the chat route says.
-            if let Some(limit) = ReadLimitError::find_in(&error) {
-                return error_answer(
-                    StatusCode::REQUEST_TIMEOUT,
-                    FailureClass::Timeout,
-                    &limit.to_string(),
-                    "request_body_timeout",
-                );
-            }
-            return if too_large {
-                error_answer(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    FailureClass::PayloadTooLarge,
-                    &format!("the request body exceeds the {limit}-byte limit"),
-                    "request_too_large",
-                )
-            } else {
-                error_answer(
-                    StatusCode::BAD_REQUEST,
-                    FailureClass::InvalidRequest,
-                    &format!("the request body could not be read: {error}"),
-                    "invalid_body",
-                )
-            };
-        }
+    let super::ReadTurn {
+        bytes,
+        requirements,
+        request: messages,
+    } = match super::read_turn(
+        &AnthropicMessages,
+        gateway.max_request_bytes,
+        body,
+        error_answer,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
-    let (requirements, messages) = match AnthropicMessages.read_request(bytes.clone()) {
-        Ok(parsed) => parsed,
-        Err(error) => {
-            let code = match error {
-                RequestError::NotJson(_) => "invalid_json",
-                _ => "invalid_request",
-            };
-            return error_answer(
-                StatusCode::BAD_REQUEST,
-                FailureClass::InvalidRequest,
-                &error.to_string(),
-                code,
-            );
-        }
-    };
-    if requirements.model.contains(['*', '?']) {
-        return error_answer(
-            StatusCode::BAD_REQUEST,
-            FailureClass::InvalidRequest,
-            &format!(
-                "the model `{}` is not a model name",
-                requirements.model.escape_debug()
-            ),
-            "invalid_model",
-        );
-    }
     let Some(route) = gateway
         .messages
         .iter()
