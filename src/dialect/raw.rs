@@ -92,6 +92,24 @@ pub(crate) fn for_each_element<'a>(
     deserializer.end()
 }
 
+/// Why a whole answer is not a JSON object, if it is not: `what` names the
+/// body in the message ("the completion body", "the message body").
+pub(crate) fn not_an_object(body: &[u8], what: &str) -> Option<(super::BodyFault, String)> {
+    if first_non_space(body) == Some(b'{') {
+        return None;
+    }
+    Some(match serde_json::from_slice::<IgnoredAny>(body) {
+        Ok(_) => (
+            super::BodyFault::UnexpectedJson,
+            format!("{what} is not a JSON object"),
+        ),
+        Err(e) => (
+            super::BodyFault::NotJson,
+            format!("{what} is not valid JSON: {e}"),
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

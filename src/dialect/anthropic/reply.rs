@@ -6,7 +6,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::dialect::raw::first_non_space;
 use crate::dialect::{AnswerFacts, BodyCheck, BodyFault, ErrorReply, Usage};
 use crate::failure::FailureClass;
 
@@ -111,17 +110,8 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         };
         (check, AnswerFacts::default())
     };
-    if first_non_space(body) != Some(b'{') {
-        return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-            Ok(_) => invalid(
-                BodyFault::UnexpectedJson,
-                "the message body is not a JSON object",
-            ),
-            Err(e) => invalid(
-                BodyFault::NotJson,
-                &format!("the message body is not valid JSON: {e}"),
-            ),
-        };
+    if let Some((fault, message)) = crate::dialect::raw::not_an_object(body, "the message body") {
+        return invalid(fault, &message);
     }
     let message: Message<'_> = match serde_json::from_slice(body) {
         Ok(m) => m,

@@ -120,17 +120,9 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         };
         (check, AnswerFacts::default())
     };
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-            Ok(_) => invalid(
-                BodyFault::UnexpectedJson,
-                "the completion body is not a JSON object",
-            ),
-            Err(e) => invalid(
-                BodyFault::NotJson,
-                &format!("the completion body is not valid JSON: {e}"),
-            ),
-        };
+    if let Some((fault, message)) = crate::dialect::raw::not_an_object(body, "the completion body")
+    {
+        return invalid(fault, &message);
     }
     let completion: Completion<'_> = match serde_json::from_slice(body) {
         Ok(c) => c,
