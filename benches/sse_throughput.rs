@@ -17,7 +17,7 @@ use criterion::{Criterion, Throughput};
 use http::Response;
 use http_body::{Body, Frame};
 use tower::{Layer, Service};
-use tower_llm_failover::dialect::{Dialect, OpenAiChat};
+use tower_llm_failover::dialect::{Dialect, OpenAiChat, StreamMemo};
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;
 
@@ -72,6 +72,22 @@ fn scanner_and_dialect(frames: &[Bytes]) -> usize {
         scanner.feed(frame, |item| {
             if let SseItem::Event(event) = item {
                 outputs += usize::from(OpenAiChat.inspect(&event).commits());
+            }
+        });
+    }
+    outputs
+}
+
+/// As [`scanner_and_dialect`], each event read with the stream's memo, as
+/// the commit machine reads them.
+fn scanner_and_dialect_next(frames: &[Bytes]) -> usize {
+    let mut scanner = SseScanner::new();
+    let mut memo = StreamMemo::default();
+    let mut outputs = 0;
+    for frame in frames {
+        scanner.feed(frame, |item| {
+            if let SseItem::Event(event) = item {
+                outputs += usize::from(OpenAiChat.inspect_next(&event, &mut memo).commits());
             }
         });
     }
@@ -151,6 +167,9 @@ fn bench(c: &mut Criterion, frames: &[Bytes], events: &[SseEvent]) {
     group.bench_function("scanner_and_dialect", |b| {
         b.iter(|| scanner_and_dialect(black_box(frames)))
     });
+    group.bench_function("scanner_and_dialect_next", |b| {
+        b.iter(|| scanner_and_dialect_next(black_box(frames)))
+    });
     group.bench_function("dialect_only", |b| {
         b.iter(|| dialect_only(black_box(events)))
     });
@@ -194,6 +213,10 @@ fn main() {
         (
             "scanner + dialect",
             rate(&frames, |f| scanner_and_dialect(f) as u64),
+        ),
+        (
+            "scanner + dialect (memo)",
+            rate(&frames, |f| scanner_and_dialect_next(f) as u64),
         ),
         (
             "dialect alone (events)",

@@ -16,7 +16,7 @@ use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
 use crate::classify::{Classification, Phase};
-use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, TerminalError};
+use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, StreamMemo, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 
 pin_project! {
@@ -224,6 +224,8 @@ struct Inspector<D> {
     decided: u64,
     /// Reused for every frame so per-frame work allocates nothing.
     decisions: Vec<Decision>,
+    /// What the dialect keeps between this stream's events.
+    memo: StreamMemo,
     out: VecDeque<Frame<Bytes>>,
     pending_failure: Option<FailureKind>,
     identity: StreamIdentity,
@@ -266,6 +268,7 @@ impl<D: Dialect> Inspector<D> {
             held: VecDeque::new(),
             decided: 0,
             decisions: Vec::with_capacity(8),
+            memo: StreamMemo::default(),
             out: VecDeque::with_capacity(4),
             pending_failure: None,
             identity: StreamIdentity::default(),
@@ -290,6 +293,7 @@ impl<D: Dialect> Inspector<D> {
             scanner,
             state,
             decisions,
+            memo,
             pending_failure,
             identity,
             output_events,
@@ -305,6 +309,7 @@ impl<D: Dialect> Inspector<D> {
             config,
             state,
             decisions,
+            memo,
             pending_failure,
             identity,
             output_events,
@@ -605,6 +610,7 @@ struct Feed<'a, D> {
     config: &'a InspectConfig<D>,
     state: &'a StreamState,
     decisions: &'a mut Vec<Decision>,
+    memo: &'a mut StreamMemo,
     pending_failure: &'a mut Option<FailureKind>,
     identity: &'a mut StreamIdentity,
     output_events: &'a mut u64,
@@ -641,7 +647,7 @@ impl<D: Dialect> Feed<'_, D> {
     }
 
     fn event(&mut self, event: &crate::sse::SseEvent) {
-        let chunk = self.config.dialect.inspect(event);
+        let chunk = self.config.dialect.inspect_next(event, self.memo);
         let end = event.range().end;
         update_identity(self.identity, self.state, &chunk.identity);
         if let Some(usage) = chunk.usage {

@@ -378,6 +378,15 @@ impl AnswerFacts {
     }
 }
 
+/// What the crate's dialects keep of one stream's earlier events to read
+/// the next with less work ([`Dialect::inspect_next`]). Opaque; a dialect
+/// of another crate ignores it.
+#[derive(Debug, Default)]
+pub struct StreamMemo {
+    /// The chat dialect's: the last valid chunk's text before `choices`.
+    pub(crate) chat_prefix: openai::skim::ChunkPrefix,
+}
+
 /// Why a whole answer is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -428,6 +437,17 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// Reads one dispatched event.
     fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a>;
+
+    /// Reads the next dispatched event of a stream, as
+    /// [`inspect`](Self::inspect) does, with the stream's `memo` (one per
+    /// stream, given every event in order) to skip work the earlier events
+    /// already did. The reading must not change: the same kind, finish
+    /// reason and usage. Identity fields equal to those of an earlier event
+    /// may read as `None`. Default: `inspect`, the memo unused.
+    fn inspect_next<'a>(&self, event: &'a SseEvent, memo: &mut StreamMemo) -> Chunk<'a> {
+        let _ = memo;
+        self.inspect(event)
+    }
 
     /// The frames that end a failed stream in `identity`, per `mode`.
     fn terminal(

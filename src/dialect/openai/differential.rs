@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
+use super::skim::ChunkPrefix;
 use super::{oracle, stream as openai};
 use crate::dialect::Chunk;
 
@@ -37,6 +38,49 @@ fn compare(data: &[u8]) -> Result<(), TestCaseError> {
         prop_assert_eq!(shape(&skimmed), shape(&reference));
     }
     Ok(())
+}
+
+/// `second` read after `first` with the stream's prefix memo, against
+/// `second` read alone: the same kind, finish reason and usage; an identity
+/// field reads `None` only where the memo already had it from `first`.
+fn compare_next(first: &[u8], second: &[u8]) -> Result<(), TestCaseError> {
+    for error_event in [false, true] {
+        let mut prefix = ChunkPrefix::default();
+        let first_read = openai::read_chunk_next(error_event, first, &mut prefix);
+        prop_assert_eq!(&first_read, &openai::read_chunk(error_event, first));
+        let next = openai::read_chunk_next(error_event, second, &mut prefix);
+        let alone = openai::read_chunk(error_event, second);
+        let shown = String::from_utf8_lossy(second);
+        prop_assert_eq!(next.kind, alone.kind, "{}", shown);
+        prop_assert_eq!(&next.finish_reason, &alone.finish_reason, "{}", shown);
+        prop_assert_eq!(next.usage, alone.usage, "{}", shown);
+        let (got, want, had) = (&next.identity, &alone.identity, &first_read.identity);
+        prop_assert!(
+            got.id == want.id || (got.id.is_none() && want.id == had.id),
+            "{}",
+            shown
+        );
+        prop_assert!(
+            got.model == want.model || (got.model.is_none() && want.model == had.model),
+            "{}",
+            shown
+        );
+        prop_assert!(
+            got.created == want.created || (got.created.is_none() && want.created == had.created),
+            "{}",
+            shown
+        );
+    }
+    Ok(())
+}
+
+/// `text` cut to at most `at` bytes, on a character boundary.
+fn cut(text: &str, mut at: usize) -> &str {
+    at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    &text[..at]
 }
 
 fn assert_same(data: &str) {
@@ -497,6 +541,29 @@ proptest! {
         if let Some(mutated) = mutate(&text, &mutations) {
             compare(mutated.as_bytes())?;
         }
+    }
+
+    #[test]
+    fn chunks_read_the_same_after_an_earlier_chunk(
+        first in prop_oneof![chunk(), prop::sample::select(FIXTURES).prop_map(str::to_owned)],
+        other in chunk(),
+        mutations in prop::collection::vec(mutation(), 1..4),
+        how in 0..4u8,
+        at in any::<prop::sample::Index>(),
+    ) {
+        let second = match how {
+            0 => other,
+            1 => first.clone(),
+            2 => mutate(&first, &mutations).unwrap_or(other),
+            // The first's text up to a point, then another chunk's tail:
+            // the point often lies past the first's prefix.
+            _ => {
+                let head = cut(&first, at.index(first.len() + 1));
+                let from = cut(&other, at.index(other.len() + 1)).len();
+                format!("{head}{}", &other[from..])
+            }
+        };
+        compare_next(first.as_bytes(), second.as_bytes())?;
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod differential;
 mod oracle;
 mod reply;
 mod request;
-mod skim;
+pub(crate) mod skim;
 mod stream;
 
 use bytes::Bytes;
@@ -18,7 +18,7 @@ pub use request::ChatRequest;
 
 use super::{
     AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
-    TerminalError, TerminalMode,
+    StreamMemo, TerminalError, TerminalMode,
 };
 use crate::sse::SseEvent;
 
@@ -50,6 +50,10 @@ impl Dialect for OpenAiChat {
 
     fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
         stream::inspect(event)
+    }
+
+    fn inspect_next<'a>(&self, event: &'a SseEvent, memo: &mut StreamMemo) -> Chunk<'a> {
+        stream::inspect_next(event, &mut memo.chat_prefix)
     }
 
     fn terminal(

@@ -63,11 +63,90 @@ pub(crate) struct Skim<'a> {
 pub(crate) fn skim(text: &[u8]) -> Result<Skim<'_>> {
     let mut skimmer = Skimmer { text, pos: 0 };
     let mut out = Skim::default();
-    skimmer.chunk(&mut out)?;
-    match skimmer.ws() {
-        None => Ok(out),
-        Some(_) => Err(Invalid),
+    let mut fields = skimmer.open::<ChunkFields>()?;
+    skimmer.chunk_fields(&mut fields, &mut out, &mut None)?;
+    skimmer.end(out)
+}
+
+/// The longest prefix a [`ChunkPrefix`] keeps: a chunk's fields before
+/// `choices` are its id, model, timestamps and fingerprint, well under this.
+const MAX_PREFIX_LEN: usize = 512;
+
+/// What [`skim_next`] keeps of a stream's last valid chunk: its text up to
+/// the value of the top-level `choices`, and what that text said.
+///
+/// The chunks of one stream repeat their id, object, created, model and
+/// fingerprint byte for byte, and most providers write them before
+/// `choices`. A chunk that starts with the same bytes leaves the skimmer in
+/// the same state at the same offset (the walk is a function of the bytes
+/// read), so the skim resumes there: the repeated text is compared, not
+/// walked again, and nothing it accepts or rejects changes.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkPrefix {
+    /// Empty until a chunk was read whole (then at most `MAX_PREFIX_LEN`).
+    text: Vec<u8>,
+    /// The top-level fields seen in `text` (`choices` among them).
+    seen: u32,
+    /// Whether `text` set a truthy `error`.
+    error: bool,
+    /// The `usage` `text` gave, if any.
+    usage: Option<Usage>,
+}
+
+/// Where a chunk's `choices` value starts, and what came before it.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: usize,
+    seen: u32,
+    error: bool,
+    usage: Option<Usage>,
+}
+
+/// Skims one chunk of a stream as [`skim`] does (the same acceptance, the
+/// same finish reason, usage, error and output), given the stream's
+/// `prefix`. When the chunk starts with the prefix of the last valid chunk,
+/// its `id`, `model` and `created` are those of that chunk and read as
+/// `None` here (the caller already has them).
+pub(crate) fn skim_next<'t>(text: &'t [u8], prefix: &mut ChunkPrefix) -> Result<Skim<'t>> {
+    if !prefix.text.is_empty() && text.starts_with(&prefix.text) {
+        let mut skimmer = Skimmer {
+            text,
+            pos: prefix.text.len(),
+        };
+        let mut out = Skim {
+            error: prefix.error,
+            usage: prefix.usage,
+            ..Skim::default()
+        };
+        // The state `open` and `next` left when they returned `choices`.
+        let mut fields = Record::<ChunkFields> {
+            object: true,
+            done: false,
+            started: true,
+            seen: prefix.seen,
+            fields: PhantomData,
+        };
+        skimmer.choices(&mut out)?;
+        skimmer.chunk_fields(&mut fields, &mut out, &mut None)?;
+        return skimmer.end(out);
     }
+    let mut skimmer = Skimmer { text, pos: 0 };
+    let mut out = Skim::default();
+    let mut mark = None;
+    let mut fields = skimmer.open::<ChunkFields>()?;
+    skimmer.chunk_fields(&mut fields, &mut out, &mut mark)?;
+    let out = skimmer.end(out)?;
+    // Kept only from a valid chunk: the caller has its identity.
+    if let Some(mark) = mark
+        && let Some(kept) = text.get(..mark.at)
+    {
+        prefix.text.clear();
+        prefix.text.extend_from_slice(kept);
+        prefix.seen = mark.seen;
+        prefix.error = mark.error;
+        prefix.usage = mark.usage;
+    }
+    Ok(out)
 }
 
 /// The fields a read struct knows, numbered in declaration order (which is
@@ -271,9 +350,16 @@ impl<'a> Skimmer<'a> {
         }
     }
 
+    /// Reads the top-level fields of a chunk, from wherever `fields` is.
+    /// When `mark` is given and empty, the object form's `choices` marks
+    /// where a [`ChunkPrefix`] may end.
     #[inline(always)]
-    fn chunk(&mut self, out: &mut Skim<'a>) -> Result<()> {
-        let mut fields = self.open::<ChunkFields>()?;
+    fn chunk_fields(
+        &mut self,
+        fields: &mut Record<ChunkFields>,
+        out: &mut Skim<'a>,
+        mark: &mut Option<Mark>,
+    ) -> Result<()> {
         while let Some(index) = fields.next(self)? {
             match index {
                 ChunkFields::ID => out.id = self.optional_str()?,
@@ -281,10 +367,29 @@ impl<'a> Skimmer<'a> {
                 ChunkFields::CREATED => out.created = self.optional_i64()?,
                 ChunkFields::ERROR => out.error = !self.null()? && truthy(self.raw_value()?),
                 ChunkFields::USAGE => out.usage = self.usage()?,
-                _ => self.choices(out)?,
+                _ => {
+                    if fields.object && mark.is_none() && self.pos <= MAX_PREFIX_LEN {
+                        *mark = Some(Mark {
+                            at: self.pos,
+                            seen: fields.seen,
+                            error: out.error,
+                            usage: out.usage,
+                        });
+                    }
+                    self.choices(out)?
+                }
             }
         }
         Ok(())
+    }
+
+    /// Ends a chunk: nothing but whitespace may follow it.
+    #[inline(always)]
+    fn end(&mut self, out: Skim<'a>) -> Result<Skim<'a>> {
+        match self.ws() {
+            None => Ok(out),
+            Some(_) => Err(Invalid),
+        }
     }
 
     #[inline(always)]
@@ -964,6 +1069,85 @@ mod tests {
         assert!(!got.error);
         assert_eq!(got.finish_reason, None);
         assert_eq!(got.usage, None);
+    }
+
+    const CONTENT: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini","system_fingerprint":"fp","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}"#;
+    const FINISH: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini","system_fingerprint":"fp","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#;
+    const USAGE: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732968000,"model":"gpt-4o-mini","system_fingerprint":"fp","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}"#;
+
+    #[test]
+    fn a_repeated_prefix_is_compared_not_walked() {
+        let mut prefix = ChunkPrefix::default();
+        // The first chunk is read whole and keeps its text up to `choices`.
+        let first = skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
+        assert_eq!(first, ok(CONTENT));
+        let kept = CONTENT.find("[{").unwrap();
+        assert_eq!(prefix.text, CONTENT.as_bytes()[..kept]);
+        // The next ones resume there: what follows is read as before, the
+        // identity the caller already has is not read again.
+        let finish = skim_next(FINISH.as_bytes(), &mut prefix).unwrap();
+        assert_eq!(finish.finish_reason.as_deref(), Some("stop"));
+        assert!(!finish.output);
+        assert_eq!(
+            (finish.id, finish.model, finish.created),
+            (None, None, None)
+        );
+        let usage = skim_next(USAGE.as_bytes(), &mut prefix).unwrap();
+        assert_eq!(
+            usage.usage,
+            Some(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 2
+            })
+        );
+        let content = skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
+        assert!(content.output);
+    }
+
+    #[test]
+    fn after_the_prefix_a_chunk_is_checked_as_ever() {
+        let mut prefix = ChunkPrefix::default();
+        skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
+        let kept = prefix.text.clone();
+        for broken in [
+            // Cut short, trailing text, a repeated read field, a wrong
+            // type, a bad escape.
+            CONTENT[..CONTENT.len() - 1].to_owned(),
+            format!("{CONTENT} x"),
+            CONTENT.replace("]}", r#"],"id":"again"}"#),
+            CONTENT.replace(r#""finish_reason":null"#, r#""finish_reason":7"#),
+            CONTENT.replace(r#"{"content":" tok"}"#, r#"{"content":" tok\x"}"#),
+        ] {
+            assert!(broken.as_bytes().starts_with(&kept));
+            assert_eq!(
+                skim_next(broken.as_bytes(), &mut prefix),
+                Err(Invalid),
+                "{broken}"
+            );
+            assert_eq!(skim(broken.as_bytes()), Err(Invalid), "{broken}");
+        }
+        // A rejected chunk leaves the prefix as it was.
+        assert_eq!(prefix.text, kept);
+    }
+
+    #[test]
+    fn a_changed_prefix_is_read_whole_and_kept() {
+        let mut prefix = ChunkPrefix::default();
+        skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
+        let other = CONTENT.replace("chatcmpl-1", "chatcmpl-2");
+        let read = skim_next(other.as_bytes(), &mut prefix).unwrap();
+        assert_eq!(read.id.as_deref(), Some("chatcmpl-2"));
+        assert!(prefix.text.starts_with(br#"{"id":"chatcmpl-2""#));
+        // An invalid first chunk keeps nothing; nor do the array form and
+        // a prefix over the bound.
+        let mut prefix = ChunkPrefix::default();
+        assert!(skim_next(br#"{"id":"x","choices":[}"#, &mut prefix).is_err());
+        assert!(prefix.text.is_empty());
+        skim_next(br#"["x","m",1,null,null,[]]"#, &mut prefix).unwrap();
+        assert!(prefix.text.is_empty());
+        let long = format!(r#"{{"id":"{}","choices":[]}}"#, "x".repeat(MAX_PREFIX_LEN));
+        skim_next(long.as_bytes(), &mut prefix).unwrap();
+        assert!(prefix.text.is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::skim::skim;
+use super::skim::{ChunkPrefix, Invalid, Skim, skim, skim_next};
 use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMode};
 use crate::sse::SseEvent;
 
@@ -9,7 +9,22 @@ pub(super) const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
 
 /// Reads the data of a `message` or `error` event (not `[DONE]`).
 pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
-    let Ok(skim) = skim(data) else {
+    chunk_of(error_event, skim(data))
+}
+
+/// Reads the data of a `message` or `error` event as [`read_chunk`] does,
+/// resuming after the text it shares with the stream's last valid chunk.
+pub(super) fn read_chunk_next<'a>(
+    error_event: bool,
+    data: &'a [u8],
+    prefix: &mut ChunkPrefix,
+) -> Chunk<'a> {
+    chunk_of(error_event, skim_next(data, prefix))
+}
+
+/// What a skim says, as a chunk.
+fn chunk_of(error_event: bool, skimmed: Result<Skim<'_>, Invalid>) -> Chunk<'_> {
+    let Ok(skim) = skimmed else {
         return Chunk::of(if error_event {
             ChunkKind::Error
         } else {
@@ -37,18 +52,34 @@ pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
 
 /// Reads one dispatched event of a chat chunk stream.
 pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
-    {
-        let data = event.data().as_ref();
-        if data.starts_with(b"[DONE]") {
-            return Chunk::of(ChunkKind::Done);
-        }
-        let error_event = event.is_named("error");
-        if !error_event && !event.is_named("message") {
-            // Unknown event types carry nothing a chat client reads.
-            return Chunk::of(ChunkKind::Preamble);
-        }
-        read_chunk(error_event, data)
+    match chunk_data(event) {
+        Ok((error_event, data)) => read_chunk(error_event, data),
+        Err(chunk) => chunk,
     }
+}
+
+/// Reads one dispatched event of a chat chunk stream as [`inspect`] does,
+/// resuming after the text it shares with the stream's last chunk.
+pub(super) fn inspect_next<'a>(event: &'a SseEvent, prefix: &mut ChunkPrefix) -> Chunk<'a> {
+    match chunk_data(event) {
+        Ok((error_event, data)) => read_chunk_next(error_event, data, prefix),
+        Err(chunk) => chunk,
+    }
+}
+
+/// The data of an event that carries a chunk (and whether it is an
+/// `error` event), or what any other event is.
+fn chunk_data(event: &SseEvent) -> Result<(bool, &[u8]), Chunk<'static>> {
+    let data = event.data().as_ref();
+    if data.starts_with(b"[DONE]") {
+        return Err(Chunk::of(ChunkKind::Done));
+    }
+    let error_event = event.is_named("error");
+    if !error_event && !event.is_named("message") {
+        // Unknown event types carry nothing a chat client reads.
+        return Err(Chunk::of(ChunkKind::Preamble));
+    }
+    Ok((error_event, data))
 }
 
 /// The frames that end a failed chat chunk stream.
