@@ -104,6 +104,10 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
         StoreError::Conflict { found: StateKind::Running, run: r, current: c, .. }
             if r == RunToken::new(1) && c == RunToken::new(2)
     ));
+    assert_eq!(
+        err.to_string(),
+        "action `a` is running (run 2); transition for run 1 refused"
+    );
     // Nor can anyone report twice.
     store
         .complete(&"a".into(), run2, None, json!(2))
@@ -122,6 +126,26 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
         store.mark_unknown(&"missing".into(), run2, None).await,
         Err(StoreError::NotFound { .. })
     ));
+}
+
+#[test]
+fn a_state_reads_as_its_kind_and_a_failure_says_whether_it_may_run_again() {
+    let failed = |retryable| ActionState::Failed {
+        error: StoredError::new("declined"),
+        retryable,
+    };
+    assert_eq!(failed(true).to_string(), "failed (retryable)");
+    assert_eq!(failed(false).to_string(), "failed (final)");
+    let others = [
+        ActionState::NotStarted,
+        ActionState::Running,
+        ActionState::Succeeded { result: json!(1) },
+        ActionState::Unknown,
+    ];
+    assert_eq!(
+        others.map(|state| state.to_string()),
+        ["not_started", "running", "succeeded", "unknown"]
+    );
 }
 
 #[tokio::test(start_paused = true)]
