@@ -80,6 +80,8 @@ async fn a_fresh_turn_is_made_and_handed_inward_and_outward() {
     let outward = TurnBudget::from_extensions(res.extensions()).unwrap();
     let inward = upstream.seen.lock().unwrap()[0].clone();
     assert!(outward.ptr_eq(&inward));
+    // The body carries the same turn, to end it at that turn's deadline.
+    assert!(res.body().budget().ptr_eq(&inward));
     assert_eq!(outward.attempts_used(), 1);
     assert_eq!(outward.run_id().as_str().len(), 16);
     assert_eq!(

@@ -230,6 +230,18 @@ mod tests {
     }
 
     #[test]
+    fn the_multiplier_sets_the_growth_and_below_one_never_shrinks_a_delay() {
+        let exact = |b: Backoff| -> Vec<Duration> {
+            (0..3).map(|i| b.delay(i, None).wait().unwrap()).collect()
+        };
+        let tripled = Backoff::new().jitter(0.0).multiplier(3.0);
+        assert_eq!(exact(tripled), [500, 1500, 4500].map(Duration::from_millis));
+        // 0.5 is taken as 1: each retry waits the initial delay, no less.
+        let halved = Backoff::new().jitter(0.0).multiplier(0.5);
+        assert_eq!(exact(halved), [500, 500, 500].map(Duration::from_millis));
+    }
+
+    #[test]
     fn hints() {
         let b = Backoff::new().max_server_delay(Duration::from_secs(60));
         assert_eq!(

@@ -413,6 +413,10 @@ mod tests {
             RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
         let other = budget.clone();
         assert!(budget.ptr_eq(&other));
+        // A budget built apart is another budget, even with the same figures.
+        let apart =
+            RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
+        assert!(!budget.ptr_eq(&apart));
         assert!(!budget.withdraw());
         for _ in 0..10 {
             other.deposit();

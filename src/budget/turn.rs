@@ -506,6 +506,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn deadline_counts_down_and_refuses() {
         let turn = TurnLimits::new().deadline(Duration::from_secs(10)).start();
+        assert_eq!(turn.time_limit(), Duration::from_secs(10));
         assert_eq!(turn.remaining(), Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(4)).await;
         assert_eq!(turn.remaining(), Duration::from_secs(6));
