@@ -405,3 +405,54 @@ fn on_stream_end<S, D>(
         });
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body::Frame;
+    use http_body_util::{Empty, StreamBody};
+
+    use super::*;
+
+    fn frames(
+        parts: &[&'static str],
+    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+        let frames: Vec<_> = parts
+            .iter()
+            .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes()))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    async fn collect<B>(body: B) -> Bytes
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        match collect_whole(body, 1 << 20, deadline, Duration::from_secs(30)).await {
+            Ok(whole) => whole,
+            Err(_) => panic!("the whole body was not received"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_whole_answer_in_several_frames_is_joined_in_order() {
+        let answer = collect(frames(&[
+            r#"{"object":"#,
+            r#""chat.completion","#,
+            r#""choices":[]}"#,
+        ]))
+        .await;
+        assert_eq!(&answer[..], br#"{"object":"chat.completion","choices":[]}"#);
+        // One frame is handed on as it came.
+        assert_eq!(&collect(frames(&["{}"])).await[..], b"{}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_whole_answer_is_empty_bytes() {
+        // The dialect's check then refuses it; receiving it must not fail.
+        assert!(collect(Empty::<Bytes>::new()).await.is_empty());
+    }
+}

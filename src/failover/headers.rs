@@ -260,6 +260,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_configured_lists_read_back_lowercase_once_each_in_order() {
+        let policy = HeaderPolicy::empty()
+            .forward_request_headers(["X-Tenant-*", "OpenAI-Organization", "x-tenant-*"])
+            .forward_response_headers(["OpenAI-Processing-Ms"]);
+        assert_eq!(
+            policy.request_headers().collect::<Vec<_>>(),
+            ["x-tenant-*", "openai-organization"]
+        );
+        assert_eq!(
+            policy.response_headers().collect::<Vec<_>>(),
+            ["openai-processing-ms"]
+        );
+    }
+
+    #[test]
     fn hop_by_hop_never_passes_even_when_named() {
         let policy = HeaderPolicy::empty()
             .forward_request_headers(["connection", "te", "proxy-*", "x-*", "*"])
