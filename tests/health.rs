@@ -18,7 +18,7 @@ use tower::{Service, ServiceExt};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{
     Availability, CooldownPolicy, Failover, FailoverBuilder, FailureReport, HealthKey, HealthStore,
-    KeyState, MemoryHealthStore, Scope, ScopeRules, Target,
+    KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport, Target,
 };
 use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
 
@@ -552,4 +552,54 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     );
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(store.availability(&key), Availability::Probe);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_never_reports_is_abandoned_exactly_at_the_probe_timeout() {
+    let store =
+        MemoryHealthStore::new(CooldownPolicy::default().probe_timeout(Duration::from_secs(7)));
+    assert_eq!(store.policy().probe_timeout, Duration::from_secs(7));
+    let key = HealthKey::model("p", "m");
+    store.failure(
+        &key,
+        FailureReport::new(FailureClass::RateLimited, Scope::Model)
+            .retry_after(Some(Duration::from_secs(10))),
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        store.admit(&key, false),
+        tower_llm_failover::failover::Admission::Probe
+    );
+    // The probe's turn is lost without a report: the key waits for it...
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(store.availability(&key), Availability::Probing);
+    assert!(matches!(
+        store.admit(&key, false),
+        tower_llm_failover::failover::Admission::Refused(Availability::Probing)
+    ));
+    // ...until the probe timeout has passed, then the next request probes.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(store.availability(&key), Availability::Probe);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() {
+    let store = MemoryHealthStore::default();
+    let key = HealthKey::model("p", "m");
+    store.failure(
+        &key,
+        FailureReport::new(FailureClass::RateLimited, Scope::Model)
+            .retry_after(Some(Duration::from_secs(10))),
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        store.admit(&key, false),
+        tower_llm_failover::failover::Admission::Probe
+    );
+    // A whole answer may carry no time to first output.
+    store.success(&key, SuccessReport::Whole { ttft: None });
+    assert_eq!(store.availability(&key), Availability::Healthy);
+    let entry = store.snapshot().into_iter().find(|e| e.key == key).unwrap();
+    assert_eq!(entry.state, KeyState::Healthy);
+    assert_eq!(entry.failure_streak, 0, "a whole success ends the streak");
 }

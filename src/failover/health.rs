@@ -886,3 +886,75 @@ impl Drop for Admitted {
         }
     }
 }
+
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use super::*;
+
+    fn rests(after: u64, scope: Scope) -> FailureReport {
+        FailureReport::new(FailureClass::RateLimited, scope)
+            .retry_after(Some(Duration::from_secs(after)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_has_state_to_ship_when_it_or_its_account_rests() {
+        let model = HealthKey::model("p", "m");
+        let store = MemoryHealthStore::default();
+        assert!(
+            !store.has_state(&model),
+            "nothing known: a success ships nothing"
+        );
+        store.failure(&model, rests(60, Scope::Model));
+        assert!(
+            store.has_state(&model),
+            "the model rests, its account does not"
+        );
+
+        let store = MemoryHealthStore::default();
+        store.failure(&model, rests(60, Scope::Account));
+        assert!(store.has_state(&model), "its account rests");
+        assert!(
+            !store.has_state(&HealthKey::model("q", "m")),
+            "another provider"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fleet_state_with_anything_in_it_is_adopted_for_a_key_never_seen_here() {
+        let store = MemoryHealthStore::default();
+        // Each field alone makes a state worth keeping.
+        let cooled = HealthKey::model("p", "cooled");
+        store.adopt(
+            &cooled,
+            &SharedState {
+                cooling_left: Some(Duration::from_secs(60)),
+                ..SharedState::default()
+            },
+        );
+        assert!(
+            matches!(store.availability(&cooled), Availability::Cooling(_)),
+            "{:?}",
+            store.availability(&cooled)
+        );
+        let failing = HealthKey::model("p", "failing");
+        store.adopt(
+            &failing,
+            &SharedState {
+                streak: 2,
+                ..SharedState::default()
+            },
+        );
+        // Nothing but defaults: no entry is made for it.
+        let idle = HealthKey::model("p", "idle");
+        store.adopt(&idle, &SharedState::default());
+        let streaks: Vec<_> = store
+            .snapshot()
+            .into_iter()
+            .map(|e| (e.key.upstream_model().unwrap().to_owned(), e.failure_streak))
+            .collect();
+        assert_eq!(
+            streaks,
+            [("cooled".to_owned(), 0), ("failing".to_owned(), 2)]
+        );
+    }
+}
