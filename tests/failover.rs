@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_llm_failover::budget::{Cost, Pricing, RetryBudget, RetryBudgetConfig, TurnLimits};
 use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
 use tower_llm_failover::failover::Decision;
 use tower_llm_failover::failover::{
     Availability, Capabilities, CommitWindow, CooldownPolicy, Failover, FailoverBuilder, Strategy,
@@ -444,6 +445,47 @@ async fn targets_without_the_tools_a_request_needs_are_never_tried() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn parallel_tool_calls_rule_out_a_target_only_when_the_request_asks_for_them() {
+    let tools = serde_json::json!({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
+    let primary = FakeProvider::new("primary");
+    let backup = FakeProvider::new("backup");
+    let failover = Failover::builder()
+        .target(
+            Target::new("primary", primary.clone())
+                .capabilities(Capabilities::default().parallel_tool_calls(false)),
+        )
+        .target(Target::new("backup", backup.clone()))
+        .build();
+    // Tools, one call at a time: the primary serves.
+    let reply = send(&failover, request(true, tools.clone())).await;
+    assert_eq!(reply.headers["x-failover-target"], "primary");
+    // Parallel calls asked for: only the backup can serve.
+    let mut parallel = tools;
+    parallel["parallel_tool_calls"] = serde_json::json!(true);
+    let reply = send(&failover, request(true, parallel)).await;
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+}
+
+#[test]
+fn a_target_declared_without_reasoning_lacks_it_only_for_a_reasoning_request() {
+    let thinking = Requirements::new("m").reasoning(true);
+    let plain = Capabilities::default().reasoning(false);
+    assert_eq!(plain.missing(&thinking), ["reasoning"]);
+    assert!(plain.missing(&Requirements::new("m")).is_empty());
+    // Declared back on, it serves reasoning requests again.
+    assert!(plain.reasoning(true).missing(&thinking).is_empty());
+}
+
+#[test]
+fn targets_are_found_by_name() {
+    let failover = two(&FakeProvider::new("primary"), &FakeProvider::new("backup")).build();
+    assert_eq!(failover.target_index("primary"), Some(0));
+    assert_eq!(failover.target_index("backup"), Some(1));
+    assert_eq!(failover.target_index("elsewhere"), None);
+}
+
+#[tokio::test(start_paused = true)]
 async fn primary_failure_with_an_incompatible_backup_stops_explicitly() {
     let tools = serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]});
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
@@ -838,6 +880,30 @@ async fn bad_request_bodies_never_reach_an_upstream() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_bad_request_body_is_answered_with_its_own_error_type_in_the_clients_dialect() {
+    let primary = FakeProvider::new("primary");
+    let failover = Failover::builder()
+        .dialect(AnthropicMessages)
+        .target(Target::new("primary", primary.clone()))
+        .max_request_bytes(1024)
+        .build();
+    for (body, status, error_type) in [
+        ("not json".to_owned(), 400, "invalid_request_error"),
+        ("x".repeat(2000), 413, "request_too_large"),
+    ] {
+        let request = Request::post("/v1/messages")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = failover.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), status);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["type"], error_type, "{json}");
+    }
+    assert_eq!(primary.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn lowest_latency_measures_unknown_targets_then_prefers_the_fastest() {
     let slow = FakeProvider::new("slow").always(Reply::Stream(vec![
         Step::Data(chunks::role("slow")),
@@ -930,6 +996,55 @@ async fn when_every_eligible_target_cools_down_the_probe_that_fails_answers_503(
         availability(&failover, "a"),
         Availability::Cooling(_)
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_target_is_overloaded_the_turn_answers_503() {
+    let overloaded = Reply::status(
+        529,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    );
+    let primary = FakeProvider::new("primary").always(overloaded.clone());
+    let backup = FakeProvider::new("backup").always(overloaded);
+    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    let reply = send(&failover, request(false, serde_json::json!({}))).await;
+    assert_eq!((primary.calls(), backup.calls()), (1, 1));
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(
+        reply
+            .body
+            .contains("after 2 attempts; first failure: overloaded from primary"),
+        "{}",
+        reply.body
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_after_an_ordinary_attempt_reports_the_options_spent() {
+    let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
+    let backup = FakeProvider::new("backup");
+    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    // The primary's key fails: it rests, the backup serves.
+    let first = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!(first.headers["x-failover-target"], "backup");
+    // Next turn the backup fails and the resting primary is probed: an
+    // ordinary attempt was made, so this is not "no target available".
+    backup.set_always(Reply::status(500, SERVER_500));
+    let second = send(&failover, request(true, serde_json::json!({}))).await;
+    assert_eq!((primary.calls(), backup.calls()), (2, 2));
+    assert_eq!(second.status, 502, "{}", second.body);
+    assert!(
+        second.body.contains(
+            "all options spent after 2 attempts; first failure: server_error from backup"
+        ),
+        "{}",
+        second.body
+    );
+    assert!(
+        !second.body.contains("no_available_target"),
+        "{}",
+        second.body
+    );
 }
 
 #[tokio::test(start_paused = true)]
