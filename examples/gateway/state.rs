@@ -3,7 +3,6 @@
 //! Redis (feature `redis`); without it, everything is in memory.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
@@ -109,6 +108,7 @@ fn on_redis(
     cooldown: CooldownPolicy,
     retry: RetryBudgetConfig,
 ) -> Result<Built, String> {
+    use std::time::Duration;
     use tower_llm_failover::redis::{
         DEFAULT_PREFIX, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
     };
