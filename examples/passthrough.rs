@@ -105,6 +105,12 @@ fn status(code: StatusCode) -> Response<ProxyBody> {
     response
 }
 
+/// mimalloc, as in the gateway example (the same allocator on both sides
+/// of the comparison). A gateway allocates many small, short-lived blocks per
+/// request across worker threads, where glibc's malloc is slow.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let args = match parse_args() {

@@ -39,6 +39,11 @@ fn usage() -> ! {
     std::process::exit(2);
 }
 
+/// mimalloc: a gateway allocates many small, short-lived blocks per
+/// request across worker threads, where glibc's malloc is slow.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
