@@ -105,7 +105,7 @@ struct Globals {
     metrics: Snapshotter,
     /// Every value a snapshot took: a snapshot resets counters, and tests
     /// in parallel take them.
-    /// (key, counter value or 0, the value as text).
+    /// (key, counter value or histogram samples or 0, the value as text).
     taken: Mutex<Vec<(CompositeKey, u64, String)>>,
 }
 
@@ -121,9 +121,11 @@ fn metrics_so_far() -> Vec<(CompositeKey, u64, String)> {
             .into_iter()
             .map(|(key, _, _, value)| {
                 let text = format!("{value:?}");
-                let count = match value {
-                    DebugValue::Counter(n) => n,
-                    _ => 0,
+                // A counter's value, or how many samples a histogram took.
+                let count = match &value {
+                    DebugValue::Counter(n) => *n,
+                    DebugValue::Histogram(samples) => samples.len() as u64,
+                    DebugValue::Gauge(_) => 0,
                 };
                 (key, count, text)
             }),
@@ -523,4 +525,87 @@ async fn whole_answers_record_their_id_and_finish_reason() {
     assert_eq!(f[attr::GEN_AI_RESPONSE_ID], "msg_whole_1");
     assert_eq!(f[attr::GEN_AI_RESPONSE_FINISH_REASONS], "max_tokens");
     assert_eq!(f[attr::GEN_AI_RESPONSE_MODEL], "claude-x");
+}
+
+/// The samples a histogram took under labels including every pair of
+/// `with`.
+fn samples(name: &str, with: &[(&str, &str)]) -> u64 {
+    metrics_so_far()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .filter(|(key, ..)| {
+            with.iter().all(|(k, v)| {
+                key.key()
+                    .labels()
+                    .any(|label| label.key() == *k && label.value() == *v)
+            })
+        })
+        .map(|(_, count, _)| count)
+        .sum()
+}
+
+/// A stack registers the handles of a clean attempt and a first-try turn
+/// once and reuses them: every turn still counts, under the same labels a
+/// failure's metrics carry.
+#[tokio::test(start_paused = true)]
+async fn clean_turns_on_one_stack_are_each_counted() {
+    globals();
+    let provider = FakeProvider::new("cache-target");
+    let failover = Failover::builder()
+        .target(Target::new("cache-target", provider).provider("cache-provider"))
+        .build();
+    let first_try = [
+        (attr::FAILOVER_OUTCOME, "first_try"),
+        (attr::FAILOVER_STOP_REASON, "none"),
+    ];
+    let turns_before = counter(metric::TURNS, &first_try);
+    for (i, stream) in [false, true, false].into_iter().enumerate() {
+        let response = failover
+            .clone()
+            .oneshot(chat(stream, &format!("cache-turn-{i}")))
+            .await
+            .unwrap();
+        let (run, body) = read(response).await;
+        assert!(body.contains("cache-target"), "{body}");
+        assert_eq!(run.outcome(), Some(TurnOutcome::FirstTry));
+    }
+    let clean = [
+        (attr::FAILOVER_TARGET, "cache-target"),
+        (attr::FAILOVER_CLASS, "none"),
+        (attr::FAILOVER_PHASE, "committed"),
+        (attr::FAILOVER_DECISION, "committed"),
+    ];
+    assert_eq!(counter(metric::ATTEMPTS, &clean), 3);
+    let operation = [
+        (attr::GEN_AI_OPERATION_NAME, "chat"),
+        (attr::GEN_AI_PROVIDER_NAME, "cache-provider"),
+        (attr::FAILOVER_TARGET, "cache-target"),
+    ];
+    assert_eq!(samples(metric::OPERATION_DURATION, &operation), 3);
+    // A first output is timed on the stream only.
+    assert_eq!(samples(metric::TIME_TO_FIRST_TOKEN, &operation), 1);
+    // The two whole answers report usage; the stream's was not asked for.
+    let input = [
+        (attr::FAILOVER_TARGET, "cache-target"),
+        (attr::GEN_AI_TOKEN_TYPE, "input"),
+    ];
+    let output = [
+        (attr::FAILOVER_TARGET, "cache-target"),
+        (attr::GEN_AI_TOKEN_TYPE, "output"),
+    ];
+    assert!(samples(metric::TOKEN_USAGE, &input) >= 2);
+    assert_eq!(
+        samples(metric::TOKEN_USAGE, &input),
+        samples(metric::TOKEN_USAGE, &output)
+    );
+    // No failure was recorded under this target.
+    assert_eq!(
+        samples(
+            metric::BYTES_FLUSHED_BEFORE_FAILURE,
+            &[(attr::FAILOVER_TARGET, "cache-target")]
+        ),
+        0
+    );
+    // Other tests' turns count under the same key meanwhile: at least ours.
+    assert!(counter(metric::TURNS, &first_try) - turns_before >= 3);
 }

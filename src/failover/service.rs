@@ -433,6 +433,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                     .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(self.cooldown))),
                 scopes: self.scopes,
                 refuse_when_cooling: self.refuse_when_cooling,
+                meters: Arc::new(crate::telemetry::Meters::new(
+                    targets.iter().map(|t| (&t.name, &t.provider)),
+                )),
                 targets,
                 strategy: self.strategy,
                 classifier,

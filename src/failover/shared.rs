@@ -28,6 +28,8 @@ pub(crate) struct Timeouts {
 pub(crate) struct Shared<S, D> {
     pub(crate) dialect: D,
     pub(crate) targets: Vec<Target<Classify<S>>>,
+    /// The targets' metric handles, registered once.
+    pub(crate) meters: Arc<crate::telemetry::Meters>,
     pub(crate) health: Arc<dyn HealthStore>,
     pub(crate) scopes: ScopeRules,
     pub(crate) refuse_when_cooling: bool,

@@ -47,7 +47,7 @@ where
     let (mut parts, body) = request.into_parts();
     let budget =
         TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| shared.limits.start());
-    let run = RunRecord::new(budget.run_id().clone());
+    let run = RunRecord::new(budget.run_id().clone()).with_meters(Arc::clone(&shared.meters));
     // Dropped before it answers (the client left): the turn still leaves
     // its line, as cancelled.
     let unanswered = Unanswered(&run);

@@ -205,6 +205,8 @@ pub struct RunRecord {
     run_id: RunId,
     started: tokio::time::Instant,
     inner: Arc<Mutex<RunInner>>,
+    /// The failover stack's metric handles, reused turn after turn.
+    meters: Option<Arc<crate::telemetry::Meters>>,
 }
 
 impl RunRecord {
@@ -214,7 +216,19 @@ impl RunRecord {
             run_id,
             started: tokio::time::Instant::now(),
             inner: Arc::default(),
+            meters: None,
         }
+    }
+
+    /// The record of a turn of a failover stack whose metric handles are
+    /// `meters`.
+    pub(crate) fn with_meters(mut self, meters: Arc<crate::telemetry::Meters>) -> Self {
+        self.meters = Some(meters);
+        self
+    }
+
+    fn meters(&self) -> Option<&crate::telemetry::Meters> {
+        self.meters.as_deref()
     }
 
     /// The turn's run id.
@@ -283,7 +297,7 @@ impl RunRecord {
     /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
         let span = self.lock().attempt_span.take();
-        emit(self.run_id.as_str(), &record, span.as_ref());
+        emit(self.run_id.as_str(), &record, span.as_ref(), self.meters());
         self.push_quietly(record);
     }
 
@@ -325,7 +339,7 @@ impl RunRecord {
         let span = inner.attempt_span.take();
         if let Some(last) = inner.attempts.last_mut() {
             update(last);
-            emit(self.run_id.as_str(), last, span.as_ref());
+            emit(self.run_id.as_str(), last, span.as_ref(), self.meters());
         }
         drop(inner);
         self.conclude();
@@ -403,14 +417,17 @@ impl RunRecord {
             duration_ms = self.started.elapsed().as_millis() as u64,
             "turn"
         );
-        crate::telemetry::turn_ended(&TurnFacts {
-            span: span.as_ref(),
-            attempts,
-            outcome,
-            reason,
-            provider: provider.as_deref(),
-            error_type,
-        });
+        crate::telemetry::turn_ended(
+            &TurnFacts {
+                span: span.as_ref(),
+                attempts,
+                outcome,
+                reason,
+                provider: provider.as_deref(),
+                error_type,
+            },
+            self.meters(),
+        );
     }
 
     /// The summary headers: attempt count, winning target, run id.
@@ -452,7 +469,12 @@ pub fn refused_turn(run_id: &RunId, reason: StopReason) {
 /// One tracing event per attempt (a committed stream's when it ends), the
 /// same facts on the attempt's span, and the attempt's metrics.
 /// The run id and the model may be the client's, so they are escaped.
-fn emit(run_id: &str, r: &AttemptRecord, span: Option<&tracing::Span>) {
+fn emit(
+    run_id: &str,
+    r: &AttemptRecord,
+    span: Option<&tracing::Span>,
+    meters: Option<&crate::telemetry::Meters>,
+) {
     tracing::info!(
         target: "tower_llm_failover::attempt",
         run_id = %log_safe(run_id),
@@ -473,7 +495,7 @@ fn emit(run_id: &str, r: &AttemptRecord, span: Option<&tracing::Span>) {
         decision = r.decision.as_str(),
         "attempt"
     );
-    crate::telemetry::attempt_ended(r, span);
+    crate::telemetry::attempt_ended(r, span, meters);
 }
 
 /// A value made safe for one log line: its [`Display`](fmt::Display) text
