@@ -85,7 +85,9 @@ pub(super) fn error_body(error: &ErrorReply<'_>) -> Bytes {
 
 /// A `chat.completion` is an object with a non-empty `choices` and no
 /// `error`; its `usage`, `model`, `id` and first choice's `finish_reason`
-/// are read for the records, in the same pass.
+/// are read for the records, in the same pass: the body is walked once
+/// (`choices` is read element by element, the first for its
+/// `finish_reason`, the rest only checked).
 pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     #[derive(Deserialize)]
     struct Completion<'a> {
@@ -94,8 +96,8 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         id: Option<&'a RawValue>,
         #[serde(borrow, default)]
         error: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        choices: Option<&'a RawValue>,
+        #[serde(default)]
+        choices: Option<Choices>,
         #[serde(default)]
         model: Option<String>,
         #[serde(default)]
@@ -107,11 +109,6 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         prompt_tokens: u64,
         #[serde(default)]
         completion_tokens: u64,
-    }
-    #[derive(Deserialize)]
-    struct Choice {
-        #[serde(default)]
-        finish_reason: Option<String>,
     }
     let invalid = |fault: BodyFault, message: &str| {
         let check = BodyCheck::Invalid {
@@ -142,11 +139,11 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     if completion.error.is_some_and(|e| e.get() != "null") {
         return invalid(BodyFault::NoAnswer, "the completion body is an error");
     }
-    let choices = completion
-        .choices
-        .and_then(|c| serde_json::from_str::<Vec<&RawValue>>(c.get()).ok());
-    match choices {
-        Some(choices) if !choices.is_empty() => {
+    match completion.choices {
+        Some(Choices::List {
+            count,
+            finish_reason,
+        }) if count > 0 => {
             let check = BodyCheck::Valid {
                 usage: completion.usage.map(|u| Usage {
                     prompt_tokens: u.prompt_tokens,
@@ -154,19 +151,140 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
                 }),
                 model: completion.model,
             };
-            // The first choice only, as a stream records; its other
-            // fields were skimmed once already.
-            let finish_reason = choices
-                .first()
-                .and_then(|c| serde_json::from_str::<Choice>(c.get()).ok())
-                .and_then(|c| c.finish_reason);
             let id = completion
                 .id
                 .and_then(|id| serde_json::from_str::<String>(id.get()).ok());
             (check, AnswerFacts::new(id, finish_reason))
         }
-        Some(_) => invalid(BodyFault::NoAnswer, "the completion has an empty `choices`"),
-        None => invalid(BodyFault::NoAnswer, "the completion has no `choices`"),
+        Some(Choices::List { .. }) => {
+            invalid(BodyFault::NoAnswer, "the completion has an empty `choices`")
+        }
+        // Absent, null, or not an array.
+        _ => invalid(BodyFault::NoAnswer, "the completion has no `choices`"),
+    }
+}
+
+/// A completion's `choices` as the check reads it in one pass: how many
+/// there are and the first one's `finish_reason` (as a stream records), or
+/// that it is no array at all. Any value deserializes, so a `choices` of
+/// another type is "no choices", not "not a completion".
+enum Choices {
+    List {
+        count: usize,
+        finish_reason: Option<String>,
+    },
+    NotAList,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+        use std::fmt;
+
+        /// A visitor's arms for JSON scalars (and null), all read as `$value`.
+        macro_rules! scalars_read_as {
+            ($value:expr) => {
+                fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+                fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+                fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+                fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+                fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+                fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                    Ok($value)
+                }
+            };
+        }
+
+        /// One choice: its `finish_reason` when it is an object with a
+        /// string there, else nothing (a choice of another shape leaves the
+        /// answer valid, with no reason recorded).
+        struct FirstChoice(Option<String>);
+        impl<'de> Deserialize<'de> for FirstChoice {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct ChoiceVisitor;
+                impl<'de> Visitor<'de> for ChoiceVisitor {
+                    type Value = FirstChoice;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a choice")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<FirstChoice, A::Error> {
+                        let mut reason = None;
+                        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                            if key == "finish_reason" {
+                                reason = map.next_value::<Reason>()?.0;
+                            } else {
+                                map.next_value::<IgnoredAny>()?;
+                            }
+                        }
+                        Ok(FirstChoice(reason))
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<FirstChoice, A::Error> {
+                        while seq.next_element::<IgnoredAny>()?.is_some() {}
+                        Ok(FirstChoice(None))
+                    }
+                    scalars_read_as!(FirstChoice(None));
+                }
+                d.deserialize_any(ChoiceVisitor)
+            }
+        }
+
+        /// A `finish_reason`: a string, or anything else read as none.
+        struct Reason(Option<String>);
+        impl<'de> Deserialize<'de> for Reason {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let value = serde_json::Value::deserialize(d)?;
+                Ok(Reason(match value {
+                    serde_json::Value::String(reason) => Some(reason),
+                    _ => None,
+                }))
+            }
+        }
+
+        struct ChoicesVisitor;
+        impl<'de> Visitor<'de> for ChoicesVisitor {
+            type Value = Choices;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the choices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let Some(FirstChoice(finish_reason)) = seq.next_element::<FirstChoice>()? else {
+                    return Ok(Choices::List {
+                        count: 0,
+                        finish_reason: None,
+                    });
+                };
+                let mut count = 1;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    count += 1;
+                }
+                Ok(Choices::List {
+                    count,
+                    finish_reason,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Choices, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Choices::NotAList)
+            }
+            scalars_read_as!(Choices::NotAList);
+        }
+        deserializer.deserialize_any(ChoicesVisitor)
     }
 }
 
@@ -244,5 +362,72 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// `choices` is read in the same pass as the body: how the one-pass
+    /// reader tells each shape apart.
+    #[test]
+    fn choices_of_every_shape_are_read_in_one_pass() {
+        let fault = |body: &[u8]| match check_answer(body).0 {
+            BodyCheck::Invalid { fault, message } => Some((fault, message)),
+            BodyCheck::Valid { .. } => None,
+        };
+        let reason = |body: &[u8]| check_answer(body).1.finish_reason;
+        // Not an array (or null, or absent): no choices, not "not a completion".
+        for body in [
+            &br#"{"choices":{"0":{}}}"#[..],
+            br#"{"choices":"x"}"#,
+            br#"{"choices":3}"#,
+            br#"{"choices":true}"#,
+            br#"{"choices":null}"#,
+            br#"{"model":"m"}"#,
+        ] {
+            assert_eq!(
+                fault(body),
+                Some((
+                    BodyFault::NoAnswer,
+                    "the completion has no `choices`".to_owned()
+                )),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            fault(br#"{"choices":[]}"#),
+            Some((
+                BodyFault::NoAnswer,
+                "the completion has an empty `choices`".to_owned()
+            ))
+        );
+        // The first choice's reason only; a reason that is no string, or a
+        // first choice that is no object, reads as none.
+        assert_eq!(
+            reason(br#"{"choices":[{"finish_reason":"length"},{"finish_reason":"stop"}]}"#),
+            Some("length".to_owned())
+        );
+        assert_eq!(reason(br#"{"choices":[{"finish_reason":7}]}"#), None);
+        assert_eq!(reason(br#"{"choices":[{"finish_reason":null}]}"#), None);
+        assert_eq!(reason(br#"{"choices":[[{"finish_reason":"stop"}]]}"#), None);
+        assert_eq!(
+            reason(br#"{"choices":[null,{"finish_reason":"stop"}]}"#),
+            None
+        );
+        // Escaped keys and nested values are skipped, not misread.
+        assert_eq!(
+            reason(
+                br#"{"choices":[{"message":{"finish_reason":"no"},"finish\u005freason":"stop"}]}"#
+            ),
+            Some("stop".to_owned())
+        );
+        // Broken JSON inside `choices` is still not JSON.
+        assert_eq!(
+            fault(br#"{"choices":[{"finish_reason":"stop"},{]}"#).map(|f| f.0),
+            Some(BodyFault::NotJson)
+        );
+        assert_eq!(
+            fault(br#"{"choices":[{"finish_reason":"stop"}],"error":null,"choices2":}"#)
+                .map(|f| f.0),
+            Some(BodyFault::NotJson)
+        );
     }
 }
