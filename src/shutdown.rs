@@ -38,6 +38,12 @@
 //! assert!(seen_by_streams.is_ending());
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// A signal, shared by clones, that ends every running stream cleanly (see
@@ -45,6 +51,8 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 #[derive(Debug, Clone, Default)]
 pub struct Shutdown {
     token: CancellationToken,
+    /// Set before the token is cancelled: read without the token's lock.
+    fired: Arc<AtomicBool>,
 }
 
 impl Shutdown {
@@ -56,16 +64,67 @@ impl Shutdown {
     /// Ends every stream inspected with this signal (or a clone) with the
     /// terminal event, now and from now on. Idempotent.
     pub fn end_streams(&self) {
+        self.fired.store(true, Ordering::Release);
         self.token.cancel();
     }
 
     /// Whether [`end_streams`](Self::end_streams) was called.
     pub fn is_ending(&self) -> bool {
-        self.token.is_cancelled()
+        self.fired.load(Ordering::Acquire)
     }
 
     /// Resolves once [`end_streams`](Self::end_streams) is called.
     pub(crate) fn ending(&self) -> WaitForCancellationFutureOwned {
         self.token.clone().cancelled_owned()
+    }
+
+    /// One stream's wait for the signal, cheap to poll again.
+    pub(crate) fn wait(&self) -> Ending {
+        Ending {
+            fired: Arc::clone(&self.fired),
+            wait: Box::pin(self.ending()),
+            armed_for: None,
+        }
+    }
+}
+
+/// A stream's wait for the [`Shutdown`] signal, polled once per task: after
+/// it returned `Pending` to a task, later polls by the same task only read
+/// a flag, since the signal wakes that task when it fires. A stream's body
+/// polls it each time the upstream has nothing ready (about once per
+/// event), where a full poll takes the signal's lock.
+pub(crate) struct Ending {
+    fired: Arc<AtomicBool>,
+    wait: Pin<Box<WaitForCancellationFutureOwned>>,
+    armed_for: Option<Waker>,
+}
+
+impl Ending {
+    /// `Ready` once the signal fired; `Pending` with the task in `cx`
+    /// woken then.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.fired.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if self
+            .armed_for
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let poll = self.wait.as_mut().poll(cx);
+        if poll.is_pending() {
+            self.armed_for = Some(cx.waker().clone());
+        }
+        poll
+    }
+}
+
+impl std::fmt::Debug for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ending")
+            .field("fired", &self.fired.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
     }
 }

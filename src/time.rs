@@ -1,11 +1,74 @@
-//! Time arithmetic that never panics on a huge configured duration.
+//! Time arithmetic that never panics on a huge configured duration, and
+//! timers cheap to poll again.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// `at + duration`, saturating far in the future instead of panicking.
 pub(crate) fn later(at: Instant, duration: Duration) -> Instant {
     at.checked_add(duration)
         .unwrap_or_else(|| at + Duration::from_secs(60 * 60 * 24 * 365 * 30))
+}
+
+/// A timer that is polled once per task: after it returned `Pending` to a
+/// task, later polls by the same task only check whether it fired, since
+/// the timer will wake that task when it does. A stream's body layers poll
+/// their timers each time the upstream has nothing ready (about once per
+/// event); a full [`Sleep`] poll swaps the waker and takes the timer's
+/// state each time, which was the largest per-event cost after the scan.
+#[derive(Debug)]
+pub(crate) struct Alarm {
+    sleep: Pin<Box<Sleep>>,
+    /// The task the timer will wake, after a `Pending`.
+    armed_for: Option<Waker>,
+}
+
+impl Alarm {
+    /// An alarm at `deadline` (registered with the runtime on first poll).
+    pub(crate) fn at(deadline: Instant) -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            armed_for: None,
+        }
+    }
+
+    /// When it fires.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.sleep.deadline()
+    }
+
+    /// Whether it fired (known without a poll once it was armed).
+    pub(crate) fn is_elapsed(&self) -> bool {
+        self.sleep.is_elapsed()
+    }
+
+    /// Moves it to `deadline`; the next poll arms it again.
+    pub(crate) fn reset(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline);
+        self.armed_for = None;
+    }
+
+    /// `Ready` once the deadline passed; `Pending` with the task in `cx`
+    /// woken then.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.sleep.is_elapsed() {
+            return Poll::Ready(());
+        }
+        if self
+            .armed_for
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let poll = self.sleep.as_mut().poll(cx);
+        if poll.is_pending() {
+            self.armed_for = Some(cx.waker().clone());
+        }
+        poll
+    }
 }

@@ -1,19 +1,18 @@
 //! [`BudgetBody`]: a response body that ends at the turn's deadline.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::time::{Sleep, sleep_until};
 
 use crate::classify::Phase;
 
 use super::error::DeadlineExceeded;
 use super::turn::TurnBudget;
 use crate::BoxError;
+use crate::time::Alarm;
 
 pin_project! {
     /// A response body that ends with a boxed [`DeadlineExceeded`] when the
@@ -34,8 +33,7 @@ pin_project! {
         // A refused turn's error answer.
         whole: Option<Bytes>,
         // Made on first poll, inside the runtime.
-        #[pin]
-        sleep: Option<Sleep>,
+        alarm: Option<Alarm>,
         budget: TurnBudget,
         body_bytes: u64,
     }
@@ -47,7 +45,7 @@ impl<B> BudgetBody<B> {
         Self {
             inner: Some(inner),
             whole: None,
-            sleep: None,
+            alarm: None,
             budget,
             body_bytes: 0,
         }
@@ -58,7 +56,7 @@ impl<B> BudgetBody<B> {
         Self {
             inner: None,
             whole: Some(bytes),
-            sleep: None,
+            alarm: None,
             budget,
             body_bytes: 0,
         }
@@ -116,19 +114,14 @@ where
         let frame = match inner.poll_frame(cx) {
             Poll::Ready(frame) => frame,
             Poll::Pending => {
-                if this.sleep.is_none() {
-                    this.sleep.set(Some(sleep_until(this.budget.deadline())));
-                }
-                let expired = this
-                    .sleep
-                    .as_mut()
-                    .as_pin_mut()
-                    .is_some_and(|sleep| sleep.poll(cx).is_ready());
-                if !expired {
+                let alarm = this
+                    .alarm
+                    .get_or_insert_with(|| Alarm::at(this.budget.deadline()));
+                if alarm.poll(cx).is_pending() {
                     return Poll::Pending;
                 }
                 this.inner.set(None);
-                this.sleep.set(None);
+                *this.alarm = None;
                 // Bytes that went out cannot be taken back: from then on
                 // only ending the stream is legal.
                 let phase = if *this.body_bytes == 0 {

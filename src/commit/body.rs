@@ -10,7 +10,9 @@ use http::Response;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
+use crate::time::Alarm;
 
 use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
@@ -33,18 +35,18 @@ pin_project! {
         #[pin]
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
-        idle: Option<Pin<Box<Sleep>>>,
+        idle: Option<Alarm>,
         // When the last upstream frame arrived. The idle timer is re-armed
         // from it only when it fires: resetting a timer on every frame
         // would take the timer wheel's lock per frame.
         last_frame: Instant,
         // The turn's deadline, when the request carried a turn budget.
-        deadline: Option<Pin<Box<Sleep>>>,
+        deadline: Option<Alarm>,
         // While held back: the first-output deadline, then the end of the
         // commit window's time limit.
-        hold_timer: Option<Pin<Box<Sleep>>>,
+        hold_timer: Option<Alarm>,
         // Fires when the gateway's shutdown grace period is over.
-        shutdown: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
+        shutdown: Option<crate::shutdown::Ending>,
         // Set when the body yielded once to let the upstream connection
         // decode more of what it has read (see `poll_frame`).
         yielded: bool,
@@ -145,7 +147,7 @@ where
         let mut inspector = Inspector::new(Arc::clone(config), state);
         inspector.strip_usage = strip_usage;
         inspector.provider = provider.or_else(|| config.provider.clone());
-        let hold_timer = hold.map(|h| Box::pin(tokio::time::sleep_until(h.first_output_by)));
+        let hold_timer = hold.map(|h| Alarm::at(h.first_output_by));
         inspector.hold = hold.map(|settings| HoldState {
             settings,
             output_bytes: 0,
@@ -154,11 +156,14 @@ where
             inner,
             idle: config
                 .idle_timeout
-                .map(|timeout| Box::pin(tokio::time::sleep(timeout))),
+                .map(|timeout| Alarm::at(crate::time::later(Instant::now(), timeout))),
             last_frame: Instant::now(),
-            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            deadline: deadline.map(Alarm::at),
             hold_timer,
-            shutdown: config.shutdown.as_ref().map(|s| Box::pin(s.ending())),
+            shutdown: config
+                .shutdown
+                .as_ref()
+                .map(crate::shutdown::Shutdown::wait),
             yielded: false,
             inspector: Some(inspector),
         }
@@ -818,20 +823,20 @@ where
             Poll::Ready(None) => inspector.on_eof(),
             Poll::Pending => {
                 if let Some(shutdown) = this.shutdown.as_mut()
-                    && shutdown.as_mut().poll(cx).is_ready()
+                    && shutdown.poll(cx).is_ready()
                 {
                     inspector.fail(FailureKind::Shutdown);
                     return Poll::Ready(());
                 }
                 if let Some(deadline) = this.deadline.as_mut()
-                    && deadline.as_mut().poll(cx).is_ready()
+                    && deadline.poll(cx).is_ready()
                 {
                     inspector.fail(FailureKind::Deadline);
                     return Poll::Ready(());
                 }
                 if let Some(timer) = this.hold_timer.as_mut()
                     && inspector.hold.is_some()
-                    && timer.as_mut().poll(cx).is_ready()
+                    && timer.poll(cx).is_ready()
                 {
                     if inspector.output_events == 0 {
                         inspector.fail(FailureKind::FirstOutput);
@@ -842,7 +847,7 @@ where
                     return Poll::Ready(());
                 }
                 if let Some(idle) = this.idle.as_mut()
-                    && idle.as_mut().poll(cx).is_ready()
+                    && idle.poll(cx).is_ready()
                 {
                     let timeout = inspector.config.idle_timeout.unwrap_or_default();
                     let due = this
@@ -854,8 +859,8 @@ where
                         return Poll::Ready(());
                     }
                     // Frames came since it was armed: wait out the rest.
-                    idle.as_mut().reset(due);
-                    if idle.as_mut().poll(cx).is_ready() {
+                    idle.reset(due);
+                    if idle.poll(cx).is_ready() {
                         return Poll::Ready(());
                     }
                 }
@@ -873,8 +878,8 @@ where
                 Some(after) => {
                     let at = crate::time::later(Instant::now(), after);
                     match this.hold_timer.as_mut() {
-                        Some(timer) => timer.as_mut().reset(at),
-                        None => *this.hold_timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                        Some(timer) => timer.reset(at),
+                        None => *this.hold_timer = Some(Alarm::at(at)),
                     }
                 }
                 None => *this.hold_timer = None,
