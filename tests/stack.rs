@@ -57,9 +57,9 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     assert_eq!(run.run_id(), budget.run_id());
     let record = &run.attempts()[0];
     assert_eq!(record.class, Some(FailureClass::Timeout));
-    let terminal_at = text
-        .find("data: {\"id\":\"chatcmpl-test\",\"object\"")
-        .unwrap();
+    // The terminal chunk is the event that carries the error's finish.
+    let error_at = text.find("\"finish_reason\":\"error\"").unwrap();
+    let terminal_at = text[..error_at].rfind("data: ").unwrap();
     assert_eq!(
         record.bytes_flushed, terminal_at as u64,
         "the provider's bytes the client got"

@@ -5,42 +5,63 @@ use bytes::Bytes;
 /// The completion id every helper here uses.
 pub const ID: &str = "chatcmpl-test";
 
-fn event(json: &serde_json::Value) -> Bytes {
-    Bytes::from(format!("data: {json}\n\n"))
+/// A chunk in OpenAI's own field order (`id`, `object`, `created`,
+/// `model`, `choices`, then `usage`), as the API sends it: `json!` alone
+/// would sort the keys, and every chunk would start with `choices`.
+fn chunk(model: &str, choices: &str, usage: Option<serde_json::Value>) -> Bytes {
+    let model = serde_json::Value::from(model);
+    let usage = usage
+        .map(|usage| format!(",\"usage\":{usage}"))
+        .unwrap_or_default();
+    Bytes::from(format!(
+        "data: {{\"id\":\"{ID}\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":{model},\"choices\":{choices}{usage}}}\n\n"
+    ))
+}
+
+/// `choices` with one choice in OpenAI's field order (`index`, `delta`,
+/// `finish_reason`), as JSON text (a `Value` would sort the keys again).
+fn choice(delta: serde_json::Value, finish_reason: Option<&str>) -> String {
+    let finish_reason = serde_json::Value::from(finish_reason);
+    format!("[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish_reason}}}]")
 }
 
 /// The role chunk a stream opens with (preamble: no output).
 pub fn role(model: &str) -> Bytes {
-    event(&serde_json::json!({
-        "id": ID, "object": "chat.completion.chunk", "created": 1, "model": model,
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]
-    }))
+    chunk(
+        model,
+        &choice(
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+        ),
+        None,
+    )
 }
 
 /// A content delta.
 pub fn content(model: &str, text: &str) -> Bytes {
-    event(&serde_json::json!({
-        "id": ID, "object": "chat.completion.chunk", "created": 1, "model": model,
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]
-    }))
+    chunk(
+        model,
+        &choice(serde_json::json!({ "content": text }), None),
+        None,
+    )
 }
 
 /// The chunk that sets `finish_reason`.
 pub fn finish(model: &str, reason: &str) -> Bytes {
-    event(&serde_json::json!({
-        "id": ID, "object": "chat.completion.chunk", "created": 1, "model": model,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]
-    }))
+    chunk(model, &choice(serde_json::json!({}), Some(reason)), None)
 }
 
 /// The usage chunk (`choices: []`).
 pub fn usage(model: &str, prompt_tokens: u64, completion_tokens: u64) -> Bytes {
-    event(&serde_json::json!({
-        "id": ID, "object": "chat.completion.chunk", "created": 1, "model": model,
-        "choices": [],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens}
-    }))
+    chunk(
+        model,
+        "[]",
+        Some(serde_json::json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens
+        })),
+    )
 }
 
 /// `data: [DONE]`.
