@@ -299,14 +299,24 @@ done
 
 # --- throughput and latency: interleaved rounds ------------------------------------------
 
-# run_wrk TARGET WORKLOAD SECS: prints "p50 p99 rps errors requests".
+# cpu_ticks PID: the process's user + system CPU time so far, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+CLK_TCK=$(getconf CLK_TCK)
+
+# run_wrk TARGET WORKLOAD SECS: prints "p50 p99 rps errors requests cpu",
+# cpu being the proxy's CPU time (user + system) per request in µs: what
+# the proxy itself spent, less sensitive than latency to a busy host.
 run_wrk() {
-    local conns=${W_CONNS[$2]} threads=1 out
+    local conns=${W_CONNS[$2]} threads=1 out before after
     ((conns > 1)) && threads=2
+    before=$(cpu_ticks "${PID[$1]}")
     out=$(wrk -t"$threads" -c"$conns" -d"${3}s" --timeout 5s -s "$WORK/${W_LUA[$2]}.lua" \
         "http://${ADDR[$1]}$PATH_CC" 2>&1) || die "wrk failed: $out"
+    after=$(cpu_ticks "${PID[$1]}")
     grep -q '^RESULT ' <<<"$out" || die "wrk printed no result: $out"
-    grep '^RESULT ' <<<"$out" | cut -d' ' -f2-
+    grep '^RESULT ' <<<"$out" | cut -d' ' -f2- |
+        awk -v t=$((after - before)) -v hz="$CLK_TCK" \
+            '{ printf "%s %.1f\n", $0, ($5 > 0 ? t * 1e6 / hz / $5 : 0) }'
 }
 
 RESULTS="$WORK/results"
@@ -360,6 +370,16 @@ for w in "${WORKLOADS[@]}"; do
     unset m
 done
 ((ERRORS == 0)) || echo "(some runs had errors: see the warnings above)"
+echo
+echo "CPU time (user + system) each proxy spent per request, medians; the ratio is"
+echo "the gateway's cost against the pass-through's for the same work."
+printf '%-18s %5s | %12s %12s | %9s %12s\n' "workload" "conns" "pass (µs)" "gw (µs)" "gw/pass" "added (µs)"
+for w in "${WORKLOADS[@]}"; do
+    pc=$(col "$w" pass 9 | median)
+    gc=$(col "$w" gw 9 | median)
+    awk -v name="${W_NAME[$w]}" -v c="${W_CONNS[$w]}" -v pc="$pc" -v gc="$gc" 'BEGIN {
+        printf "%-18s %5d | %12.1f %12.1f | %8.2fx %+12.1f\n", name, c, pc, gc, (pc > 0 ? gc / pc : 0), gc - pc }'
+done
 echo
 echo "Per round (noise check), gateway/pass-through r/s and p50 gap (µs):"
 for w in "${WORKLOADS[@]}"; do
