@@ -128,3 +128,26 @@ impl std::fmt::Debug for Ending {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream's wait, armed once, sees the signal and wakes its task.
+    #[tokio::test]
+    async fn a_stream_wait_sees_the_signal_after_it_was_armed() {
+        let shutdown = Shutdown::new();
+        let mut wait = shutdown.wait();
+        std::future::poll_fn(|cx| {
+            assert!(wait.poll(cx).is_pending());
+            assert!(wait.poll(cx).is_pending(), "checked, not polled again");
+            Poll::Ready(())
+        })
+        .await;
+        let signal = shutdown.clone();
+        tokio::spawn(async move { signal.end_streams() });
+        // Woken by the signal, not by polling in a loop.
+        std::future::poll_fn(|cx| wait.poll(cx)).await;
+        assert!(shutdown.is_ending());
+    }
+}

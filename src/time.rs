@@ -72,3 +72,32 @@ impl Alarm {
         poll
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Armed once, an alarm answers a poll by the same task from its
+    /// state alone, and still fires; a reset arms it again.
+    #[tokio::test(start_paused = true)]
+    async fn an_alarm_fires_for_the_task_it_was_armed_for() {
+        let mut alarm = Alarm::at(Instant::now() + Duration::from_secs(5));
+        std::future::poll_fn(|cx| {
+            assert!(alarm.poll(cx).is_pending());
+            assert!(alarm.armed_for.is_some());
+            assert!(alarm.poll(cx).is_pending(), "checked, not polled again");
+            Poll::Ready(())
+        })
+        .await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        std::future::poll_fn(|cx| alarm.poll(cx)).await;
+        assert!(alarm.is_elapsed());
+
+        alarm.reset(Instant::now() + Duration::from_secs(1));
+        assert!(alarm.armed_for.is_none());
+        assert!(!alarm.is_elapsed());
+        let started = Instant::now();
+        std::future::poll_fn(|cx| alarm.poll(cx)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+}
