@@ -65,7 +65,10 @@ impl Alarm {
         {
             return Poll::Pending;
         }
-        let poll = self.sleep.as_mut().poll(cx);
+        // Outside the task's coop budget: a `Sleep` polled with the budget
+        // spent answers `Pending` without registering its timer, and the
+        // alarm, marked armed, would never poll it again.
+        let poll = Pin::new(&mut tokio::task::unconstrained(&mut self.sleep)).poll(cx);
         if poll.is_pending() {
             self.armed_for = Some(cx.waker().clone());
         }
@@ -99,5 +102,31 @@ mod tests {
         let started = Instant::now();
         std::future::poll_fn(|cx| alarm.poll(cx)).await;
         assert_eq!(started.elapsed(), Duration::from_secs(1));
+    }
+
+    /// Armed by a task whose coop budget is spent (the upstream body said
+    /// `Pending` for that reason), an alarm still registers its timer.
+    #[tokio::test(start_paused = true)]
+    async fn an_alarm_armed_with_the_budget_spent_still_fires() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..1_000 {
+            tx.send(()).unwrap_or_default();
+        }
+        let mut alarm = Alarm::at(Instant::now() + Duration::from_secs(5));
+        std::future::poll_fn(|cx| {
+            // Ready items until the budget runs out, then `Pending`.
+            while let Poll::Ready(Some(())) = rx.poll_recv(cx) {}
+            assert!(!rx.is_empty(), "the budget, not the channel, ran out");
+            assert!(alarm.poll(cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+        let fired = tokio::time::timeout(
+            Duration::from_secs(60),
+            std::future::poll_fn(|cx| alarm.poll(cx)),
+        )
+        .await;
+        assert!(fired.is_ok(), "the alarm's timer was registered");
+        assert!(alarm.is_elapsed());
     }
 }

@@ -51,6 +51,11 @@
 //! figures are read, not pushed: call [`record_health`] and
 //! [`record_retry_budget`] before each scrape (or on a timer).
 //!
+//! A failover stack registers the handles of what nearly every request
+//! reports (a clean attempt per target, a first-try turn) once, with the
+//! recorder installed when it first reports, and reuses them: install the
+//! recorder before the stack serves.
+//!
 //! # What never appears
 //!
 //! No credential, header or body: spans, logs, records and labels carry
@@ -395,8 +400,9 @@ pub(crate) fn attempt_span(
 /// turn answered at its first try. Building and looking up the same keys
 /// on every request cost about a sixth of the gateway's instructions per
 /// small completion; these are registered once, on first use, with the
-/// recorder installed then. Other outcomes register their keys as they
-/// occur, with the same labels.
+/// recorder installed then (so a stack keeps reporting to the recorder it
+/// first reported to: install the recorder before serving). Other outcomes
+/// register their keys as they occur, with the same labels.
 pub(crate) struct Meters {
     targets: Vec<TargetMeters>,
     first_try: OnceLock<TurnHandles>,
@@ -440,8 +446,12 @@ impl Meters {
         }
     }
 
-    fn target(&self, name: &Arc<str>) -> Option<&TargetMeters> {
-        self.targets.iter().find(|t| Arc::ptr_eq(&t.target, name))
+    /// The handles of the target a record names (its very name and
+    /// provider `Arc`s: two targets sharing a name `Arc` still differ).
+    fn target(&self, name: &Arc<str>, provider: &Arc<str>) -> Option<&TargetMeters> {
+        self.targets
+            .iter()
+            .find(|t| Arc::ptr_eq(&t.target, name) && Arc::ptr_eq(&t.provider, provider))
     }
 }
 
@@ -562,7 +572,10 @@ pub(crate) fn attempt_ended(
 
     let usage = r.usage.filter(|_| !r.estimated);
     let clean = r.class.is_none() && r.decision == crate::failover::Decision::Committed;
-    if let Some(target) = meters.and_then(|m| m.target(&r.target)).filter(|_| clean) {
+    if let Some(target) = meters
+        .and_then(|m| m.target(&r.target, &r.provider))
+        .filter(|_| clean)
+    {
         let handles = target.committed();
         handles.attempts.increment(1);
         if let Some(ttft) = r.time_to_first_output {

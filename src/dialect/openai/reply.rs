@@ -168,6 +168,12 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
 /// there are and the first one's `finish_reason` (as a stream records), or
 /// that it is no array at all. Any value deserializes, so a `choices` of
 /// another type is "no choices", not "not a completion".
+///
+/// Reading rather than skipping the first choice has one edge: JSON that
+/// can be skipped but not read there (a number beyond `f64`, such as
+/// `1e400`, or a lone surrogate escape in a key) makes the body not JSON,
+/// where the earlier three-pass check let it pass. No provider writes
+/// either; both are treated as the malformed answers they are.
 enum Choices {
     List {
         count: usize,
@@ -222,8 +228,8 @@ impl<'de> Deserialize<'de> for Choices {
                         mut map: A,
                     ) -> Result<FirstChoice, A::Error> {
                         let mut reason = None;
-                        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                            if key == "finish_reason" {
+                        while let Some(FinishReasonKey(is_reason)) = map.next_key()? {
+                            if is_reason {
                                 reason = map.next_value::<Reason>()?.0;
                             } else {
                                 map.next_value::<IgnoredAny>()?;
@@ -241,6 +247,24 @@ impl<'de> Deserialize<'de> for Choices {
                     scalars_read_as!(FirstChoice(None));
                 }
                 d.deserialize_any(ChoiceVisitor)
+            }
+        }
+
+        /// Whether a choice's key is `finish_reason` (read without a copy).
+        struct FinishReasonKey(bool);
+        impl<'de> Deserialize<'de> for FinishReasonKey {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct KeyVisitor;
+                impl Visitor<'_> for KeyVisitor {
+                    type Value = FinishReasonKey;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a key")
+                    }
+                    fn visit_str<E>(self, key: &str) -> Result<FinishReasonKey, E> {
+                        Ok(FinishReasonKey(key == "finish_reason"))
+                    }
+                }
+                d.deserialize_identifier(KeyVisitor)
             }
         }
 
@@ -417,6 +441,16 @@ mod tests {
             reason(
                 br#"{"choices":[{"message":{"finish_reason":"no"},"finish\u005freason":"stop"}]}"#
             ),
+            Some("stop".to_owned())
+        );
+        // JSON that can be skipped but not read, in the first choice: not
+        // JSON (see `Choices`); further on it is only skipped.
+        assert_eq!(
+            fault(br#"{"choices":[1e400]}"#).map(|f| f.0),
+            Some(BodyFault::NotJson)
+        );
+        assert_eq!(
+            reason(br#"{"choices":[{"finish_reason":"stop"},1e400]}"#),
             Some("stop".to_owned())
         );
         // Broken JSON inside `choices` is still not JSON.
