@@ -90,3 +90,39 @@ pub fn full_stream(model: &str, tokens: usize) -> Vec<Bytes> {
     out.push(done());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fakes write chunks as OpenAI does, identity first, and escape
+    /// what they are given.
+    #[test]
+    fn chunks_come_in_openai_field_order_and_are_json() {
+        let text = |b: Bytes| String::from_utf8(b.to_vec()).unwrap_or_default();
+        let chunk = text(content("m\"odel", "say \"hi\"\n"));
+        assert!(
+            chunk.starts_with(
+                r#"data: {"id":"chatcmpl-test","object":"chat.completion.chunk","created":1,"model":"m\"odel","choices":[{"index":0,"delta":{"content":"say \"hi\"\n"},"finish_reason":null}]}"#
+            ),
+            "{chunk}"
+        );
+        for chunk in [
+            role("m"),
+            content("m", "x"),
+            finish("m", "stop"),
+            usage("m", 3, 4),
+        ] {
+            let chunk = text(chunk);
+            let json = chunk
+                .strip_prefix("data: ")
+                .and_then(|c| c.strip_suffix("\n\n"))
+                .unwrap_or_default();
+            let value: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+            assert_eq!(value["object"], "chat.completion.chunk", "{chunk}");
+            assert!(json.starts_with(r#"{"id":"#), "{chunk}");
+        }
+        assert!(text(usage("m", 3, 4)).contains(r#""choices":[],"usage":{"#));
+        assert!(text(finish("m", "stop")).contains(r#""finish_reason":"stop"}]"#));
+    }
+}
