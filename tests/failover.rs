@@ -477,6 +477,34 @@ fn a_target_declared_without_reasoning_lacks_it_only_for_a_reasoning_request() {
     assert!(plain.reasoning(true).missing(&thinking).is_empty());
 }
 
+/// A text-only target lacks image and document input only for requests
+/// that carry them (rule 5: only compatible backups, and every other
+/// backup stays eligible).
+#[test]
+fn a_text_only_target_lacks_inputs_only_for_requests_that_carry_them() {
+    let text_only = Capabilities::default()
+        .image_input(false)
+        .document_input(false);
+    assert!(text_only.missing(&Requirements::new("m")).is_empty());
+    assert_eq!(
+        text_only.missing(&Requirements::new("m").image_input(true)),
+        ["image input"]
+    );
+    assert_eq!(
+        text_only.missing(&Requirements::new("m").document_input(true)),
+        ["document input"]
+    );
+    assert!(
+        Capabilities::default()
+            .missing(
+                &Requirements::new("m")
+                    .image_input(true)
+                    .document_input(true)
+            )
+            .is_empty()
+    );
+}
+
 #[test]
 fn targets_are_found_by_name() {
     let failover = two(&FakeProvider::new("primary"), &FakeProvider::new("backup")).build();
