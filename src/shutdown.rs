@@ -38,13 +38,14 @@
 //! assert!(seen_by_streams.is_ending());
 //! ```
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::time::ArmedFor;
 
 /// A signal, shared by clones, that ends every running stream cleanly (see
 /// the [module docs](self)).
@@ -83,7 +84,7 @@ impl Shutdown {
         Ending {
             fired: Arc::clone(&self.fired),
             wait: Box::pin(self.ending()),
-            armed_for: None,
+            armed: ArmedFor::default(),
         }
     }
 }
@@ -96,7 +97,7 @@ impl Shutdown {
 pub(crate) struct Ending {
     fired: Arc<AtomicBool>,
     wait: Pin<Box<WaitForCancellationFutureOwned>>,
-    armed_for: Option<Waker>,
+    armed: ArmedFor,
 }
 
 impl Ending {
@@ -106,18 +107,7 @@ impl Ending {
         if self.fired.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        if self
-            .armed_for
-            .as_ref()
-            .is_some_and(|waker| waker.will_wake(cx.waker()))
-        {
-            return Poll::Pending;
-        }
-        let poll = self.wait.as_mut().poll(cx);
-        if poll.is_pending() {
-            self.armed_for = Some(cx.waker().clone());
-        }
-        poll
+        self.armed.poll(&mut self.wait, cx)
     }
 }
 

@@ -14,6 +14,41 @@ pub(crate) fn later(at: Instant, duration: Duration) -> Instant {
         .unwrap_or_else(|| at + Duration::from_secs(60 * 60 * 24 * 365 * 30))
 }
 
+/// The task a wait will wake: set when the wait returned `Pending` to it.
+/// A wait polled again by that same task, with nothing new to tell, need
+/// not be polled at all: it will wake the task when it ends. Its owner
+/// checks first whether it ended (a cheap read), then asks this.
+#[derive(Debug, Default)]
+pub(crate) struct ArmedFor(Option<Waker>);
+
+impl ArmedFor {
+    /// Polls `wait` unless it is armed for the task in `cx` already; arms
+    /// it for that task on `Pending`.
+    pub(crate) fn poll<F: Future + Unpin>(
+        &mut self,
+        wait: &mut F,
+        cx: &mut Context<'_>,
+    ) -> Poll<F::Output> {
+        if self
+            .0
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
+        let poll = Pin::new(wait).poll(cx);
+        if poll.is_pending() {
+            self.0 = Some(cx.waker().clone());
+        }
+        poll
+    }
+
+    /// Forgets the task: the next poll polls the wait again.
+    pub(crate) fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
 /// A timer that is polled once per task: after it returned `Pending` to a
 /// task, later polls by the same task only check whether it fired, since
 /// the timer will wake that task when it does. A stream's body layers poll
@@ -23,8 +58,7 @@ pub(crate) fn later(at: Instant, duration: Duration) -> Instant {
 #[derive(Debug)]
 pub(crate) struct Alarm {
     sleep: Pin<Box<Sleep>>,
-    /// The task the timer will wake, after a `Pending`.
-    armed_for: Option<Waker>,
+    armed: ArmedFor,
 }
 
 impl Alarm {
@@ -32,7 +66,7 @@ impl Alarm {
     pub(crate) fn at(deadline: Instant) -> Self {
         Self {
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
-            armed_for: None,
+            armed: ArmedFor::default(),
         }
     }
 
@@ -49,7 +83,7 @@ impl Alarm {
     /// Moves it to `deadline`; the next poll arms it again.
     pub(crate) fn reset(&mut self, deadline: Instant) {
         self.sleep.as_mut().reset(deadline);
-        self.armed_for = None;
+        self.armed.disarm();
     }
 
     /// `Ready` once the deadline passed; `Pending` with the task in `cx`
@@ -58,21 +92,11 @@ impl Alarm {
         if self.sleep.is_elapsed() {
             return Poll::Ready(());
         }
-        if self
-            .armed_for
-            .as_ref()
-            .is_some_and(|waker| waker.will_wake(cx.waker()))
-        {
-            return Poll::Pending;
-        }
         // Outside the task's coop budget: a `Sleep` polled with the budget
         // spent answers `Pending` without registering its timer, and the
         // alarm, marked armed, would never poll it again.
-        let poll = Pin::new(&mut tokio::task::unconstrained(&mut self.sleep)).poll(cx);
-        if poll.is_pending() {
-            self.armed_for = Some(cx.waker().clone());
-        }
-        poll
+        self.armed
+            .poll(&mut tokio::task::unconstrained(&mut self.sleep), cx)
     }
 }
 
@@ -87,7 +111,7 @@ mod tests {
         let mut alarm = Alarm::at(Instant::now() + Duration::from_secs(5));
         std::future::poll_fn(|cx| {
             assert!(alarm.poll(cx).is_pending());
-            assert!(alarm.armed_for.is_some());
+            assert!(alarm.armed.0.is_some());
             assert!(alarm.poll(cx).is_pending(), "checked, not polled again");
             Poll::Ready(())
         })
@@ -97,7 +121,7 @@ mod tests {
         assert!(alarm.is_elapsed());
 
         alarm.reset(Instant::now() + Duration::from_secs(1));
-        assert!(alarm.armed_for.is_none());
+        assert!(alarm.armed.0.is_none());
         assert!(!alarm.is_elapsed());
         let started = Instant::now();
         std::future::poll_fn(|cx| alarm.poll(cx)).await;

@@ -173,7 +173,8 @@ fn spans_of(run_id: &str) -> (CapturedSpan, Vec<CapturedSpan>) {
     (turn, attempts)
 }
 
-/// Counter values whose labels include every pair of `with`.
+/// Counter values (or histogram samples) whose labels include every pair
+/// of `with`.
 fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
     metrics_so_far()
         .into_iter()
@@ -528,20 +529,9 @@ async fn whole_answers_record_their_id_and_finish_reason() {
 }
 
 /// The samples a histogram took under labels including every pair of
-/// `with`.
+/// `with` (taken counts a histogram's samples as `counter` counts).
 fn samples(name: &str, with: &[(&str, &str)]) -> u64 {
-    metrics_so_far()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == name)
-        .filter(|(key, ..)| {
-            with.iter().all(|(k, v)| {
-                key.key()
-                    .labels()
-                    .any(|label| label.key() == *k && label.value() == *v)
-            })
-        })
-        .map(|(_, count, _)| count)
-        .sum()
+    counter(name, with)
 }
 
 /// A stack registers the handles of a clean attempt and a first-try turn
