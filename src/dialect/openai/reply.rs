@@ -140,10 +140,7 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         return invalid(BodyFault::NoAnswer, "the completion body is an error");
     }
     match completion.choices {
-        Some(Choices::List {
-            count,
-            finish_reason,
-        }) if count > 0 => {
+        Some(Choices::First { finish_reason }) => {
             let check = BodyCheck::Valid {
                 usage: completion.usage.map(|u| Usage {
                     prompt_tokens: u.prompt_tokens,
@@ -156,7 +153,7 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
                 .and_then(|id| serde_json::from_str::<String>(id.get()).ok());
             (check, AnswerFacts::new(id, finish_reason))
         }
-        Some(Choices::List { .. }) => {
+        Some(Choices::Empty) => {
             invalid(BodyFault::NoAnswer, "the completion has an empty `choices`")
         }
         // Absent, null, or not an array.
@@ -164,21 +161,20 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     }
 }
 
-/// A completion's `choices` as the check reads it in one pass: how many
-/// there are and the first one's `finish_reason` (as a stream records), or
-/// that it is no array at all. Any value deserializes, so a `choices` of
+/// A completion's `choices` as the check reads it in one pass: empty, or
+/// the first one's `finish_reason` (as a stream records; the rest are only
+/// checked), or no array at all. Any value deserializes, so a `choices` of
 /// another type is "no choices", not "not a completion".
 ///
 /// Reading rather than skipping the first choice has one edge: JSON that
 /// can be skipped but not read there (a number beyond `f64`, such as
-/// `1e400`, or a lone surrogate escape in a key) makes the body not JSON,
+/// `1e400`, a lone surrogate escape in a key, nesting past serde_json's
+/// limit inside `finish_reason`) makes the body not JSON,
 /// where the earlier three-pass check let it pass. No provider writes
 /// either; both are treated as the malformed answers they are.
 enum Choices {
-    List {
-        count: usize,
-        finish_reason: Option<String>,
-    },
+    Empty,
+    First { finish_reason: Option<String> },
     NotAList,
 }
 
@@ -288,19 +284,10 @@ impl<'de> Deserialize<'de> for Choices {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
                 let Some(FirstChoice(finish_reason)) = seq.next_element::<FirstChoice>()? else {
-                    return Ok(Choices::List {
-                        count: 0,
-                        finish_reason: None,
-                    });
+                    return Ok(Choices::Empty);
                 };
-                let mut count = 1;
-                while seq.next_element::<IgnoredAny>()?.is_some() {
-                    count += 1;
-                }
-                Ok(Choices::List {
-                    count,
-                    finish_reason,
-                })
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Choices::First { finish_reason })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Choices, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
