@@ -38,6 +38,8 @@
 //!   first); [`sse`]: the zero-copy SSE scanner underneath.
 //! - [`record`]: run and attempt records; [`telemetry`]: GenAI spans and
 //!   metrics through `tracing` and the `metrics` facade.
+//! - [`identity`]: the [`ClientId`](identity::ClientId) every shared count
+//!   (retry shares, spend, health evidence, limits) is kept per.
 //! - [`limit`]: request-body read limits and an in-flight cap that sheds
 //!   with the dialect's 503; [`shutdown`]: the signal that ends running
 //!   streams cleanly when a gateway's grace period is over.
@@ -136,6 +138,7 @@ pub mod commit;
 pub mod dialect;
 pub mod failover;
 mod failure;
+pub mod identity;
 pub mod limit;
 pub mod record;
 #[cfg(feature = "redis")]
