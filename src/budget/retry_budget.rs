@@ -1,6 +1,7 @@
 //! A retry budget shared across turns, so an outage does not become a retry
 //! storm.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,6 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::retry::budget::Budget as TowerBudget;
+
+use crate::identity::ClientId;
 
 /// Caps extra attempts (retries and reroutes) as a fraction of first
 /// attempts, across all turns that share it.
@@ -49,6 +52,8 @@ use tower::retry::budget::Budget as TowerBudget;
 pub struct RetryBudget {
     inner: Arc<Inner>,
     stats: Arc<Counters>,
+    /// Each client's own share inside the fleet's budget, when set.
+    shares: Option<Arc<ClientShares>>,
 }
 
 enum Inner {
@@ -172,6 +177,7 @@ impl RetryBudget {
         Self {
             inner: Arc::new(Inner::Local(bucket)),
             stats: Arc::default(),
+            shares: None,
         }
     }
 
@@ -181,7 +187,60 @@ impl RetryBudget {
         Self {
             inner: Arc::new(Inner::Other(Box::new(budget))),
             stats: Arc::default(),
+            shares: None,
         }
+    }
+
+    /// Gives every client a share of its own inside this budget: a
+    /// bucket with `share`'s settings, fed by that client's first attempts
+    /// only. An extra attempt then needs both the client's share and the
+    /// fleet's budget, so one client's failing requests spend its own
+    /// share and stop there, leaving the fleet's reroutes to the others.
+    ///
+    /// The anonymous client (requests without a [`ClientId`]) has one
+    /// share. Shares are kept in this process (with a Redis fleet budget
+    /// too: each replica bounds its clients locally), at most
+    /// `max_clients` of them, the least recently used forgotten first.
+    pub fn with_client_shares(
+        mut self,
+        share: RetryBudgetConfig,
+        max_clients: usize,
+    ) -> Result<Self, RetryBudgetConfigError> {
+        share.validate()?;
+        self.shares = Some(Arc::new(ClientShares {
+            config: share,
+            max_clients: max_clients.max(1),
+            buckets: Mutex::new(HashMap::new()),
+        }));
+        Ok(self)
+    }
+
+    /// [`deposit`](Self::deposit) for a first attempt of `client`: the
+    /// fleet's budget and the client's share both earn it.
+    pub fn deposit_for(&self, client: &ClientId) {
+        if let Some(shares) = &self.shares {
+            shares.bucket(client).deposit();
+        }
+        self.deposit();
+    }
+
+    /// [`withdraw`](Self::withdraw) for an extra attempt of `client`: the
+    /// client's share is asked first, so a client whose share is spent
+    /// takes nothing from the fleet's budget.
+    pub fn withdraw_for(&self, client: &ClientId) -> bool {
+        if let Some(shares) = &self.shares
+            && !shares.bucket(client).withdraw()
+        {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.withdraw()
+    }
+
+    /// Extra attempts `client`'s own share would grant now (`None` without
+    /// shares).
+    pub fn client_level(&self, client: &ClientId) -> Option<f64> {
+        self.shares.as_ref().map(|s| s.bucket(client).level())
     }
 
     /// Record a first attempt; each one earns a fraction of an extra attempt.
@@ -230,6 +289,39 @@ impl RetryBudget {
     /// Whether two handles share one budget.
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.stats, &other.stats)
+    }
+}
+
+/// The per-client shares of a [`RetryBudget`].
+struct ClientShares {
+    config: RetryBudgetConfig,
+    max_clients: usize,
+    /// Each client's bucket and when it was last used.
+    buckets: Mutex<HashMap<ClientId, (Arc<TokenBucket>, Instant)>>,
+}
+
+impl ClientShares {
+    /// `client`'s bucket, made on first use; past `max_clients`, the least
+    /// recently used is forgotten (it starts whole if it comes back, which
+    /// only ever gives it its reserve again).
+    fn bucket(&self, client: &ClientId) -> Arc<TokenBucket> {
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((bucket, used)) = buckets.get_mut(client) {
+            *used = now;
+            return Arc::clone(bucket);
+        }
+        if buckets.len() >= self.max_clients
+            && let Some(oldest) = buckets
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            buckets.remove(&oldest);
+        }
+        let bucket = Arc::new(TokenBucket::new(self.config));
+        buckets.insert(client.clone(), (Arc::clone(&bucket), now));
+        bucket
     }
 }
 
@@ -377,6 +469,56 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_spent_its_share_leaves_the_fleet_budget_to_others() {
+        // Fleet: 4 extra attempts in reserve; each client's share: 2.
+        let fleet = RetryBudgetConfig::new()
+            .ttl(Duration::from_secs(2))
+            .min_per_sec(2)
+            .retry_percent(0.0);
+        let share = RetryBudgetConfig::new()
+            .ttl(Duration::from_secs(2))
+            .min_per_sec(1)
+            .retry_percent(0.0);
+        let budget = RetryBudget::new(fleet)
+            .unwrap()
+            .with_client_shares(share, 16)
+            .unwrap();
+        let (a, b) = (ClientId::key("a"), ClientId::key("b"));
+        let a_granted = (0..10).filter(|_| budget.withdraw_for(&a)).count();
+        assert_eq!(a_granted, 2, "a client gets its share and no more");
+        assert_eq!(budget.level(), Some(2.0), "the fleet keeps the rest");
+        assert!(budget.withdraw_for(&b) && budget.withdraw_for(&b));
+        assert!(!budget.withdraw_for(&b));
+        assert_eq!(budget.client_level(&a), Some(0.0));
+        // Deposits earn a client's share only for that client.
+        let earning = RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0))
+            .unwrap()
+            .with_client_shares(
+                RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0),
+                16,
+            )
+            .unwrap();
+        earning.deposit_for(&a);
+        assert_eq!(earning.client_level(&a), Some(1.0));
+        assert_eq!(earning.client_level(&b), Some(0.0));
+    }
+
+    #[test]
+    fn client_shares_are_bounded() {
+        let budget = RetryBudget::default()
+            .with_client_shares(RetryBudgetConfig::new(), 4)
+            .unwrap();
+        for i in 0..100 {
+            budget.withdraw_for(&ClientId::key(format!("k{i}")));
+        }
+        let held = budget
+            .shares
+            .as_ref()
+            .map(|s| s.buckets.lock().unwrap().len());
+        assert_eq!(held, Some(4));
+    }
 
     #[test]
     fn rejects_what_tps_budget_would_panic_on() {

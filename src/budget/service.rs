@@ -85,7 +85,8 @@ where
         let budget = match TurnBudget::from_extensions(req.extensions()) {
             Some(budget) => budget,
             None => {
-                let budget = self.settings.limits.start();
+                let client = crate::identity::ClientId::of(req.extensions());
+                let budget = self.settings.limits.start_for(client);
                 req.extensions_mut().insert(budget.clone());
                 budget
             }

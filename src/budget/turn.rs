@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::backoff::{Backoff, Delay};
 use super::cost::Cost;
 use super::retry_budget::RetryBudget;
+use crate::identity::ClientId;
 pub use crate::units::RunId;
 
 /// Why a turn's budget refused another attempt (or spend).
@@ -135,13 +136,23 @@ impl TurnLimits {
         self
     }
 
-    /// Start a turn now, with a random run id.
+    /// Start a turn now, with a random run id, for the anonymous client.
     pub fn start(&self) -> TurnBudget {
         self.start_with_run_id(RunId::random())
     }
 
+    /// Start a turn now, with a random run id, for `client`: its extra
+    /// attempts draw on the client's share of the retry budget.
+    pub fn start_for(&self, client: ClientId) -> TurnBudget {
+        self.start_turn(RunId::random(), client)
+    }
+
     /// Start a turn now, with the given run id.
     pub fn start_with_run_id(&self, run_id: RunId) -> TurnBudget {
+        self.start_turn(run_id, ClientId::anonymous())
+    }
+
+    fn start_turn(&self, run_id: RunId, client: ClientId) -> TurnBudget {
         let started = Instant::now();
         TurnBudget {
             inner: Arc::new(Inner {
@@ -156,6 +167,7 @@ impl TurnLimits {
                 spent_estimated: AtomicBool::new(false),
                 backoff: self.backoff.clone(),
                 retry_budget: self.retry_budget.clone(),
+                client,
             }),
         }
     }
@@ -221,6 +233,8 @@ struct Inner {
     spent_estimated: AtomicBool,
     backoff: Backoff,
     retry_budget: Option<RetryBudget>,
+    /// Whose turn it is (the retry budget keeps a share per client).
+    client: ClientId,
 }
 
 /// What [`TurnBudget::retry_delay`] advises before another attempt on the
@@ -337,6 +351,11 @@ impl TurnBudget {
         self.inner.retry_budget.as_ref()
     }
 
+    /// The client whose turn this is.
+    pub fn client(&self) -> &ClientId {
+        &self.inner.client
+    }
+
     fn deadline_error(&self) -> BudgetExhausted {
         BudgetExhausted::Deadline {
             limit: self.inner.limit,
@@ -371,8 +390,8 @@ impl TurnBudget {
         };
         if let Some(retry_budget) = &self.inner.retry_budget {
             if attempt == 1 {
-                retry_budget.deposit();
-            } else if !retry_budget.withdraw() {
+                retry_budget.deposit_for(&self.inner.client);
+            } else if !retry_budget.withdraw_for(&self.inner.client) {
                 // Give the attempt back: it was never made.
                 self.inner.attempts.fetch_sub(1, Ordering::AcqRel);
                 return Err(BudgetExhausted::RetryBudget { attempt });

@@ -45,8 +45,11 @@ where
     ReqBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
-    let budget =
-        TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| shared.limits.start());
+    let budget = TurnBudget::from_extensions(&parts.extensions).unwrap_or_else(|| {
+        shared
+            .limits
+            .start_for(crate::identity::ClientId::of(&parts.extensions))
+    });
     let run = RunRecord::new(budget.run_id().clone()).with_meters(Arc::clone(&shared.meters));
     // Dropped before it answers (the client left): the turn still leaves
     // its line, as cancelled.

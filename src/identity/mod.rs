@@ -8,6 +8,16 @@
 //! A request without one is the anonymous client, so a stack that adds no
 //! identity behaves as a stack with one client.
 
+mod future;
+mod keys;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use keys::{ApiKeys, BadDigest};
+pub use layer::IdentityLayer;
+pub use service::Identity;
+
 use std::fmt;
 use std::sync::Arc;
 

@@ -11,6 +11,10 @@
 //!   a queue without a bound is memory a client can fill, and a queue with
 //!   one only moves the wait to where the client cannot see it.
 //!
+//! - [`RateLimitStore`]: requests and tokens per minute per client (GCRA:
+//!   [`MemoryRateLimits`] on the `governor` crate, or shared on Redis),
+//!   answered with a `retry-after`.
+//!
 //! Why not tower's `ConcurrencyLimit` + `LoadShed`: they release the slot
 //! when the response *future* resolves, which for a stream is when its
 //! head is sent, long before its last byte. Here the slot is held by the
@@ -23,10 +27,15 @@
 
 mod body;
 mod layer;
+mod rate;
 mod service;
 
 pub use body::{InFlightBody, ReadLimitBody, ReadLimitError};
 pub use layer::{InFlightLimitLayer, ReadLimitLayer};
+pub use rate::{
+    MemoryRateLimits, PerMinute, RateDecision, RateFuture, RateLimitError, RateLimitStore,
+    retry_after_seconds,
+};
 pub use service::{InFlightFuture, InFlightLimit, ReadLimit};
 
 use std::time::Duration;

@@ -13,6 +13,7 @@
 //! | [`RedisHealthStore`] | `{<prefix>:health}:…` (one slot: health state is small) | serves from its local view; transitions are applied locally and logged as not shared |
 //! | [`RedisActionStore`] | `{<prefix>:action:<id>}` per action | fails closed: [`StoreError::Unavailable`](crate::action::StoreError::Unavailable), no effect runs |
 //! | [`RedisRetryBudget`] | `{<prefix>:retry}:…` | falls back to a local budget of the same settings |
+//! | [`RedisRateLimits`] | `{<prefix>:rate:<bucket>}` per client bucket | fails closed or open, as the caller decides on [`RateLimitError`](crate::limit::RateLimitError) |
 //! | [`RedisSpendStore`] | `{<prefix>:spend:<tenant>}:<window>` | fails closed, or open when configured ([`SpendStore`](crate::budget::SpendStore)) |
 //!
 //! When Redis comes back, the connection manager reconnects and every store
@@ -49,6 +50,7 @@
 
 mod action;
 mod health;
+mod rate;
 mod retry_budget;
 mod spend;
 
@@ -59,6 +61,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use action::RedisActionStore;
 pub use health::{RedisHealthStats, RedisHealthStore, RedisHealthStoreBuilder};
+pub use rate::RedisRateLimits;
 pub use retry_budget::RedisRetryBudget;
 pub use spend::RedisSpendStore;
 
