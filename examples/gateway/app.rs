@@ -8,6 +8,9 @@ pub(crate) mod messages;
 // `[state]`: health, retry budget and tenant spend in memory or on Redis.
 #[path = "state.rs"]
 mod state;
+// `[[keys]]`, `[tenants]`, `[admin]`: client keys and their limits.
+#[path = "keys.rs"]
+pub(crate) mod keys;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -29,8 +32,9 @@ use tower_llm_failover::budget::{
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
-    Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
+    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
 };
+use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
@@ -74,6 +78,15 @@ pub(crate) struct Config {
     /// Logs, metrics and OTLP export.
     #[serde(default)]
     pub(crate) telemetry: telemetry::TelemetryConfig,
+    /// Client keys; none: every request is the anonymous client.
+    #[serde(default)]
+    pub(crate) keys: Vec<keys::KeyConfig>,
+    /// Whether a tenant header is trusted.
+    #[serde(default)]
+    pub(crate) tenants: keys::TenantsConfig,
+    /// The operator's key for `/metrics` and `/v1/health/targets`.
+    #[serde(default)]
+    pub(crate) admin: keys::AdminConfig,
 }
 
 fn default_listen() -> String {
@@ -104,6 +117,9 @@ pub(crate) struct BudgetConfig {
     pub(crate) retry_min_per_sec: u32,
     /// How long a first attempt counts toward the retry budget (1–60 s).
     pub(crate) retry_ttl_ms: u64,
+    /// Each client's own reserve of extra attempts per second inside the
+    /// fleet's budget (default: half of `retry_min_per_sec`, at least 1).
+    pub(crate) retry_client_min_per_sec: Option<u32>,
 }
 
 impl Default for BudgetConfig {
@@ -120,6 +136,7 @@ impl Default for BudgetConfig {
             retry_percent: 0.2,
             retry_min_per_sec: 10,
             retry_ttl_ms: 10_000,
+            retry_client_min_per_sec: None,
         }
     }
 }
@@ -352,6 +369,11 @@ pub(crate) struct Gateway {
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Client keys, their limits and the admin key.
+    pub(crate) clients: keys::Clients,
+    /// Model names the operator configured: the only ones metric labels
+    /// carry (anything else is `other`).
+    configured_models: std::collections::HashSet<String>,
     /// Ends running streams cleanly when the shutdown grace period is over.
     shutdown: Shutdown,
     server: ServerConfig,
@@ -507,7 +529,32 @@ impl Gateway {
         // several routes has one health state (shared by every replica on
         // Redis when `[state] redis_url` is set).
         let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
-        let (health, retry_budget) = (stores.health, stores.retry_budget);
+        // A share per client inside the fleet's budget: one client's
+        // failures spend its own reroutes, not the others'.
+        let share = retry_config.min_per_sec(
+            b.retry_client_min_per_sec
+                .unwrap_or((b.retry_min_per_sec / 2).max(1)),
+        );
+        let retry_budget = stores
+            .retry_budget
+            .with_client_shares(share, 10_000)
+            .map_err(|e| format!("budget: {e}"))?;
+        let health = stores.health;
+        let client_keys = keys::Clients::build(
+            &config.keys,
+            &config.tenants,
+            &config.admin,
+            stores.rate_limits.clone(),
+            config.state.as_ref().is_some_and(|s| s.spend_fail_open),
+        )?;
+        let mut configured_models = std::collections::HashSet::new();
+        for route in &routes_config {
+            if !route.model.contains('*') {
+                configured_models.insert(route.model.clone());
+            }
+            configured_models.extend(route.models.iter().cloned());
+            configured_models.extend(route.targets.iter().filter_map(|t| t.model.clone()));
+        }
         let stream_layer = StreamStateLayer::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
@@ -601,6 +648,8 @@ impl Gateway {
             tenant: stores.tenant,
             retry_budget,
             prometheus: None,
+            clients: client_keys,
+            configured_models,
             shutdown,
             server: config.server.clone(),
         })
@@ -626,13 +675,23 @@ impl Gateway {
         // Only the model routes are capped: health and metrics answer at
         // saturation.
         let caps = serve::InFlightCaps::new(&self.server);
+        // The key check wraps the in-flight cap: a request without a valid
+        // key never takes a slot.
+        let identity = self.clients.identity();
         Router::new()
             .route(
                 "/v1/chat/completions",
-                post(chat_completions).layer(caps.chat),
+                post(chat_completions)
+                    .layer::<_, std::convert::Infallible>(caps.chat)
+                    .layer(identity.clone().dialect(OpenAiChat)),
             )
-            .route("/v1/messages", post(messages::handler).layer(caps.messages))
-            .route("/v1/models", get(models))
+            .route(
+                "/v1/messages",
+                post(messages::handler)
+                    .layer::<_, std::convert::Infallible>(caps.messages)
+                    .layer(identity.clone().dialect(AnthropicMessages)),
+            )
+            .route("/v1/models", get(models).layer(identity.dialect(OpenAiChat)))
             .route("/v1/health/targets", get(health_targets))
             .route("/metrics", get(metrics_text))
             .route(
@@ -756,6 +815,15 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
         Ok(read) => read,
         Err(refused) => return refused,
     };
+    let client = ClientId::of(&parts.extensions);
+    let slot = match gateway
+        .clients
+        .admit(&client, &requirements, error_answer)
+        .await
+    {
+        Ok(slot) => slot,
+        Err(refused) => return refused,
+    };
     let Some(route) = gateway.route(&requirements.model) else {
         return error_answer(
             StatusCode::NOT_FOUND,
@@ -778,16 +846,18 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             Err(never) => match never {},
         }
     };
-    state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
+    let response = state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await;
+    keys::hold(response, slot)
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard
 /// route's declared `models`; never a pattern).
-async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
+async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let client = ClientId::of(request.extensions());
     let mut names: Vec<&str> = Vec::new();
     let chat = gateway.routes.iter().flat_map(|r| &r.listed);
     for name in chat.chain(gateway.messages.iter().flat_map(|r| &r.listed)) {
-        if !names.contains(&name.as_str()) {
+        if !names.contains(&name.as_str()) && gateway.clients.may_list(&client, name) {
             names.push(name);
         }
     }
@@ -800,7 +870,10 @@ async fn models(State(gateway): State<Arc<Gateway>>) -> Response {
 
 /// `GET /v1/health/targets`: every health key the gateway knows, with its
 /// state, failure streak and last failure class.
-async fn health_targets(State(gateway): State<Arc<Gateway>>) -> Response {
+async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !gateway.clients.is_admin(&headers) {
+        return admin_refused();
+    }
     let keys: Vec<_> = gateway
         .health
         .snapshot()
@@ -831,11 +904,18 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>) -> Response {
 
 /// `GET /metrics`: Prometheus text, health and retry-budget figures read
 /// at the scrape.
-async fn metrics_text(State(gateway): State<Arc<Gateway>>) -> Response {
+async fn metrics_text(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !gateway.clients.is_admin(&headers) {
+        return admin_refused();
+    }
     let Some(handle) = &gateway.prometheus else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    tower_llm_failover::telemetry::record_health(&*gateway.health);
+    // Only model names the operator configured become label values: a
+    // client's invented names would be series Prometheus never forgets.
+    tower_llm_failover::telemetry::record_health_labelled(&*gateway.health, &|model| {
+        gateway.configured_models.contains(model)
+    });
     tower_llm_failover::telemetry::record_retry_budget(&gateway.retry_budget);
     (
         [(
@@ -845,6 +925,20 @@ async fn metrics_text(State(gateway): State<Arc<Gateway>>) -> Response {
         handle.render(),
     )
         .into_response()
+}
+
+/// The `401` of an operator endpoint asked without the admin key.
+fn admin_refused() -> Response {
+    let mut response = error_answer(
+        StatusCode::UNAUTHORIZED,
+        FailureClass::Auth,
+        "this endpoint needs the gateway's admin key",
+        "invalid_api_key",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// Serves `gateway` on `listener` with the `[server]` limits (see

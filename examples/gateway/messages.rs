@@ -164,6 +164,15 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
         Ok(read) => read,
         Err(refused) => return refused,
     };
+    let client = tower_llm_failover::identity::ClientId::of(&parts.extensions);
+    let slot = match gateway
+        .clients
+        .admit(&client, &requirements, error_answer)
+        .await
+    {
+        Ok(slot) => slot,
+        Err(refused) => return refused,
+    };
     let Some(route) = gateway
         .messages
         .iter()
@@ -190,7 +199,9 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             Err(never) => match never {},
         }
     };
-    super::state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
+    let response =
+        super::state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await;
+    super::keys::hold(response, slot)
 }
 
 /// The embedded demo's Messages providers and routes (TOML to append to the

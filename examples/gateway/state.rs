@@ -49,6 +49,8 @@ pub(crate) struct Stores {
     pub(crate) health: Arc<dyn HealthStore>,
     pub(crate) retry_budget: RetryBudget,
     pub(crate) tenant: Option<TenantSpend>,
+    /// Per-key rate limits shared on Redis (`None`: in memory).
+    pub(crate) rate_limits: Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>,
 }
 
 impl Stores {
@@ -93,10 +95,12 @@ impl Stores {
             (None, None) => None,
             _ => return Err("state: tenant_header and tenant_ceiling_usd go together".to_owned()),
         };
+        let rate_limits = rate_limits_on(&state)?;
         Ok(Self {
             health,
             retry_budget,
             tenant,
+            rate_limits,
         })
     }
 }
@@ -130,6 +134,27 @@ fn on_redis(
     let spend = RedisSpendStore::new(connection).prefix(prefix);
     tracing::info!("shared state on Redis");
     Ok((Arc::new(health), retry_budget, Arc::new(spend)))
+}
+
+/// Per-key rate limits on Redis when `redis_url` is set.
+#[cfg(feature = "redis")]
+fn rate_limits_on(
+    state: &StateConfig,
+) -> Result<Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>, String> {
+    use tower_llm_failover::redis::{DEFAULT_PREFIX, RedisRateLimits, connect};
+    let Some(url) = &state.redis_url else {
+        return Ok(None);
+    };
+    let connection = connect(url).map_err(|e| format!("state.redis_url: {e}"))?;
+    let prefix = state.prefix.clone().unwrap_or(DEFAULT_PREFIX.to_owned());
+    Ok(Some(Arc::new(RedisRateLimits::new(connection).prefix(prefix))))
+}
+
+#[cfg(not(feature = "redis"))]
+fn rate_limits_on(
+    _state: &StateConfig,
+) -> Result<Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>, String> {
+    Ok(None)
 }
 
 #[cfg(not(feature = "redis"))]
