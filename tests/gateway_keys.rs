@@ -160,12 +160,21 @@ async fn a_model_request_needs_a_known_key_and_the_key_stays_here() {
         r#"{"model":"claude-x","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#
             .to_owned(),
     );
-    let reply = send(addr, "/v1/messages", &[("x-api-key", "sk-nope")], messages.clone()).await;
+    let reply = send(
+        addr,
+        "/v1/messages",
+        &[("x-api-key", "sk-nope")],
+        messages.clone(),
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{}", reply.body);
     let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
     assert_eq!(json["type"], "error", "{}", reply.body);
     assert_eq!(json["error"]["code"], "invalid_api_key", "{}", reply.body);
-    assert!(primary.requests().is_empty(), "refused requests reach no provider");
+    assert!(
+        primary.requests().is_empty(),
+        "refused requests reach no provider"
+    );
 
     // A known key is answered, by either header, and never forwarded.
     let reply = send(addr, "/v1/chat/completions", &[A], chat("gpt-4o")).await;
@@ -211,7 +220,12 @@ async fn requests_per_minute_limit_one_key_and_not_another() {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     }
     let reply = send(addr, "/v1/chat/completions", &[A], chat("gpt-4o")).await;
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
     assert!(reply.body.contains("rate_limit_exceeded"), "{}", reply.body);
     let seconds: u64 = reply.retry_after.expect("retry-after").parse().unwrap();
     assert!((1..=30).contains(&seconds), "{seconds}");
@@ -242,8 +256,17 @@ async fn a_key_at_its_in_flight_cap_is_refused_and_another_is_not() {
         .unwrap();
     assert_eq!(held.status(), StatusCode::OK);
     let reply = send(addr, "/v1/chat/completions", &[A], chat("gpt-4o")).await;
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
-    assert!(reply.body.contains("in_flight_limit_exceeded"), "{}", reply.body);
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains("in_flight_limit_exceeded"),
+        "{}",
+        reply.body
+    );
     assert_eq!(reply.retry_after.as_deref(), Some("1"));
     let reply = send(addr, "/v1/chat/completions", &[B], chat("gpt-4o")).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
@@ -268,6 +291,9 @@ async fn operator_endpoints_need_the_admin_key() {
     let reply = send(addr, "/v1/health/targets", &admin, None).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     // Liveness stays open for orchestrators.
-    assert_eq!(send(addr, "/healthz", &[], None).await.status, StatusCode::OK);
+    assert_eq!(
+        send(addr, "/healthz", &[], None).await.status,
+        StatusCode::OK
+    );
     running.shutdown(Duration::from_secs(1)).await;
 }

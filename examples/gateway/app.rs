@@ -34,10 +34,10 @@ use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
 };
-use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
 };
+use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::ReadLimitError;
 use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamStateLayer;
@@ -691,7 +691,10 @@ impl Gateway {
                     .layer::<_, std::convert::Infallible>(caps.messages)
                     .layer(identity.clone().dialect(AnthropicMessages)),
             )
-            .route("/v1/models", get(models).layer(identity.dialect(OpenAiChat)))
+            .route(
+                "/v1/models",
+                get(models).layer(identity.dialect(OpenAiChat)),
+            )
             .route("/v1/health/targets", get(health_targets))
             .route("/metrics", get(metrics_text))
             .route(

@@ -163,8 +163,7 @@ impl Clients {
         let admin = match (&admin.key_env, &admin.key_sha256) {
             (None, None) => None,
             (Some(var), None) => {
-                let secret =
-                    std::env::var(var).map_err(|_| format!("admin: ${var} is not set"))?;
+                let secret = std::env::var(var).map_err(|_| format!("admin: ${var} is not set"))?;
                 Some(ApiKeys::new().key(ClientId::key("admin"), secret.trim()))
             }
             (None, Some(hex)) => Some(
@@ -216,7 +215,11 @@ impl Clients {
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.get(..7).filter(|s| s.eq_ignore_ascii_case("bearer ")).map(|_| &v[7..]))
+            .and_then(|v| {
+                v.get(..7)
+                    .filter(|s| s.eq_ignore_ascii_case("bearer "))
+                    .map(|_| &v[7..])
+            })
             .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
         presented.is_some_and(|k| admin.find(k.trim().as_bytes()).is_some())
     }
@@ -246,13 +249,18 @@ impl Clients {
         };
         let name = client.label();
         if let Some(models) = &policy.models
-            && !models.iter().any(|m| pattern_matches(m, &requirements.model))
+            && !models
+                .iter()
+                .any(|m| pattern_matches(m, &requirements.model))
         {
             return Err(if policy.hide_unlisted {
                 answer(
                     StatusCode::NOT_FOUND,
                     FailureClass::ModelNotFound,
-                    &format!("the model `{}` does not exist", requirements.model.escape_debug()),
+                    &format!(
+                        "the model `{}` does not exist",
+                        requirements.model.escape_debug()
+                    ),
                     "model_not_found",
                 )
             } else {

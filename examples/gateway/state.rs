@@ -147,7 +147,9 @@ fn rate_limits_on(
     };
     let connection = connect(url).map_err(|e| format!("state.redis_url: {e}"))?;
     let prefix = state.prefix.clone().unwrap_or(DEFAULT_PREFIX.to_owned());
-    Ok(Some(Arc::new(RedisRateLimits::new(connection).prefix(prefix))))
+    Ok(Some(Arc::new(
+        RedisRateLimits::new(connection).prefix(prefix),
+    )))
 }
 
 #[cfg(not(feature = "redis"))]
