@@ -271,13 +271,16 @@ pub fn record_health(store: &dyn HealthStore) {
     record_health_labelled(store, &|_| true);
 }
 
+/// One health gauge's labels (provider, model label, scope) and the keys
+/// in each of [`HEALTH_STATES`].
+type HealthSeries = (Arc<str>, Arc<str>, &'static str, [u32; 4]);
+
 /// Sets [`metric::HEALTH_STATE`] with only the models `configured` accepts
 /// as label values; every other model is labelled `other`, and the gauge
 /// of an `other` series counts the keys in each state (a configured
 /// key's gauge is 1 for its state and 0 for the others).
 pub fn record_health_labelled(store: &dyn HealthStore, configured: &dyn Fn(&str) -> bool) {
-    // (provider, model label, scope) to the keys in each state.
-    let mut series: Vec<(Arc<str>, Arc<str>, &'static str, [u32; 4])> = Vec::new();
+    let mut series: Vec<HealthSeries> = Vec::new();
     for entry in store.snapshot() {
         let model = match entry.key.upstream_model() {
             None => "*",
