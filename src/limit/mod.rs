@@ -10,6 +10,12 @@
 //!   with the dialect's 503 error and a `retry-after` header, never queued:
 //!   a queue without a bound is memory a client can fill, and a queue with
 //!   one only moves the wait to where the client cannot see it.
+//! - [`WriteStallLimit`]: an accepted connection whose writes fail once the
+//!   client has taken no bytes for a timeout while there were bytes for it
+//!   ([`WriteStalled`]), so a client that stops reading loses its
+//!   connection, and with it its stream and its in-flight slot: hyper stops
+//!   polling a response body once the socket is full, so no timer inside
+//!   the body can do it.
 //!
 //! Why not tower's `ConcurrencyLimit` + `LoadShed`: they release the slot
 //! when the response *future* resolves, which for a stream is when its
@@ -24,10 +30,12 @@
 mod body;
 mod layer;
 mod service;
+mod write_stall;
 
 pub use body::{InFlightBody, ReadLimitBody, ReadLimitError};
 pub use layer::{InFlightLimitLayer, ReadLimitLayer};
 pub use service::{InFlightFuture, InFlightLimit, ReadLimit};
+pub use write_stall::{WriteStallLimit, WriteStalled};
 
 use std::time::Duration;
 
