@@ -15,6 +15,15 @@
 //!   `body_min_rate_grace_ms`, at `body_min_bytes_per_second` on average
 //!   (the library's [`ReadLimitLayer`]); a body that breaks either is
 //!   answered `408`.
+//! - **Write stall**: a connection that takes no bytes for
+//!   `write_stall_timeout_ms` while the gateway has bytes for it (a client
+//!   that asked for a stream and stopped reading) is closed (the library's
+//!   [`WriteStallLimit`] around every accepted socket; 0: off). hyper stops
+//!   polling a response body once the socket is full, so no timer inside
+//!   the body (turn deadline, idle, shutdown) would ever run: the stream's
+//!   upstream connection and its in-flight slot would be held for ever.
+//!   Closing the connection drops the response: the upstream connection is
+//!   closed, the slot freed and the turn ends as cancelled.
 //! - **Connection cap**: connection `max_connections + 1` is answered `503`
 //!   with `retry-after` and closed (a few such answers at a time; beyond
 //!   them it is closed at once).
@@ -50,7 +59,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
 use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat};
-use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitLayer, ReadLimits, shed_response};
+use tower_llm_failover::limit::{
+    InFlightLimitLayer, ReadLimitLayer, ReadLimits, WriteStallLimit, WriteStalled, shed_response,
+};
 use tower_llm_failover::shutdown::Shutdown;
 
 /// `[server]`: connection and request limits.
@@ -71,6 +82,9 @@ pub(crate) struct ServerConfig {
     pub(crate) max_in_flight: usize,
     /// The `retry-after` of a shed answer, in seconds.
     pub(crate) shed_retry_after_s: u64,
+    /// A connection that takes no bytes for this long while there are
+    /// bytes for it is closed (0: off).
+    pub(crate) write_stall_timeout_ms: u64,
     /// After the grace period, how long the streams just ended get to
     /// write their terminal event before their connections are closed.
     pub(crate) shutdown_drain_ms: u64,
@@ -86,6 +100,7 @@ impl Default for ServerConfig {
             max_connections: 4096,
             max_in_flight: 1024,
             shed_retry_after_s: 1,
+            write_stall_timeout_ms: 30_000,
             shutdown_drain_ms: 2_000,
         }
     }
@@ -196,6 +211,7 @@ pub(crate) fn serve(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let header_timeout = Duration::from_millis(config.header_read_timeout_ms);
+    let write_stall = Duration::from_millis(config.write_stall_timeout_ms);
     let retry_after = Duration::from_secs(config.shed_retry_after_s);
     let mut limits = ReadLimits::new().timeout(Duration::from_millis(config.body_read_timeout_ms));
     if config.body_min_bytes_per_second > 0 {
@@ -244,6 +260,7 @@ pub(crate) fn serve(
                             Arc::clone(&builder),
                             graceful.watcher(),
                             header_timeout,
+                            write_stall,
                             permit,
                         ));
                     } else if let Ok(permit) = Arc::clone(&shed).try_acquire_owned() {
@@ -282,6 +299,7 @@ async fn connection<S>(
     builder: Arc<http1::Builder>,
     watcher: Watcher,
     header_timeout: Duration,
+    write_stall: Duration,
     permit: OwnedSemaphorePermit,
 ) where
     S: tower::Service<
@@ -299,9 +317,18 @@ async fn connection<S>(
         return;
     }
     // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper closes.
-    let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
+    // Wrapped after the peek above, which needs the bare socket.
+    let io = TokioIo::new(WriteStallLimit::new(tcp, write_stall));
+    let conn = builder.serve_connection(io, TowerToHyperService::new(service));
     if let Err(error) = watcher.watch(conn).await {
-        tracing::debug!(%error, "client connection ended with an error");
+        if WriteStalled::find_in(&error).is_some() {
+            tracing::info!(
+                write_stall_timeout_ms = write_stall.as_millis() as u64,
+                "client took no bytes for the write stall timeout; connection closed"
+            );
+        } else {
+            tracing::debug!(%error, "client connection ended with an error");
+        }
     }
     drop(permit);
 }

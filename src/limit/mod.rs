@@ -10,6 +10,12 @@
 //!   with the dialect's 503 error and a `retry-after` header, never queued:
 //!   a queue without a bound is memory a client can fill, and a queue with
 //!   one only moves the wait to where the client cannot see it.
+//! - [`WriteStallLimit`]: an accepted connection whose writes fail once the
+//!   client has taken no bytes for a timeout while there were bytes for it
+//!   ([`WriteStalled`]), so a client that stops reading loses its
+//!   connection, and with it its stream and its in-flight slot: hyper stops
+//!   polling a response body once the socket is full, so no timer inside
+//!   the body can do it.
 //!
 //! - [`RateLimitStore`]: requests and tokens per minute per client (GCRA:
 //!   [`MemoryRateLimits`] on the `governor` crate, or shared on Redis),
@@ -29,6 +35,7 @@ mod body;
 mod layer;
 mod rate;
 mod service;
+mod write_stall;
 
 pub use body::{InFlightBody, ReadLimitBody, ReadLimitError};
 pub use layer::{InFlightLimitLayer, ReadLimitLayer};
@@ -37,6 +44,7 @@ pub use rate::{
     retry_after_seconds,
 };
 pub use service::{InFlightFuture, InFlightLimit, ReadLimit};
+pub use write_stall::{WriteStallLimit, WriteStalled};
 
 use std::time::Duration;
 

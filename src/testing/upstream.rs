@@ -77,7 +77,8 @@
 //! then `https://127.0.0.1:PORT/v1`, so the certificate needs the IP
 //! address `127.0.0.1` among its subject alternative names.
 //! [`FakeUpstream::connections`] counts accepted connections (whatever
-//! became of their handshake), to check connection reuse.
+//! became of their handshake), to check connection reuse;
+//! [`FakeUpstream::open_connections`] those still open.
 //!
 //! # Example
 //!
@@ -484,6 +485,8 @@ struct State {
     attempts: AtomicUsize,
     /// Accepted TCP connections.
     connections: AtomicUsize,
+    /// Accepted TCP connections not yet ended.
+    open: Arc<AtomicUsize>,
     requests: Mutex<Vec<SeenRequest>>,
     armed: Mutex<Option<Armed>>,
 }
@@ -602,6 +605,7 @@ impl FakeUpstreamBuilder {
             models: self.models,
             attempts: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
+            open: Arc::new(AtomicUsize::new(0)),
             requests: Mutex::new(Vec::new()),
             armed: Mutex::new(None),
         });
@@ -686,6 +690,14 @@ impl FakeUpstream {
         self.state.connections.load(Ordering::SeqCst)
     }
 
+    /// TCP connections open now: accepted and not yet ended (the client
+    /// closed or reset it, or the fake closed it). A client that drops a
+    /// streamed answer midway closes its connection, so this tells a test
+    /// that the stream was let go.
+    pub fn open_connections(&self) -> usize {
+        self.state.open.load(Ordering::SeqCst)
+    }
+
     /// Chat completion requests seen so far, whatever their outcome.
     pub fn attempts(&self) -> usize {
         self.state.attempts.load(Ordering::SeqCst)
@@ -766,6 +778,7 @@ async fn accept_loop(
             }
         };
         state.connections.fetch_add(1, Ordering::SeqCst);
+        let open = OpenConnection::count(&state.open);
         // Many small writes per stream: no Nagle delay on our side either.
         let _ = stream.set_nodelay(true);
         let reset = Arc::new(AtomicBool::new(false));
@@ -777,6 +790,8 @@ async fn accept_loop(
         let mut shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            // Counted open until this task ends, however it ends.
+            let _open = open;
             let serving = async move {
                 match tls {
                     None => serve(TokioIo::new(io), state, reset, false).await,
@@ -821,6 +836,22 @@ where
             .timer(TokioTimer::new())
             .serve_connection(io, service)
             .await;
+    }
+}
+
+/// One open connection in [`State::open`], counted until dropped.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl OpenConnection {
+    fn count(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(open))
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -1606,6 +1637,7 @@ mod tests {
             models: vec![],
             attempts: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
+            open: Arc::new(AtomicUsize::new(0)),
             requests: Mutex::new(vec![]),
             armed: Mutex::new(None),
         };
