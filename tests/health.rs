@@ -372,17 +372,17 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
     );
     let key = HealthKey::model("p", "m");
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
-    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
     tokio::time::advance(Duration::from_secs(31)).await;
     // The first fell out of the window.
-    assert_eq!(store.failure(&key, report), None);
-    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
     assert_eq!(store.availability(&key), Availability::Healthy);
-    assert_eq!(store.failure(&key, report), Some(Duration::from_secs(5)));
+    assert_eq!(store.failure(&key, report.clone()), Some(Duration::from_secs(5)));
     assert!(matches!(store.availability(&key), Availability::Cooling(_)));
     // A hint cools at once, capped by the policy's maximum.
     let hinted = HealthKey::model("p", "hinted");
-    let capped = store.failure(&hinted, report.retry_after(Some(Duration::from_secs(3600))));
+    let capped = store.failure(&hinted, report.clone().retry_after(Some(Duration::from_secs(3600))));
     assert_eq!(capped, Some(Duration::from_secs(600)));
 }
 
@@ -390,33 +390,33 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
 fn scope_rules_follow_the_table_and_take_overrides() {
     let rules = ScopeRules::new();
     assert_eq!(
-        rules.scope(FailureClass::QuotaExhausted, true),
+        rules.scope(FailureClass::QuotaExhausted, None, true),
         Scope::Account
     );
-    assert_eq!(rules.scope(FailureClass::Auth, false), Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Model);
+    assert_eq!(rules.scope(FailureClass::Auth, None, false), Scope::Account);
+    assert_eq!(rules.scope(FailureClass::RateLimited, None, true), Scope::Model);
     assert_eq!(
-        rules.scope(FailureClass::InvalidResponse, true),
+        rules.scope(FailureClass::InvalidResponse, None, true),
         Scope::Model
     );
     assert_eq!(
-        rules.scope(FailureClass::ModelNotFound, true),
+        rules.scope(FailureClass::ModelNotFound, None, true),
         Scope::Request
     );
     assert_eq!(
-        rules.scope(FailureClass::ModelNotFound, false),
+        rules.scope(FailureClass::ModelNotFound, None, false),
         Scope::Model
     );
     assert_eq!(
-        rules.scope(FailureClass::ContentFiltered, false),
+        rules.scope(FailureClass::ContentFiltered, None, false),
         Scope::Request
     );
     assert_eq!(
-        rules.scope(FailureClass::ContextLengthExceeded, false),
+        rules.scope(FailureClass::ContextLengthExceeded, None, false),
         Scope::Request
     );
     let rules = rules.set(FailureClass::RateLimited, Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Account);
+    assert_eq!(rules.scope(FailureClass::RateLimited, None, true), Scope::Account);
 }
 
 /// What a key's state is, minus the clock.
@@ -446,7 +446,7 @@ proptest! {
         for (provider, model, class, client_named, hint) in failures {
             let key = HealthKey::model(providers[provider], models[model]);
             let class = FailureClass::ALL[class];
-            let scope = rules.scope(class, client_named);
+            let scope = rules.scope(class, None, client_named);
             let before = states(&store);
             store.failure(
                 &key,
@@ -483,13 +483,13 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // A long cooldown from a hint...
     assert_eq!(
-        store.failure(&key, report.retry_after(Some(Duration::from_secs(80)))),
+        store.failure(&key, report.clone().retry_after(Some(Duration::from_secs(80)))),
         Some(Duration::from_secs(80))
     );
     // ...then the failures of requests that were already in flight.
     for _ in 0..10 {
-        store.failure(&key, report);
-        store.failure(&key, report.retry_after(Some(Duration::from_secs(1))));
+        store.failure(&key, report.clone());
+        store.failure(&key, report.clone().retry_after(Some(Duration::from_secs(1))));
     }
     tokio::time::advance(Duration::from_secs(79)).await;
     assert!(

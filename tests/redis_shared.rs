@@ -791,7 +791,7 @@ async fn a_cooldown_the_fleet_starts_is_counted() {
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // One failure on each replica: neither reaches the threshold of 2
     // alone, the fleet does.
-    assert_eq!(a.failure(&key, hintless), None);
+    assert_eq!(a.failure(&key, hintless.clone()), None);
     a.sync().await.unwrap();
     assert_eq!(b.failure(&key, hintless), None);
     b.sync().await.unwrap();
@@ -911,7 +911,7 @@ async fn redis_killed_mid_run_then_restarted() {
     let key = HealthKey::model("primary", "gpt-x");
     let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
         .retry_after(Some(Duration::from_secs(60)));
-    assert_eq!(a.failure(&key, report), Some(Duration::from_secs(60)));
+    assert_eq!(a.failure(&key, report.clone()), Some(Duration::from_secs(60)));
     assert!(matches!(a.availability(&key), Availability::Cooling(_)));
     assert!(a.sync().await.is_err(), "Redis is down");
     assert_eq!(b.availability(&key), Availability::Healthy);
