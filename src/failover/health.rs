@@ -745,18 +745,14 @@ impl MemoryHealthStore {
                 entry
                     .recent
                     .retain(|(at, _)| window_start.is_none_or(|start| *at > start));
-                // A client already counted in the window adds nothing: one
-                // client's slow requests are not the provider's outage.
+                // A client already counted in the window adds no count (one
+                // client's slow requests are not the provider's outage); its
+                // count is only renewed.
                 let client = report.counted_per_client();
-                let counted = client.is_some_and(|client| {
-                    entry
-                        .recent
-                        .iter()
-                        .any(|(_, c)| c.as_ref() == Some(client))
-                });
-                if !counted {
-                    entry.recent.push_back((now, client.cloned()));
+                if let Some(client) = client {
+                    entry.recent.retain(|(_, c)| c.as_ref() != Some(client));
                 }
+                entry.recent.push_back((now, client.cloned()));
                 while entry.recent.len() > policy.failure_threshold as usize {
                     entry.recent.pop_front();
                 }

@@ -57,17 +57,16 @@ if op == 'failure' then
       cd = hint
     else
       -- Hintless failures inside the window, across the whole fleet, each
-      -- as 'ms:client'; a client already in the window adds nothing.
+      -- as 'ms:client'; a client already in the window adds no count, its
+      -- count is only renewed.
       local recent = {}
-      local counted = false
       for item in string.gmatch(redis.call('HGET', h, 'recent') or '', '[^,]+') do
         local at, who = string.match(item, '^(%d+):?(%x*)$')
-        if at and tonumber(at) > now - window then
+        if at and tonumber(at) > now - window and (client == '' or who ~= client) then
           table.insert(recent, item)
-          if client ~= '' and who == client then counted = true end
         end
       end
-      if not counted then table.insert(recent, tostring(now) .. ':' .. client) end
+      table.insert(recent, tostring(now) .. ':' .. client)
       while #recent > threshold do table.remove(recent, 1) end
       redis.call('HSET', h, 'recent', table.concat(recent, ','))
       if #recent >= threshold or was_probe then
