@@ -378,11 +378,17 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
     assert_eq!(store.failure(&key, report.clone()), None);
     assert_eq!(store.failure(&key, report.clone()), None);
     assert_eq!(store.availability(&key), Availability::Healthy);
-    assert_eq!(store.failure(&key, report.clone()), Some(Duration::from_secs(5)));
+    assert_eq!(
+        store.failure(&key, report.clone()),
+        Some(Duration::from_secs(5))
+    );
     assert!(matches!(store.availability(&key), Availability::Cooling(_)));
     // A hint cools at once, capped by the policy's maximum.
     let hinted = HealthKey::model("p", "hinted");
-    let capped = store.failure(&hinted, report.clone().retry_after(Some(Duration::from_secs(3600))));
+    let capped = store.failure(
+        &hinted,
+        report.clone().retry_after(Some(Duration::from_secs(3600))),
+    );
     assert_eq!(capped, Some(Duration::from_secs(600)));
 }
 
@@ -394,7 +400,10 @@ fn scope_rules_follow_the_table_and_take_overrides() {
         Scope::Account
     );
     assert_eq!(rules.scope(FailureClass::Auth, None, false), Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, None, true), Scope::Model);
+    assert_eq!(
+        rules.scope(FailureClass::RateLimited, None, true),
+        Scope::Model
+    );
     assert_eq!(
         rules.scope(FailureClass::InvalidResponse, None, true),
         Scope::Model
@@ -416,7 +425,10 @@ fn scope_rules_follow_the_table_and_take_overrides() {
         Scope::Request
     );
     let rules = rules.set(FailureClass::RateLimited, Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, None, true), Scope::Account);
+    assert_eq!(
+        rules.scope(FailureClass::RateLimited, None, true),
+        Scope::Account
+    );
 }
 
 /// What a key's state is, minus the clock.
@@ -483,13 +495,19 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // A long cooldown from a hint...
     assert_eq!(
-        store.failure(&key, report.clone().retry_after(Some(Duration::from_secs(80)))),
+        store.failure(
+            &key,
+            report.clone().retry_after(Some(Duration::from_secs(80)))
+        ),
         Some(Duration::from_secs(80))
     );
     // ...then the failures of requests that were already in flight.
     for _ in 0..10 {
         store.failure(&key, report.clone());
-        store.failure(&key, report.clone().retry_after(Some(Duration::from_secs(1))));
+        store.failure(
+            &key,
+            report.clone().retry_after(Some(Duration::from_secs(1))),
+        );
     }
     tokio::time::advance(Duration::from_secs(79)).await;
     assert!(
@@ -621,7 +639,10 @@ fn pair(primary: &FakeProvider, store: &Arc<MemoryHealthStore>) -> Failover<Mode
         .target(
             Target::new(
                 "backup",
-                Models::new(&[("backup-model", FakeProvider::new("backup").always(Reply::stream("backup", 2)))]),
+                Models::new(&[(
+                    "backup-model",
+                    FakeProvider::new("backup").always(Reply::stream("backup", 2)),
+                )]),
             )
             .model("backup-model"),
         )
@@ -667,7 +688,11 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
         assert_ne!(answer.status, StatusCode::OK);
     }
     assert_eq!(primary.calls(), 5, "every request tried the primary");
-    assert!(cooling_keys(&store).is_empty(), "{:?}", cooling_keys(&store));
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
 
     // The provider's own head timeout (1 s, well inside the turn's 30 s)
     // does count: three cool the model.
@@ -696,7 +721,11 @@ async fn an_answer_over_our_own_size_cap_is_the_requests_and_cools_nothing() {
         assert_ne!(answer.status, StatusCode::OK, "{}", answer.body);
     }
     assert_eq!(primary.calls(), 5);
-    assert!(cooling_keys(&store).is_empty(), "{:?}", cooling_keys(&store));
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
 }
 
 const GEMINI_PER_MODEL_429: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}"#;
@@ -709,7 +738,11 @@ async fn a_client_named_models_per_model_quota_or_403_cools_that_model_never_the
     let quota = FakeProvider::new("quota").always(Reply::status(429, GEMINI_PER_MODEL_429));
     let denied = FakeProvider::new("denied").always(Reply::status(403, DENIED_403));
     let fine = FakeProvider::new("fine").always(Reply::completion("fine"));
-    let primary = Models::new(&[("quota-model", quota), ("denied-model", denied), ("fine-model", fine)]);
+    let primary = Models::new(&[
+        ("quota-model", quota),
+        ("denied-model", denied),
+        ("fine-model", fine),
+    ]);
     let backup = Models::new(&[(
         "backup-model",
         FakeProvider::new("backup").always(Reply::completion("backup")),
@@ -721,10 +754,15 @@ async fn a_client_named_models_per_model_quota_or_403_cools_that_model_never_the
     }
     // The credential still serves its other models.
     let answer = send(&failover, "fine-model", false).await;
-    assert_eq!((answer.status, answer.target.as_str()), (StatusCode::OK, "primary"));
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary")
+    );
     let snapshot = store.snapshot();
     assert!(
-        snapshot.iter().all(|e| e.key != HealthKey::account("primary")),
+        snapshot
+            .iter()
+            .all(|e| e.key != HealthKey::account("primary")),
         "the account was charged: {snapshot:?}"
     );
     let charged: Vec<(String, u32)> = snapshot
@@ -734,7 +772,10 @@ async fn a_client_named_models_per_model_quota_or_403_cools_that_model_never_the
         .collect();
     assert_eq!(
         charged,
-        [("primary/denied-model".to_owned(), 1), ("primary/quota-model".to_owned(), 1)]
+        [
+            ("primary/denied-model".to_owned(), 1),
+            ("primary/quota-model".to_owned(), 1)
+        ]
     );
 
     // A per-project quota is still the credential's.
@@ -753,15 +794,36 @@ fn scope_rules_read_whose_failure_it_was() {
     let rules = ScopeRules::new();
     use FailureClass::*;
     // Our own limits: request scope, whatever the overrides say.
-    assert_eq!(rules.scope(Timeout, Some(Note::TurnDeadline), false), Scope::Request);
-    assert_eq!(rules.scope(Timeout, Some(Note::GatewayTimeout), false), Scope::Model);
-    assert_eq!(rules.scope(InvalidResponse, Some(Note::Oversize), true), Scope::Request);
-    assert_eq!(rules.scope(InvalidResponse, Some(Note::TruncatedStream), true), Scope::Model);
+    assert_eq!(
+        rules.scope(Timeout, Some(Note::TurnDeadline), false),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(Timeout, Some(Note::GatewayTimeout), false),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(InvalidResponse, Some(Note::Oversize), true),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(InvalidResponse, Some(Note::TruncatedStream), true),
+        Scope::Model
+    );
     let strict = rules.clone().set(Timeout, Scope::Account);
-    assert_eq!(strict.scope(Timeout, Some(Note::TurnDeadline), false), Scope::Request);
+    assert_eq!(
+        strict.scope(Timeout, Some(Note::TurnDeadline), false),
+        Scope::Request
+    );
     // A client-named model's own quota and refusal are that model's.
-    assert_eq!(rules.scope(QuotaExhausted, Some(Note::PerModelQuota), true), Scope::Model);
-    assert_eq!(rules.scope(QuotaExhausted, Some(Note::PerModelQuota), false), Scope::Account);
+    assert_eq!(
+        rules.scope(QuotaExhausted, Some(Note::PerModelQuota), true),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(QuotaExhausted, Some(Note::PerModelQuota), false),
+        Scope::Account
+    );
     assert_eq!(rules.scope(QuotaExhausted, None, true), Scope::Account);
     assert_eq!(rules.scope(PermissionDenied, None, true), Scope::Model);
     assert_eq!(rules.scope(PermissionDenied, None, false), Scope::Account);
@@ -772,7 +834,10 @@ fn scope_rules_read_whose_failure_it_was() {
         &http::HeaderMap::new(),
         GEMINI_PER_MODEL_429.as_bytes(),
     );
-    assert_eq!((c.class, c.note), (QuotaExhausted, Some(Note::PerModelQuota)));
+    assert_eq!(
+        (c.class, c.note),
+        (QuotaExhausted, Some(Note::PerModelQuota))
+    );
     let _ = Classification::new(Timeout, Phase::Head);
 }
 
@@ -787,8 +852,16 @@ async fn timeouts_count_once_per_client_and_provider_statements_every_time() {
         let answer = send_as(&failover, keyed(chat("gpt-x", true), Some("key-a"))).await;
         assert_eq!(answer.target, "backup");
     }
-    assert_eq!(primary.calls(), 5, "the primary was tried each time: never cooled");
-    assert!(cooling_keys(&store).is_empty(), "{:?}", cooling_keys(&store));
+    assert_eq!(
+        primary.calls(),
+        5,
+        "the primary was tried each time: never cooled"
+    );
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
     // Key B's request right after goes to the primary still.
     send_as(&failover, keyed(chat("gpt-x", true), Some("key-b"))).await;
     assert_eq!(primary.calls(), 6);
@@ -819,13 +892,23 @@ async fn timeouts_count_once_per_client_and_provider_statements_every_time() {
 async fn stream_faults_count_once_per_client() {
     let store = Arc::new(MemoryHealthStore::default());
     // A stream that ends without its terminator, before any output.
-    let primary = FakeProvider::new("primary").always(Reply::Stream(vec![Step::data(chunks::role("p"))]));
+    let primary =
+        FakeProvider::new("primary").always(Reply::Stream(vec![Step::data(chunks::role("p"))]));
     let failover = pair(&primary, &store);
     for _ in 0..5 {
-        assert_eq!(send_as(&failover, keyed(chat("gpt-x", true), Some("key-a"))).await.target, "backup");
+        assert_eq!(
+            send_as(&failover, keyed(chat("gpt-x", true), Some("key-a")))
+                .await
+                .target,
+            "backup"
+        );
     }
     assert_eq!(primary.calls(), 5);
-    assert!(cooling_keys(&store).is_empty(), "{:?}", cooling_keys(&store));
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
     for key in ["key-b", "key-c"] {
         send_as(&failover, keyed(chat("gpt-x", true), Some(key))).await;
     }
@@ -848,8 +931,16 @@ fn reasoning_chat(model: &str) -> Request<Full<Bytes>> {
 #[tokio::test(start_paused = true)]
 async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() {
     // The primary's first output comes after 20 s (its head at once).
-    let mut steps = vec![Step::data(chunks::role("slow")), Step::Wait(Duration::from_secs(20))];
-    steps.extend(chunks::full_stream("slow", 2).into_iter().skip(1).map(Step::Data));
+    let mut steps = vec![
+        Step::data(chunks::role("slow")),
+        Step::Wait(Duration::from_secs(20)),
+    ];
+    steps.extend(
+        chunks::full_stream("slow", 2)
+            .into_iter()
+            .skip(1)
+            .map(Step::Data),
+    );
     let slow = FakeProvider::new("slow").always(Reply::Stream(steps));
     let backup = Models::new(&[(
         "backup-model",
@@ -871,7 +962,12 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     assert_eq!(send(&failover, "gpt-x", true).await.target, "backup");
     // A reasoning request waits the reasoning timeout: the primary answers.
     let answer = send_as(&failover, reasoning_chat("gpt-x")).await;
-    assert_eq!((answer.status, answer.target.as_str()), (StatusCode::OK, "primary"), "{}", answer.body);
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary"),
+        "{}",
+        answer.body
+    );
     // A target that sets none waits the builder's default (40 s).
     let failover = builder(&store)
         .idle_timeout(Duration::from_secs(60))
@@ -894,14 +990,20 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
     while start.elapsed() < Duration::from_secs(60) {
         let answer = send(&failover, "gpt-x", true).await;
         assert_eq!(answer.target, "backup");
-        if let Some(KeyState::Cooling { remaining, .. }) =
-            store.snapshot().into_iter().find(|e| e.key == key).map(|e| e.state)
+        if let Some(KeyState::Cooling { remaining, .. }) = store
+            .snapshot()
+            .into_iter()
+            .find(|e| e.key == key)
+            .map(|e| e.state)
         {
             longest_rest = longest_rest.max(remaining);
         }
         tokio::time::sleep(Duration::from_secs(6)).await;
     }
-    assert!(primary.calls() >= 6, "the primary was probed through the outage");
+    assert!(
+        primary.calls() >= 6,
+        "the primary was probed through the outage"
+    );
     assert!(
         longest_rest <= Duration::from_secs(30),
         "a hintless rest of {longest_rest:?}"
@@ -910,7 +1012,10 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
     primary.set_always(Reply::stream("primary", 2));
     tokio::time::sleep_until(start + Duration::from_secs(90)).await;
     let answer = send(&failover, "gpt-x", true).await;
-    assert_eq!((answer.status, answer.target.as_str()), (StatusCode::OK, "primary"));
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary")
+    );
 
     // A provider's own hint may rest it longer (up to `max`).
     let store = MemoryHealthStore::default();
@@ -918,14 +1023,22 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
         .retry_after(Some(Duration::from_secs(120)));
     assert_eq!(store.failure(&key, report), Some(Duration::from_secs(120)));
     // And the cap is the operator's to set.
-    let store = MemoryHealthStore::new(CooldownPolicy::default().max_probe_interval(Duration::from_secs(7)));
+    let store = MemoryHealthStore::new(
+        CooldownPolicy::default().max_probe_interval(Duration::from_secs(7)),
+    );
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     for _ in 0..2 {
         store.failure(&key, hintless.clone());
     }
-    assert_eq!(store.failure(&key, hintless.clone()), Some(Duration::from_secs(5)));
+    assert_eq!(
+        store.failure(&key, hintless.clone()),
+        Some(Duration::from_secs(5))
+    );
     tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(store.failure(&key, hintless.probe(true)), Some(Duration::from_secs(7)));
+    assert_eq!(
+        store.failure(&key, hintless.probe(true)),
+        Some(Duration::from_secs(7))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -933,26 +1046,57 @@ async fn client_named_health_entries_stay_at_the_cap_after_10000_invented_models
     let store = MemoryHealthStore::default().max_client_named_keys(100);
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // Keys the operator configured, with state.
-    let configured: Vec<HealthKey> = (0..5).map(|i| HealthKey::model("p", format!("configured-{i}"))).collect();
+    let configured: Vec<HealthKey> = (0..5)
+        .map(|i| HealthKey::model("p", format!("configured-{i}")))
+        .collect();
     for key in &configured {
         store.failure(key, hintless.clone());
     }
     for i in 0..10_000 {
-        store.failure(&HealthKey::client_model("p", format!("invented-{i}")), hintless.clone());
+        store.failure(
+            &HealthKey::client_model("p", format!("invented-{i}")),
+            hintless.clone(),
+        );
     }
     let snapshot = store.snapshot();
-    assert_eq!(snapshot.len(), 105, "100 client-named keys and the 5 configured ones");
+    assert_eq!(
+        snapshot.len(),
+        105,
+        "100 client-named keys and the 5 configured ones"
+    );
     for key in &configured {
         assert!(snapshot.iter().any(|e| e.key == *key), "{key} was evicted");
     }
     // Least recently written first out: the newest 100 remain.
-    assert!(snapshot.iter().any(|e| e.key == HealthKey::model("p", "invented-9999")));
-    assert!(snapshot.iter().any(|e| e.key == HealthKey::model("p", "invented-9900")));
-    assert!(!snapshot.iter().any(|e| e.key == HealthKey::model("p", "invented-9899")));
+    assert!(
+        snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9999"))
+    );
+    assert!(
+        snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9900"))
+    );
+    assert!(
+        !snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9899"))
+    );
 
     // A pass-through target's keys are client-named; a fixed model's are not.
     let primary = Models::new(&[]);
     let failover = route(&primary, &primary, &Arc::new(MemoryHealthStore::default()));
-    assert!(failover.health_key("primary", "anything").unwrap().is_client_named());
-    assert!(!failover.health_key("backup", "anything").unwrap().is_client_named());
+    assert!(
+        failover
+            .health_key("primary", "anything")
+            .unwrap()
+            .is_client_named()
+    );
+    assert!(
+        !failover
+            .health_key("backup", "anything")
+            .unwrap()
+            .is_client_named()
+    );
 }

@@ -911,7 +911,10 @@ async fn redis_killed_mid_run_then_restarted() {
     let key = HealthKey::model("primary", "gpt-x");
     let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
         .retry_after(Some(Duration::from_secs(60)));
-    assert_eq!(a.failure(&key, report.clone()), Some(Duration::from_secs(60)));
+    assert_eq!(
+        a.failure(&key, report.clone()),
+        Some(Duration::from_secs(60))
+    );
     assert!(matches!(a.availability(&key), Availability::Cooling(_)));
     assert!(a.sync().await.is_err(), "Redis is down");
     assert_eq!(b.availability(&key), Availability::Healthy);
@@ -1108,7 +1111,8 @@ async fn timeouts_count_once_per_client_across_the_fleet() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_index_of_client_named_keys_stays_at_the_cap() {
-    let Some(redis) = RedisServer::start("the_redis_index_of_client_named_keys_stays_at_the_cap").await
+    let Some(redis) =
+        RedisServer::start("the_redis_index_of_client_named_keys_stays_at_the_cap").await
     else {
         return;
     };
@@ -1124,14 +1128,21 @@ async fn the_redis_index_of_client_named_keys_stays_at_the_cap() {
     let configured = HealthKey::model("p", "configured");
     a.failure(&configured, hintless.clone());
     for i in 0..10_000 {
-        a.failure(&HealthKey::client_model("p", format!("invented-{i}")), hintless.clone());
+        a.failure(
+            &HealthKey::client_model("p", format!("invented-{i}")),
+            hintless.clone(),
+        );
         if i % 1000 == 999 {
             a.sync().await.unwrap();
         }
     }
     a.sync().await.unwrap();
     assert_eq!(a.stats().dropped, 0);
-    assert_eq!(a.snapshot().len(), 51, "the local view: 50 and the configured key");
+    assert_eq!(
+        a.snapshot().len(),
+        51,
+        "the local view: 50 and the configured key"
+    );
     // Redis's index holds the cap, and a new replica reads only that.
     let client = ::redis::Client::open(redis.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -1146,6 +1157,13 @@ async fn the_redis_index_of_client_named_keys_stays_at_the_cap() {
     let seen = b.snapshot();
     assert_eq!(seen.len(), 51, "{}", seen.len());
     assert!(seen.iter().any(|e| e.key == configured));
-    assert!(seen.iter().any(|e| e.key == HealthKey::model("p", "invented-9999")));
-    assert!(seen.iter().filter(|e| e.key != configured).all(|e| e.key.is_client_named()));
+    assert!(
+        seen.iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9999"))
+    );
+    assert!(
+        seen.iter()
+            .filter(|e| e.key != configured)
+            .all(|e| e.key.is_client_named())
+    );
 }

@@ -243,11 +243,20 @@ where
     let status = response.status();
     let (mut parts, body) = response.into_parts();
     let until = whole_deadline(shared, &plan, budget);
-    let collected = collect_whole(body, shared.max_response_bytes, until.at, shared.timeouts.idle).await;
+    let collected = collect_whole(
+        body,
+        shared.max_response_bytes,
+        until.at,
+        shared.timeouts.idle,
+    )
+    .await;
     let bytes = match collected {
         Err(NotReceived::TimedOut) => {
             return failed(
-                until.timed_out(Classification::timeout(Phase::Preamble, "the response body")),
+                until.timed_out(Classification::timeout(
+                    Phase::Preamble,
+                    "the response body",
+                )),
                 0,
             );
         }
@@ -403,8 +412,7 @@ fn on_stream_end<S, D>(
             {
                 let scope = scopes.scope(failure.class, failure.note, client_named);
                 let report = FailureReport::new(failure.class, scope).witness(witness.clone());
-                if health.failure(&key, report).is_some()
-                {
+                if health.failure(&key, report).is_some() {
                     crate::telemetry::cooldown_started(key.provider(), scope.as_str());
                 }
             }

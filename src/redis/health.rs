@@ -576,7 +576,11 @@ where
                     .arg(millis(p.base))
                     .arg(millis(p.max))
                     .arg(millis(p.max_probe_interval))
-                    .arg(report.counted_per_client().map_or_else(String::new, |c| hex(c)));
+                    .arg(
+                        report
+                            .counted_per_client()
+                            .map_or_else(String::new, |c| hex(c)),
+                    );
             }
             Op::Probe { account, model } => {
                 invocation

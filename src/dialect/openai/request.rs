@@ -278,10 +278,18 @@ mod tests {
         assert!(reasoning(serde_json::json!({"reasoning_effort": "high"})));
         assert!(!reasoning(serde_json::json!({"reasoning_effort": "none"})));
         assert!(!reasoning(serde_json::json!({"reasoning_effort": null})));
-        assert!(reasoning(serde_json::json!({"reasoning": {"effort": "low"}})));
-        assert!(reasoning(serde_json::json!({"reasoning": {"max_tokens": 2000}})));
-        assert!(!reasoning(serde_json::json!({"reasoning": {"enabled": false}})));
-        assert!(!reasoning(serde_json::json!({"reasoning": {"effort": "none"}})));
+        assert!(reasoning(
+            serde_json::json!({"reasoning": {"effort": "low"}})
+        ));
+        assert!(reasoning(
+            serde_json::json!({"reasoning": {"max_tokens": 2000}})
+        ));
+        assert!(!reasoning(
+            serde_json::json!({"reasoning": {"enabled": false}})
+        ));
+        assert!(!reasoning(
+            serde_json::json!({"reasoning": {"effort": "none"}})
+        ));
     }
 
     #[test]
