@@ -57,7 +57,10 @@ async fn main() {
     // On the request path a transition is applied to the local view only.
     let started = Instant::now();
     for i in 0..N {
-        health.failure(&HealthKey::model("p", format!("m{}", i % 10)), report);
+        health.failure(
+            &HealthKey::model("p", format!("m{}", i % 10)),
+            report.clone(),
+        );
     }
     println!(
         "cooldown transition (request path): {}",
@@ -68,7 +71,10 @@ async fn main() {
     // keys, so the refresh reads a fleet of a realistic size.
     let started = Instant::now();
     for i in 0..N {
-        health.failure(&HealthKey::model("p", format!("m{}", i % 10)), report);
+        health.failure(
+            &HealthKey::model("p", format!("m{}", i % 10)),
+            report.clone(),
+        );
         health.sync().await.unwrap();
     }
     println!(

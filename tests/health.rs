@@ -372,17 +372,23 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
     );
     let key = HealthKey::model("p", "m");
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
-    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
     tokio::time::advance(Duration::from_secs(31)).await;
     // The first fell out of the window.
-    assert_eq!(store.failure(&key, report), None);
-    assert_eq!(store.failure(&key, report), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
+    assert_eq!(store.failure(&key, report.clone()), None);
     assert_eq!(store.availability(&key), Availability::Healthy);
-    assert_eq!(store.failure(&key, report), Some(Duration::from_secs(5)));
+    assert_eq!(
+        store.failure(&key, report.clone()),
+        Some(Duration::from_secs(5))
+    );
     assert!(matches!(store.availability(&key), Availability::Cooling(_)));
     // A hint cools at once, capped by the policy's maximum.
     let hinted = HealthKey::model("p", "hinted");
-    let capped = store.failure(&hinted, report.retry_after(Some(Duration::from_secs(3600))));
+    let capped = store.failure(
+        &hinted,
+        report.clone().retry_after(Some(Duration::from_secs(3600))),
+    );
     assert_eq!(capped, Some(Duration::from_secs(600)));
 }
 
@@ -390,33 +396,39 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
 fn scope_rules_follow_the_table_and_take_overrides() {
     let rules = ScopeRules::new();
     assert_eq!(
-        rules.scope(FailureClass::QuotaExhausted, true),
+        rules.scope(FailureClass::QuotaExhausted, None, true),
         Scope::Account
     );
-    assert_eq!(rules.scope(FailureClass::Auth, false), Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Model);
+    assert_eq!(rules.scope(FailureClass::Auth, None, false), Scope::Account);
     assert_eq!(
-        rules.scope(FailureClass::InvalidResponse, true),
+        rules.scope(FailureClass::RateLimited, None, true),
         Scope::Model
     );
     assert_eq!(
-        rules.scope(FailureClass::ModelNotFound, true),
-        Scope::Request
-    );
-    assert_eq!(
-        rules.scope(FailureClass::ModelNotFound, false),
+        rules.scope(FailureClass::InvalidResponse, None, true),
         Scope::Model
     );
     assert_eq!(
-        rules.scope(FailureClass::ContentFiltered, false),
+        rules.scope(FailureClass::ModelNotFound, None, true),
         Scope::Request
     );
     assert_eq!(
-        rules.scope(FailureClass::ContextLengthExceeded, false),
+        rules.scope(FailureClass::ModelNotFound, None, false),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ContentFiltered, None, false),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(FailureClass::ContextLengthExceeded, None, false),
         Scope::Request
     );
     let rules = rules.set(FailureClass::RateLimited, Scope::Account);
-    assert_eq!(rules.scope(FailureClass::RateLimited, true), Scope::Account);
+    assert_eq!(
+        rules.scope(FailureClass::RateLimited, None, true),
+        Scope::Account
+    );
 }
 
 /// What a key's state is, minus the clock.
@@ -446,7 +458,7 @@ proptest! {
         for (provider, model, class, client_named, hint) in failures {
             let key = HealthKey::model(providers[provider], models[model]);
             let class = FailureClass::ALL[class];
-            let scope = rules.scope(class, client_named);
+            let scope = rules.scope(class, None, client_named);
             let before = states(&store);
             store.failure(
                 &key,
@@ -483,13 +495,19 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // A long cooldown from a hint...
     assert_eq!(
-        store.failure(&key, report.retry_after(Some(Duration::from_secs(80)))),
+        store.failure(
+            &key,
+            report.clone().retry_after(Some(Duration::from_secs(80)))
+        ),
         Some(Duration::from_secs(80))
     );
     // ...then the failures of requests that were already in flight.
     for _ in 0..10 {
-        store.failure(&key, report);
-        store.failure(&key, report.retry_after(Some(Duration::from_secs(1))));
+        store.failure(&key, report.clone());
+        store.failure(
+            &key,
+            report.clone().retry_after(Some(Duration::from_secs(1))),
+        );
     }
     tokio::time::advance(Duration::from_secs(79)).await;
     assert!(
@@ -602,4 +620,483 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
     let entry = store.snapshot().into_iter().find(|e| e.key == key).unwrap();
     assert_eq!(entry.state, KeyState::Healthy);
     assert_eq!(entry.failure_streak, 0, "a whole success ends the streak");
+}
+
+// ---- Health that only the provider can cool -------------------------------
+
+use tower_llm_failover::budget::TurnLimits;
+use tower_llm_failover::classify::{Classification, Note, Phase};
+use tower_llm_failover::identity::ClientId;
+use tower_llm_failover::testing::chunks;
+
+/// A primary that fails as scripted and a backup that answers; three
+/// hintless failures in 30 s cool the primary (the default policy), and a
+/// failing attempt is never retried on the same target.
+fn pair(primary: &FakeProvider, store: &Arc<MemoryHealthStore>) -> Failover<Models> {
+    builder(store)
+        .max_retries_per_target(0)
+        .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
+        .target(
+            Target::new(
+                "backup",
+                Models::new(&[(
+                    "backup-model",
+                    FakeProvider::new("backup").always(Reply::stream("backup", 2)),
+                )]),
+            )
+            .model("backup-model"),
+        )
+        .build()
+}
+
+fn keyed(request: Request<Full<Bytes>>, key: Option<&str>) -> Request<Full<Bytes>> {
+    let mut request = request;
+    if let Some(key) = key {
+        request.extensions_mut().insert(ClientId::key(key));
+    }
+    request
+}
+
+async fn send_as(failover: &Failover<Models>, request: Request<Full<Bytes>>) -> Answer {
+    let response = failover.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let target = response
+        .headers()
+        .get("x-failover-target")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        target,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
+    let store = Arc::new(MemoryHealthStore::default());
+    let primary = FakeProvider::new("primary").always(Reply::Silent);
+    // The turn's 2 s are what limit the wait for the head (its own timeout
+    // is 60 s): five such timeouts say nothing about the provider.
+    let failover = builder(&store)
+        .limits(TurnLimits::new().deadline(Duration::from_secs(2)))
+        .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
+        .build();
+    for _ in 0..5 {
+        let answer = send(&failover, "gpt-x", false).await;
+        assert_ne!(answer.status, StatusCode::OK);
+    }
+    assert_eq!(primary.calls(), 5, "every request tried the primary");
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
+
+    // The provider's own head timeout (1 s, well inside the turn's 30 s)
+    // does count: three cool the model.
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = builder(&store)
+        .limits(TurnLimits::new().deadline(Duration::from_secs(30)))
+        .non_streaming_head_timeout(Some(Duration::from_secs(1)))
+        .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
+        .build();
+    for _ in 0..3 {
+        send(&failover, "gpt-x", false).await;
+    }
+    assert_eq!(cooling_keys(&store), ["primary/gpt-x"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_over_our_own_size_cap_is_the_requests_and_cools_nothing() {
+    let store = Arc::new(MemoryHealthStore::default());
+    let primary = FakeProvider::new("primary").always(Reply::completion("primary"));
+    let failover = builder(&store)
+        .max_response_bytes(64)
+        .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
+        .build();
+    for _ in 0..5 {
+        let answer = send(&failover, "gpt-x", false).await;
+        assert_ne!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    assert_eq!(primary.calls(), 5);
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
+}
+
+const GEMINI_PER_MODEL_429: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}"#;
+const GEMINI_PER_PROJECT_429: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProject-FreeTier"}]}]}}"#;
+const DENIED_403: &str = r#"{"error":{"message":"You do not have access to this model.","type":"permission_error","param":null,"code":"permission_denied"}}"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_client_named_models_per_model_quota_or_403_cools_that_model_never_the_credential() {
+    let store = Arc::new(MemoryHealthStore::default());
+    let quota = FakeProvider::new("quota").always(Reply::status(429, GEMINI_PER_MODEL_429));
+    let denied = FakeProvider::new("denied").always(Reply::status(403, DENIED_403));
+    let fine = FakeProvider::new("fine").always(Reply::completion("fine"));
+    let primary = Models::new(&[
+        ("quota-model", quota),
+        ("denied-model", denied),
+        ("fine-model", fine),
+    ]);
+    let backup = Models::new(&[(
+        "backup-model",
+        FakeProvider::new("backup").always(Reply::completion("backup")),
+    )]);
+    let failover = route(&primary, &backup, &store);
+    for model in ["quota-model", "denied-model"] {
+        let answer = send(&failover, model, false).await;
+        assert_eq!(answer.target, "backup", "{model}: {}", answer.body);
+    }
+    // The credential still serves its other models.
+    let answer = send(&failover, "fine-model", false).await;
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary")
+    );
+    let snapshot = store.snapshot();
+    assert!(
+        snapshot
+            .iter()
+            .all(|e| e.key != HealthKey::account("primary")),
+        "the account was charged: {snapshot:?}"
+    );
+    let charged: Vec<(String, u32)> = snapshot
+        .iter()
+        .filter(|e| e.failure_streak > 0)
+        .map(|e| (e.key.to_string(), e.failure_streak))
+        .collect();
+    assert_eq!(
+        charged,
+        [
+            ("primary/denied-model".to_owned(), 1),
+            ("primary/quota-model".to_owned(), 1)
+        ]
+    );
+
+    // A per-project quota is still the credential's.
+    let store = Arc::new(MemoryHealthStore::default());
+    let project = FakeProvider::new("project").always(Reply::status(429, GEMINI_PER_PROJECT_429));
+    let fine = FakeProvider::new("fine").always(Reply::completion("fine"));
+    let primary = Models::new(&[("any-model", project), ("fine-model", fine)]);
+    let failover = route(&primary, &backup, &store);
+    send(&failover, "any-model", false).await;
+    assert_eq!(send(&failover, "fine-model", false).await.target, "backup");
+    assert_eq!(cooling_keys(&store), ["primary/*"]);
+}
+
+#[test]
+fn scope_rules_read_whose_failure_it_was() {
+    let rules = ScopeRules::new();
+    use FailureClass::*;
+    // Our own limits: request scope, whatever the overrides say.
+    assert_eq!(
+        rules.scope(Timeout, Some(Note::TurnDeadline), false),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(Timeout, Some(Note::GatewayTimeout), false),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(InvalidResponse, Some(Note::Oversize), true),
+        Scope::Request
+    );
+    assert_eq!(
+        rules.scope(InvalidResponse, Some(Note::TruncatedStream), true),
+        Scope::Model
+    );
+    let strict = rules.clone().set(Timeout, Scope::Account);
+    assert_eq!(
+        strict.scope(Timeout, Some(Note::TurnDeadline), false),
+        Scope::Request
+    );
+    // A client-named model's own quota and refusal are that model's.
+    assert_eq!(
+        rules.scope(QuotaExhausted, Some(Note::PerModelQuota), true),
+        Scope::Model
+    );
+    assert_eq!(
+        rules.scope(QuotaExhausted, Some(Note::PerModelQuota), false),
+        Scope::Account
+    );
+    assert_eq!(rules.scope(QuotaExhausted, None, true), Scope::Account);
+    assert_eq!(rules.scope(PermissionDenied, None, true), Scope::Model);
+    assert_eq!(rules.scope(PermissionDenied, None, false), Scope::Account);
+    // The classifier notes a per-model quota.
+    let c = tower_llm_failover::classify::Classifier::default().classify_head(
+        Some("gemini"),
+        StatusCode::TOO_MANY_REQUESTS,
+        &http::HeaderMap::new(),
+        GEMINI_PER_MODEL_429.as_bytes(),
+    );
+    assert_eq!(
+        (c.class, c.note),
+        (QuotaExhausted, Some(Note::PerModelQuota))
+    );
+    let _ = Classification::new(Timeout, Phase::Head);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_count_once_per_client_and_provider_statements_every_time() {
+    // A primary whose head never comes: each stream times out at the head
+    // timeout (10 s), the backup answers.
+    let store = Arc::new(MemoryHealthStore::default());
+    let primary = FakeProvider::new("primary").always(Reply::Silent);
+    let failover = pair(&primary, &store);
+    for _ in 0..5 {
+        let answer = send_as(&failover, keyed(chat("gpt-x", true), Some("key-a"))).await;
+        assert_eq!(answer.target, "backup");
+    }
+    assert_eq!(
+        primary.calls(),
+        5,
+        "the primary was tried each time: never cooled"
+    );
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
+    // Key B's request right after goes to the primary still.
+    send_as(&failover, keyed(chat("gpt-x", true), Some("key-b"))).await;
+    assert_eq!(primary.calls(), 6);
+    assert!(cooling_keys(&store).is_empty());
+    // A third client: three clients inside the window cool the model.
+    send_as(&failover, keyed(chat("gpt-x", true), Some("key-c"))).await;
+    assert_eq!(cooling_keys(&store), ["primary/gpt-x"]);
+
+    // Anonymous requests each count as a client of their own (as before keys).
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = pair(&primary, &store);
+    for _ in 0..3 {
+        send_as(&failover, keyed(chat("gpt-x", true), None)).await;
+    }
+    assert_eq!(cooling_keys(&store), ["primary/gpt-x"]);
+
+    // A provider's 5xx counts every time, whoever asked.
+    let store = Arc::new(MemoryHealthStore::default());
+    let failing = FakeProvider::new("failing").always(Reply::status(500, SERVER_500));
+    let failover = pair(&failing, &store);
+    for _ in 0..3 {
+        send_as(&failover, keyed(chat("gpt-x", true), Some("key-a"))).await;
+    }
+    assert_eq!(cooling_keys(&store), ["primary/gpt-x"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_faults_count_once_per_client() {
+    let store = Arc::new(MemoryHealthStore::default());
+    // A stream that ends without its terminator, before any output.
+    let primary =
+        FakeProvider::new("primary").always(Reply::Stream(vec![Step::data(chunks::role("p"))]));
+    let failover = pair(&primary, &store);
+    for _ in 0..5 {
+        assert_eq!(
+            send_as(&failover, keyed(chat("gpt-x", true), Some("key-a")))
+                .await
+                .target,
+            "backup"
+        );
+    }
+    assert_eq!(primary.calls(), 5);
+    assert!(
+        cooling_keys(&store).is_empty(),
+        "{:?}",
+        cooling_keys(&store)
+    );
+    for key in ["key-b", "key-c"] {
+        send_as(&failover, keyed(chat("gpt-x", true), Some(key))).await;
+    }
+    assert_eq!(cooling_keys(&store), ["primary/gpt-x"]);
+}
+
+fn reasoning_chat(model: &str) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": model,
+        "stream": true,
+        "reasoning_effort": "high",
+        "messages": [{"role": "user", "content": "think"}],
+    });
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() {
+    // The primary's first output comes after 20 s (its head at once).
+    let mut steps = vec![
+        Step::data(chunks::role("slow")),
+        Step::Wait(Duration::from_secs(20)),
+    ];
+    steps.extend(
+        chunks::full_stream("slow", 2)
+            .into_iter()
+            .skip(1)
+            .map(Step::Data),
+    );
+    let slow = FakeProvider::new("slow").always(Reply::Stream(steps));
+    let backup = Models::new(&[(
+        "backup-model",
+        FakeProvider::new("backup").always(Reply::stream("backup", 2)),
+    )]);
+    let store = Arc::new(MemoryHealthStore::default());
+    let failover = builder(&store)
+        .idle_timeout(Duration::from_secs(60))
+        .first_output_timeout(Duration::from_secs(40))
+        .target(
+            Target::new("primary", Models::new(&[("gpt-x", slow.clone())]))
+                .model("gpt-x")
+                .first_output_timeout(Duration::from_secs(5))
+                .reasoning_first_output_timeout(Duration::from_secs(45)),
+        )
+        .target(Target::new("backup", backup.clone()).model("backup-model"))
+        .build();
+    // Its own 5 s, not the builder's 40 s: the backup answers.
+    assert_eq!(send(&failover, "gpt-x", true).await.target, "backup");
+    // A reasoning request waits the reasoning timeout: the primary answers.
+    let answer = send_as(&failover, reasoning_chat("gpt-x")).await;
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary"),
+        "{}",
+        answer.body
+    );
+    // A target that sets none waits the builder's default (40 s).
+    let failover = builder(&store)
+        .idle_timeout(Duration::from_secs(60))
+        .first_output_timeout(Duration::from_secs(40))
+        .target(Target::new("primary", Models::new(&[("gpt-x", slow.clone())])).model("gpt-x"))
+        .target(Target::new("backup", backup).model("backup-model"))
+        .build();
+    assert_eq!(send(&failover, "gpt-x", true).await.target, "primary");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_s_outage() {
+    let store = Arc::new(MemoryHealthStore::default());
+    let primary = FakeProvider::new("primary").always(Reply::status(500, SERVER_500));
+    let failover = pair(&primary, &store);
+    let start = tokio::time::Instant::now();
+    let key = HealthKey::model("primary", "gpt-x");
+    // A request every 6 s through a 60 s outage: the backup answers.
+    let mut longest_rest = Duration::ZERO;
+    while start.elapsed() < Duration::from_secs(60) {
+        let answer = send(&failover, "gpt-x", true).await;
+        assert_eq!(answer.target, "backup");
+        if let Some(KeyState::Cooling { remaining, .. }) = store
+            .snapshot()
+            .into_iter()
+            .find(|e| e.key == key)
+            .map(|e| e.state)
+        {
+            longest_rest = longest_rest.max(remaining);
+        }
+        tokio::time::sleep(Duration::from_secs(6)).await;
+    }
+    assert!(
+        primary.calls() >= 6,
+        "the primary was probed through the outage"
+    );
+    assert!(
+        longest_rest <= Duration::from_secs(30),
+        "a hintless rest of {longest_rest:?}"
+    );
+    // Recovery at 60 s; the first request at recovery + 30 s goes to it.
+    primary.set_always(Reply::stream("primary", 2));
+    tokio::time::sleep_until(start + Duration::from_secs(90)).await;
+    let answer = send(&failover, "gpt-x", true).await;
+    assert_eq!(
+        (answer.status, answer.target.as_str()),
+        (StatusCode::OK, "primary")
+    );
+
+    // A provider's own hint may rest it longer (up to `max`).
+    let store = MemoryHealthStore::default();
+    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        .retry_after(Some(Duration::from_secs(120)));
+    assert_eq!(store.failure(&key, report), Some(Duration::from_secs(120)));
+    // And the cap is the operator's to set.
+    let store = MemoryHealthStore::new(
+        CooldownPolicy::default().max_probe_interval(Duration::from_secs(7)),
+    );
+    let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    for _ in 0..2 {
+        store.failure(&key, hintless.clone());
+    }
+    assert_eq!(
+        store.failure(&key, hintless.clone()),
+        Some(Duration::from_secs(5))
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        store.failure(&key, hintless.probe(true)),
+        Some(Duration::from_secs(7))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_named_health_entries_stay_at_the_cap_after_10000_invented_models() {
+    let store = MemoryHealthStore::default().max_client_named_keys(100);
+    let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    // Keys the operator configured, with state.
+    let configured: Vec<HealthKey> = (0..5)
+        .map(|i| HealthKey::model("p", format!("configured-{i}")))
+        .collect();
+    for key in &configured {
+        store.failure(key, hintless.clone());
+    }
+    for i in 0..10_000 {
+        store.failure(
+            &HealthKey::client_model("p", format!("invented-{i}")),
+            hintless.clone(),
+        );
+    }
+    let snapshot = store.snapshot();
+    assert_eq!(
+        snapshot.len(),
+        105,
+        "100 client-named keys and the 5 configured ones"
+    );
+    for key in &configured {
+        assert!(snapshot.iter().any(|e| e.key == *key), "{key} was evicted");
+    }
+    // Least recently written first out: the newest 100 remain.
+    assert!(
+        snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9999"))
+    );
+    assert!(
+        snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9900"))
+    );
+    assert!(
+        !snapshot
+            .iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9899"))
+    );
+
+    // A pass-through target's keys are client-named; a fixed model's are not.
+    let primary = Models::new(&[]);
+    let failover = route(&primary, &primary, &Arc::new(MemoryHealthStore::default()));
+    assert!(
+        failover
+            .health_key("primary", "anything")
+            .unwrap()
+            .is_client_named()
+    );
+    assert!(
+        !failover
+            .health_key("backup", "anything")
+            .unwrap()
+            .is_client_named()
+    );
 }

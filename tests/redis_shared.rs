@@ -791,7 +791,7 @@ async fn a_cooldown_the_fleet_starts_is_counted() {
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     // One failure on each replica: neither reaches the threshold of 2
     // alone, the fleet does.
-    assert_eq!(a.failure(&key, hintless), None);
+    assert_eq!(a.failure(&key, hintless.clone()), None);
     a.sync().await.unwrap();
     assert_eq!(b.failure(&key, hintless), None);
     b.sync().await.unwrap();
@@ -911,7 +911,10 @@ async fn redis_killed_mid_run_then_restarted() {
     let key = HealthKey::model("primary", "gpt-x");
     let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
         .retry_after(Some(Duration::from_secs(60)));
-    assert_eq!(a.failure(&key, report), Some(Duration::from_secs(60)));
+    assert_eq!(
+        a.failure(&key, report.clone()),
+        Some(Duration::from_secs(60))
+    );
     assert!(matches!(a.availability(&key), Availability::Cooling(_)));
     assert!(a.sync().await.is_err(), "Redis is down");
     assert_eq!(b.availability(&key), Availability::Healthy);
@@ -1069,5 +1072,98 @@ base_url = "{}"
         primary.requests().len(),
         1,
         "process B never touched the primary"
+    );
+}
+
+// ------------------------------------------------- health only providers cool
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_count_once_per_client_across_the_fleet() {
+    let Some(redis) = RedisServer::start("timeouts_count_once_per_client_across_the_fleet").await
+    else {
+        return;
+    };
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .refresh_every(Duration::from_secs(3600))
+            .start()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let timeout = |who: &str| {
+        FailureReport::new(FailureClass::Timeout, Scope::Model).witness(Some(who.into()))
+    };
+    // One key's timeouts on both replicas: one count, nothing cools.
+    let key = HealthKey::model("per-client", "gpt-x");
+    for replica in [&a, &b, &a, &b, &a] {
+        replica.failure(&key, timeout("key-a"));
+        replica.sync().await.unwrap();
+    }
+    assert_eq!(a.availability(&key), Availability::Healthy);
+    assert_eq!(b.availability(&key), Availability::Healthy);
+    // Two more clients, one on each replica: the fleet counts three.
+    a.failure(&key, timeout("key-b"));
+    a.sync().await.unwrap();
+    b.failure(&key, timeout("key-c"));
+    b.sync().await.unwrap();
+    assert!(matches!(b.availability(&key), Availability::Cooling(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_index_of_client_named_keys_stays_at_the_cap() {
+    let Some(redis) =
+        RedisServer::start("the_redis_index_of_client_named_keys_stays_at_the_cap").await
+    else {
+        return;
+    };
+    let start = || {
+        RedisHealthStore::builder(connect(&redis.url()).unwrap())
+            .refresh_every(Duration::from_secs(3600))
+            .max_client_named_keys(50)
+            .start()
+            .unwrap()
+    };
+    let a = start();
+    let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
+    let configured = HealthKey::model("p", "configured");
+    a.failure(&configured, hintless.clone());
+    for i in 0..10_000 {
+        a.failure(
+            &HealthKey::client_model("p", format!("invented-{i}")),
+            hintless.clone(),
+        );
+        if i % 1000 == 999 {
+            a.sync().await.unwrap();
+        }
+    }
+    a.sync().await.unwrap();
+    assert_eq!(a.stats().dropped, 0);
+    assert_eq!(
+        a.snapshot().len(),
+        51,
+        "the local view: 50 and the configured key"
+    );
+    // Redis's index holds the cap, and a new replica reads only that.
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let indexed: usize = ::redis::cmd("ZCARD")
+        .arg("{tlf:health}:client_keys")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(indexed, 50);
+    let b = start();
+    b.sync().await.unwrap();
+    let seen = b.snapshot();
+    assert_eq!(seen.len(), 51, "{}", seen.len());
+    assert!(seen.iter().any(|e| e.key == configured));
+    assert!(
+        seen.iter()
+            .any(|e| e.key == HealthKey::model("p", "invented-9999"))
+    );
+    assert!(
+        seen.iter()
+            .filter(|e| e.key != configured)
+            .all(|e| e.key.is_client_named())
     );
 }

@@ -314,6 +314,13 @@ pub(crate) struct TargetConfig {
     pub(crate) image_input: Option<bool>,
     pub(crate) input_per_million: Option<f64>,
     pub(crate) output_per_million: Option<f64>,
+    /// How long a stream from this target may take to its first output;
+    /// the gateway's `first_output_timeout_ms` when absent.
+    pub(crate) first_output_timeout_ms: Option<u64>,
+    /// The same for a request that asks for reasoning or thinking (a
+    /// reasoning model often takes 30–60 s); `first_output_timeout_ms`
+    /// when absent.
+    pub(crate) reasoning_first_output_timeout_ms: Option<u64>,
 }
 
 impl TargetConfig {
@@ -464,6 +471,8 @@ impl Gateway {
                         image_input: None,
                         input_per_million: None,
                         output_per_million: None,
+                        first_output_timeout_ms: None,
+                        reasoning_first_output_timeout_ms: None,
                     })
                     .collect(),
             }]
@@ -606,6 +615,12 @@ impl Gateway {
                     (target.input_per_million, target.output_per_million)
                 {
                     t = t.pricing(Pricing::per_million_usd(input, output));
+                }
+                if let Some(ms) = target.first_output_timeout_ms {
+                    t = t.first_output_timeout(Duration::from_millis(ms));
+                }
+                if let Some(ms) = target.reasoning_first_output_timeout_ms {
+                    t = t.reasoning_first_output_timeout(Duration::from_millis(ms));
                 }
                 builder = builder.target(t);
             }

@@ -128,6 +128,9 @@ pub enum Note {
     ProxyUnsupported,
     /// Egress proxy: the tunnel broke off.
     ProxyFailed,
+    /// The provider says the quota is one model's (Gemini quota ids naming
+    /// `PerModel`), not the whole credential's.
+    PerModelQuota,
 }
 
 impl Note {
@@ -172,6 +175,7 @@ impl Note {
             Self::ProxyAuthRequired => "proxy_auth_required",
             Self::ProxyUnsupported => "proxy_unsupported",
             Self::ProxyFailed => "proxy_failed",
+            Self::PerModelQuota => "per_model_quota",
         }
     }
 }

@@ -144,8 +144,8 @@ impl Classifier {
             .with_status(status)
             .with_retry(retry)
             .with_message(head_message(status, &parsed));
-        fill_details(&mut c, &parsed);
         c.note = body_note(&parsed);
+        fill_details(&mut c, &parsed);
         c.rate_limits = super::RateLimitHeaders::from_headers(headers);
         self.finish(provider, c, &parsed.codes())
     }
@@ -428,6 +428,11 @@ fn body_retry_hint(parsed: &ErrorBody) -> Option<Duration> {
 fn fill_details(c: &mut Classification, parsed: &ErrorBody) {
     c.provider_code = parsed.provider_code().as_deref().and_then(sanitize_code);
     c.param = parsed.param.as_deref().and_then(sanitize_code);
+    // Whose quota it is decides what cools: one model's, or the
+    // credential's (see `failover::ScopeRules`).
+    if parsed.quota_ids.iter().any(|id| id.contains("PerModel")) {
+        c.note = Some(Note::PerModelQuota);
+    }
 }
 
 fn head_message(status: StatusCode, parsed: &ErrorBody) -> String {

@@ -53,6 +53,45 @@ pub(crate) struct AttemptPlan {
     pub(crate) stream: bool,
     pub(crate) strip_usage: bool,
     pub(crate) prompt_tokens: u64,
+    /// The first-output timeout of this request on this target.
+    pub(crate) first_output: Duration,
+    /// The client a failure is counted for ([`FailureReport::witness`]).
+    pub(crate) witness: Option<Arc<str>>,
+}
+
+/// When a wait must end, and whether that is the turn's deadline (the
+/// turn's remaining time, not a timeout of the provider's, limited it).
+#[derive(Debug, Clone, Copy)]
+struct Until {
+    at: Instant,
+    turn_deadline: bool,
+}
+
+impl Until {
+    /// The wait `limit` from `start`, or the turn's deadline if sooner.
+    fn within(start: Instant, limit: Option<Duration>, budget: &TurnBudget) -> Self {
+        let deadline = budget.deadline();
+        match limit {
+            Some(limit) if later(start, limit) < deadline => Self {
+                at: later(start, limit),
+                turn_deadline: false,
+            },
+            _ => Self {
+                at: deadline,
+                turn_deadline: true,
+            },
+        }
+    }
+
+    /// A timeout of this wait: the turn's own when its deadline was the
+    /// limit (then it says nothing about the provider).
+    fn timed_out(self, timeout: Classification) -> Classification {
+        if self.turn_deadline {
+            timeout.with_note(crate::classify::Note::TurnDeadline)
+        } else {
+            timeout
+        }
+    }
 }
 
 pub(crate) async fn run<S, D, B>(
@@ -73,13 +112,15 @@ where
     let target = &shared.targets[plan.index];
     let head_deadline = head_deadline(shared, &plan, budget);
     let service: Classify<S> = target.service.clone();
-    let head = tokio::time::timeout_at(head_deadline, service.oneshot(request)).await;
+    let head = tokio::time::timeout_at(head_deadline.at, service.oneshot(request)).await;
     let response = match head {
         Err(_) => {
             // A silent upstream: never waited on again within this turn.
             return failed(
-                Classification::timeout(Phase::Head, "the response head")
-                    .with_recovery(crate::classify::Recovery::Reroute),
+                head_deadline.timed_out(
+                    Classification::timeout(Phase::Head, "the response head")
+                        .with_recovery(crate::classify::Recovery::Reroute),
+                ),
                 0,
             );
         }
@@ -104,20 +145,18 @@ where
 /// for a stream, the head timeout and the first-output timeout (no output
 /// can come before the head); for a whole answer, its head timeout and the
 /// response timeout.
-fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Instant {
+fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Until {
     let timeouts = &shared.timeouts;
     let limit = if plan.stream {
         Some(
             timeouts
                 .head
-                .map_or(timeouts.first_output, |h| h.min(timeouts.first_output)),
+                .map_or(plan.first_output, |h| h.min(plan.first_output)),
         )
     } else {
         shortest(timeouts.whole_head, timeouts.response)
     };
-    limit.map_or(budget.deadline(), |limit| {
-        later(plan.start.clock, limit).min(budget.deadline())
-    })
+    Until::within(plan.start.clock, limit, budget)
 }
 
 fn shortest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -129,10 +168,8 @@ fn shortest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 
 /// When a whole answer must be in hand: the response timeout from the
 /// attempt's start, within the turn's deadline.
-fn whole_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Instant {
-    shared.timeouts.response.map_or(budget.deadline(), |limit| {
-        later(plan.start.clock, limit).min(budget.deadline())
-    })
+fn whole_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnBudget) -> Until {
+    Until::within(plan.start.clock, shared.timeouts.response, budget)
 }
 
 /// Why a whole body was not received.
@@ -205,17 +242,21 @@ where
     let provider = Some(&*target.provider);
     let status = response.status();
     let (mut parts, body) = response.into_parts();
+    let until = whole_deadline(shared, &plan, budget);
     let collected = collect_whole(
         body,
         shared.max_response_bytes,
-        whole_deadline(shared, &plan, budget),
+        until.at,
         shared.timeouts.idle,
     )
     .await;
     let bytes = match collected {
         Err(NotReceived::TimedOut) => {
             return failed(
-                Classification::timeout(Phase::Preamble, "the response body"),
+                until.timed_out(Classification::timeout(
+                    Phase::Preamble,
+                    "the response body",
+                )),
                 0,
             );
         }
@@ -296,8 +337,7 @@ where
     let state = StreamState::new();
     let hold = Hold {
         window: shared.commit,
-        first_output_by: later(plan.start.clock, shared.timeouts.first_output)
-            .min(budget.deadline()),
+        first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),
         max_held_bytes: shared.max_held_bytes,
     };
     let mut body = Box::pin(CommitBody::inspect(
@@ -355,6 +395,7 @@ fn on_stream_end<S, D>(
     let budget = budget.clone();
     let pricing = target.pricing;
     let prompt_tokens = plan.prompt_tokens;
+    let witness = plan.witness.clone();
     let started = plan.start.clock;
     let target_name = Arc::clone(&target.name);
     Box::new(move |snapshot: &StreamSnapshot| {
@@ -369,11 +410,9 @@ fn on_stream_end<S, D>(
                 if failure.class != FailureClass::Cancelled
                     && failure.note != Some(Note::TurnDeadline) =>
             {
-                let scope = scopes.scope(failure.class, client_named);
-                if health
-                    .failure(&key, FailureReport::new(failure.class, scope))
-                    .is_some()
-                {
+                let scope = scopes.scope(failure.class, failure.note, client_named);
+                let report = FailureReport::new(failure.class, scope).witness(witness.clone());
+                if health.failure(&key, report).is_some() {
                     crate::telemetry::cooldown_started(key.provider(), scope.as_str());
                 }
             }

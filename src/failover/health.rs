@@ -7,14 +7,14 @@
 //! [`Failover`](super::Failover) of a gateway, so a provider used by two
 //! routes has one health state.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::classify::FailureClass;
+use crate::classify::{FailureClass, Note};
 use crate::record::log_safe;
 
 /// What a health entry is about: one upstream model of one provider
@@ -22,18 +22,63 @@ use crate::record::log_safe;
 ///
 /// The provider is the target's [`provider`](super::Target::provider) name:
 /// one provider name stands for one credential.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// A key made by [`client_model`](Self::client_model) is marked as naming a
+/// model the client chose (a pass-through target): stores keep only so many
+/// of those, least recently used first out, so a client inventing model
+/// names cannot grow them. The mark is not part of the key's identity: two
+/// keys of the same provider and model are equal whoever named the model.
+#[derive(Debug, Clone)]
 pub struct HealthKey {
     provider: Arc<str>,
     model: Option<Arc<str>>,
+    client_named: bool,
+}
+
+impl PartialEq for HealthKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.provider == other.provider && self.model == other.model
+    }
+}
+
+impl Eq for HealthKey {}
+
+impl std::hash::Hash for HealthKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.provider.hash(state);
+        self.model.hash(state);
+    }
+}
+
+impl PartialOrd for HealthKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for HealthKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (&self.provider, &self.model).cmp(&(&other.provider, &other.model))
+    }
 }
 
 impl HealthKey {
-    /// The key of `model` as served by `provider`.
+    /// The key of `model` as served by `provider`, a model the operator
+    /// configured.
     pub fn model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
         Self {
             provider: provider.into(),
             model: Some(model.into()),
+            client_named: false,
+        }
+    }
+
+    /// The key of `model` as served by `provider`, a model the client named
+    /// (sent upstream by a pass-through target).
+    pub fn client_model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
+        Self {
+            client_named: true,
+            ..Self::model(provider, model)
         }
     }
 
@@ -42,7 +87,13 @@ impl HealthKey {
         Self {
             provider: provider.into(),
             model: None,
+            client_named: false,
         }
+    }
+
+    /// Whether the model is one a client named rather than the operator.
+    pub fn is_client_named(&self) -> bool {
+        self.client_named
     }
 
     /// The provider (credential) name.
@@ -108,17 +159,25 @@ impl fmt::Display for Scope {
     }
 }
 
-/// Which [`Scope`] each failure class is charged to.
+/// Which [`Scope`] each failure is charged to: a failure cools a provider
+/// only for what it says about the provider.
 ///
-/// | scope | classes |
+/// | scope | failures |
 /// |---|---|
-/// | account | `QuotaExhausted` (quota, billing), `Auth`, `PermissionDenied` |
-/// | model | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect`, `InvalidResponse` (stream faults), and `ModelNotFound` for a model the **operator** configured (a configuration fault, logged as an error) |
-/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, `Shutdown`, and `ModelNotFound` for a model the **client** named |
+/// | account | `QuotaExhausted` (quota, billing), `Auth`, `PermissionDenied` — of a model the operator configured |
+/// | model | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect`, `InvalidResponse` (stream faults), `ModelNotFound` for a model the **operator** configured (a configuration fault, logged as an error), and a per-model quota (Gemini's `…PerModel…` quota ids) or `PermissionDenied` (403) for a model the **client** named |
+/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, `Shutdown`, `ModelNotFound` for a model the **client** named, a `Timeout` the turn's own deadline caused, and an answer over the gateway's own size caps |
 ///
 /// A model name chosen by a client can never cool down anything but itself:
 /// a pass-through target's `model_not_found` is the client's error and goes
-/// back to it. Override any class with [`ScopeRules::set`].
+/// back to it, and its per-model quota or 403 cools that model, not the
+/// credential. Override any class with [`ScopeRules::set`]; a failure the
+/// gateway's own limits made (the turn's deadline, a size cap) stays at
+/// request scope whatever the overrides, as it says nothing of the
+/// provider.
+///
+/// Timeouts and stream faults at model scope are further counted once per
+/// client within the failure window ([`FailureReport::witness`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScopeRules {
     overrides: Vec<(FailureClass, Scope)>,
@@ -137,15 +196,37 @@ impl ScopeRules {
         self
     }
 
-    /// The scope of a failure of `class`; `client_named_model`: the
-    /// upstream model is the one the client asked for (a pass-through
-    /// target), not one the operator configured.
-    pub fn scope(&self, class: FailureClass, client_named_model: bool) -> Scope {
+    /// The scope of a failure of `class`. `note` is how it was reached
+    /// ([`Classification::note`](crate::classify::Classification::note)),
+    /// which says whose it was: [`Note::TurnDeadline`] (the turn's own
+    /// deadline limited the wait), [`Note::Oversize`] (a size cap of ours),
+    /// [`Note::PerModelQuota`] (the provider's quota is one model's).
+    /// `client_named_model`: the upstream model is the one the client asked
+    /// for (a pass-through target), not one the operator configured.
+    pub fn scope(
+        &self,
+        class: FailureClass,
+        note: Option<Note>,
+        client_named_model: bool,
+    ) -> Scope {
+        use FailureClass::*;
+        match (class, note) {
+            // Our own limits: the turn ran out of time, or the answer
+            // outgrew a cap of ours. Nothing about the provider.
+            (Timeout, Some(Note::TurnDeadline)) | (InvalidResponse, Some(Note::Oversize)) => {
+                return Scope::Request;
+            }
+            _ => {}
+        }
         if let Some((_, scope)) = self.overrides.iter().find(|(c, _)| *c == class) {
             return *scope;
         }
-        use FailureClass::*;
+        let per_model_quota = note == Some(Note::PerModelQuota);
         match class {
+            // A client's model: its quota or its refusal is that model's,
+            // never the whole credential's.
+            QuotaExhausted if client_named_model && per_model_quota => Scope::Model,
+            PermissionDenied if client_named_model => Scope::Model,
             QuotaExhausted | Auth | PermissionDenied => Scope::Account,
             ModelNotFound if client_named_model => Scope::Request,
             ModelNotFound | RateLimited | Overloaded | ServerError | Timeout | Connect
@@ -165,9 +246,16 @@ impl ScopeRules {
 ///   Gemini `RetryInfo`) cools at once for the hint.
 /// - **Model scope** without a hint cools only once `failure_threshold`
 ///   failures (default 3) fall inside `failure_window` (default 30 s): one
-///   transient failure never cools anything. The first such cooldown lasts
-///   `base` (default 5 s) and each further one in a row doubles it.
-/// - Every cooldown is capped by `max` (default 10 min), hints included.
+///   transient failure never cools anything. Timeouts and stream faults
+///   count once per client in the window (a client's slow prompts are not
+///   the provider's fault; see [`FailureReport::witness`]), every other
+///   failure counts each time. The first such cooldown lasts `base`
+///   (default 5 s) and each further one in a row doubles it, up to
+///   `max_probe_interval` (default 30 s): a recovered provider is probed,
+///   and used again, within that long, however long its outage was.
+/// - Every cooldown is capped by `max` (default 10 min), hints included:
+///   only the provider's own hint or an account failure rests a key past
+///   `max_probe_interval`.
 ///
 /// After a cooldown one request probes the key; a success clears it, a
 /// failure rests it again (at least `base`).
@@ -184,6 +272,9 @@ pub struct CooldownPolicy {
     pub base: Duration,
     /// The longest cooldown of any kind (hints included).
     pub max: Duration,
+    /// The longest rest of a model-scope cooldown without a hint: failed
+    /// probes double the rest up to this, no further.
+    pub max_probe_interval: Duration,
     /// A probe that has not reported after this long is abandoned, so a
     /// cancelled turn cannot keep a key out forever.
     pub probe_timeout: Duration,
@@ -197,6 +288,7 @@ impl Default for CooldownPolicy {
             failure_window: Duration::from_secs(30),
             base: Duration::from_secs(5),
             max: Duration::from_secs(600),
+            max_probe_interval: Duration::from_secs(30),
             probe_timeout: Duration::from_secs(30),
         }
     }
@@ -226,6 +318,12 @@ impl CooldownPolicy {
     /// Sets [`max`](Self::max).
     pub fn max(mut self, cooldown: Duration) -> Self {
         self.max = cooldown;
+        self
+    }
+
+    /// Sets [`max_probe_interval`](Self::max_probe_interval).
+    pub fn max_probe_interval(mut self, interval: Duration) -> Self {
+        self.max_probe_interval = interval;
         self
     }
 
@@ -267,7 +365,7 @@ pub enum Admission {
 }
 
 /// One failure, as a store records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FailureReport {
     /// The failure's class.
@@ -278,6 +376,14 @@ pub struct FailureReport {
     pub retry_after: Option<Duration>,
     /// The request held the probe slot, which it gives back.
     pub was_probe: bool,
+    /// The client whose request failed ([`ClientId::witness`]): a timeout
+    /// or a stream fault counts toward a cooldown once per client within
+    /// the failure window, as it may be the request's doing (a huge prompt,
+    /// a long answer) rather than the provider's. `None`, an anonymous
+    /// request, counts as a new client each time.
+    ///
+    /// [`ClientId::witness`]: crate::identity::ClientId::witness
+    pub witness: Option<Arc<str>>,
 }
 
 impl FailureReport {
@@ -288,7 +394,26 @@ impl FailureReport {
             scope,
             retry_after: None,
             was_probe: false,
+            witness: None,
         }
+    }
+
+    /// With the client whose request failed ([`witness`](Self::witness)).
+    pub fn witness(mut self, witness: Option<Arc<str>>) -> Self {
+        self.witness = witness;
+        self
+    }
+
+    /// The client this failure counts once for, when its class counts per
+    /// client (timeouts and stream faults; the provider's own statements,
+    /// such as a status or a reset, count every time).
+    pub(crate) fn counted_per_client(&self) -> Option<&Arc<str>> {
+        matches!(
+            self.class,
+            FailureClass::Timeout | FailureClass::InvalidResponse
+        )
+        .then_some(self.witness.as_ref())
+        .flatten()
     }
 
     /// With the provider's retry hint.
@@ -413,10 +538,15 @@ struct Entry {
     probe_started: Option<Instant>,
     streak: u32,
     cooldowns: u32,
-    /// Hintless failures inside the window (at most `failure_threshold`).
-    recent: VecDeque<Instant>,
+    /// Hintless failures inside the window (at most `failure_threshold`),
+    /// each with the client it is counted for (`None`: a client of its own).
+    recent: VecDeque<(Instant, Option<Arc<str>>)>,
     last_class: Option<FailureClass>,
     ttft_ewma: Option<Duration>,
+    /// The entry's place in the least-recently-used order of client-named
+    /// keys; `None` for a key the operator configured (never evicted for
+    /// client-named ones).
+    lru: Option<u64>,
 }
 
 impl Entry {
@@ -453,15 +583,64 @@ impl Entry {
 
 /// The in-memory [`HealthStore`]: the default, for one gateway process.
 ///
-/// Bounded: past `max_keys` entries, idle ones (healthy, no streak) are
-/// forgotten first, and a key that still finds no room is treated as
-/// healthy rather than growing the map, so clients naming endless models
-/// cannot grow it.
+/// Bounded twice:
+///
+/// - keys of models a client named ([`HealthKey::client_model`]) are kept
+///   up to `max_client_named_keys` (default 1,000), the least recently
+///   written first out, so a client inventing model names cannot grow the
+///   store nor push out a key the operator configured;
+/// - past `max_keys` entries in all, idle ones (healthy, no streak) are
+///   forgotten first, and a key that still finds no room is treated as
+///   healthy rather than growing the map.
 #[derive(Debug)]
 pub struct MemoryHealthStore {
-    entries: Mutex<HashMap<HealthKey, Entry>>,
+    entries: Mutex<Entries>,
     policy: CooldownPolicy,
     max_keys: usize,
+    max_client_named_keys: usize,
+}
+
+/// The entries, and the least-recently-used order of the client-named ones.
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<HealthKey, Entry>,
+    /// Client-named keys by their last write (a tick), oldest first.
+    lru: BTreeMap<u64, HealthKey>,
+    tick: u64,
+}
+
+impl Entries {
+    fn get(&self, key: &HealthKey) -> Option<&Entry> {
+        self.map.get(key)
+    }
+
+    fn get_mut(&mut self, key: &HealthKey) -> Option<&mut Entry> {
+        self.map.get_mut(key)
+    }
+
+    fn contains_key(&self, key: &HealthKey) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Marks `key`'s entry as just written, in the order of client-named
+    /// keys; a key the operator configured leaves that order for good.
+    fn touch(&mut self, key: &HealthKey) {
+        self.tick += 1;
+        let tick = self.tick;
+        let Some(entry) = self.map.get_mut(key) else {
+            return;
+        };
+        let Some(old) = entry.lru else {
+            return;
+        };
+        let stored = self.lru.remove(&old);
+        if key.client_named {
+            entry.lru = Some(tick);
+            self.lru.insert(tick, stored.unwrap_or_else(|| key.clone()));
+        } else {
+            entry.lru = None;
+        }
+    }
 }
 
 impl Default for MemoryHealthStore {
@@ -471,12 +650,14 @@ impl Default for MemoryHealthStore {
 }
 
 impl MemoryHealthStore {
-    /// A store with this cooldown policy, holding up to 10,000 keys.
+    /// A store with this cooldown policy, holding up to 10,000 keys, of
+    /// which up to 1,000 of models clients named.
     pub fn new(policy: CooldownPolicy) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
             policy,
             max_keys: 10_000,
+            max_client_named_keys: 1_000,
         }
     }
 
@@ -486,32 +667,61 @@ impl MemoryHealthStore {
         self
     }
 
+    /// Caps the keys of models clients named (at least 1); past it the
+    /// least recently written of them is forgotten.
+    pub fn max_client_named_keys(mut self, max: usize) -> Self {
+        self.max_client_named_keys = max.max(1);
+        self
+    }
+
     /// The cooldown policy.
     pub fn policy(&self) -> &CooldownPolicy {
         &self.policy
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<HealthKey, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The entry of `key`, created if there is room.
-    fn entry<'a>(
-        &self,
-        map: &'a mut HashMap<HealthKey, Entry>,
-        key: &HealthKey,
-    ) -> Option<&'a mut Entry> {
-        if !map.contains_key(key) {
-            if map.len() >= self.max_keys {
-                map.retain(|_, e| !e.is_idle());
-            }
-            if map.len() >= self.max_keys {
-                tracing::warn!(key = %log_safe(key), "health store full; key not tracked");
-                return None;
-            }
-            map.insert(key.clone(), Entry::default());
+    /// The entry of `key`, created if there is room, and marked as just
+    /// written.
+    fn entry<'a>(&self, entries: &'a mut Entries, key: &HealthKey) -> Option<&'a mut Entry> {
+        if entries.contains_key(key) {
+            entries.touch(key);
+            return entries.get_mut(key);
         }
-        map.get_mut(key)
+        if key.client_named {
+            // Room among the client-named keys: the least recently
+            // written goes, whatever its state.
+            while entries.lru.len() >= self.max_client_named_keys {
+                let Some((_, oldest)) = entries.lru.pop_first() else {
+                    break;
+                };
+                entries.map.remove(&oldest);
+            }
+        }
+        if entries.map.len() >= self.max_keys {
+            let Entries { map, lru, .. } = entries;
+            map.retain(|_, e| !e.is_idle());
+            lru.retain(|_, k| map.contains_key(k));
+        }
+        if entries.map.len() >= self.max_keys {
+            tracing::warn!(key = %log_safe(key), "health store full; key not tracked");
+            return None;
+        }
+        entries.tick += 1;
+        let lru = key.client_named.then_some(entries.tick);
+        if let Some(tick) = lru {
+            entries.lru.insert(tick, key.clone());
+        }
+        entries.map.insert(
+            key.clone(),
+            Entry {
+                lru,
+                ..Entry::default()
+            },
+        );
+        entries.get_mut(key)
     }
 
     /// The cooldown a failure starts on `entry`, if any.
@@ -534,16 +744,29 @@ impl MemoryHealthStore {
                 let window_start = now.checked_sub(policy.failure_window);
                 entry
                     .recent
-                    .retain(|at| window_start.is_none_or(|start| *at > start));
-                entry.recent.push_back(now);
+                    .retain(|(at, _)| window_start.is_none_or(|start| *at > start));
+                // A client already counted in the window adds no count (one
+                // client's slow requests are not the provider's outage); its
+                // count is only renewed.
+                let client = report.counted_per_client();
+                if let Some(client) = client {
+                    entry.recent.retain(|(_, c)| c.as_ref() != Some(client));
+                }
+                entry.recent.push_back((now, client.cloned()));
                 while entry.recent.len() > policy.failure_threshold as usize {
                     entry.recent.pop_front();
                 }
                 // Enough failures inside the window, or a failed probe:
-                // rest, doubling for each cooldown in a row.
+                // rest, doubling for each cooldown in a row up to the probe
+                // interval, so a recovered provider is found soon.
                 if entry.recent.len() >= policy.failure_threshold as usize || report.was_probe {
                     let doublings = entry.cooldowns.min(16);
-                    Some(policy.base.saturating_mul(1 << doublings))
+                    Some(
+                        policy
+                            .base
+                            .saturating_mul(1 << doublings)
+                            .min(policy.max_probe_interval),
+                    )
                 } else {
                     None
                 }
@@ -773,6 +996,7 @@ impl HealthStore for MemoryHealthStore {
         let wall = SystemTime::now();
         let map = self.lock();
         let mut entries: Vec<HealthSnapshot> = map
+            .map
             .iter()
             .map(|(key, e)| HealthSnapshot {
                 key: key.clone(),
@@ -863,19 +1087,9 @@ impl Admitted {
     }
 
     /// The attempt failed; returns the cooldown it started, if any.
-    pub(crate) fn failure(
-        mut self,
-        class: FailureClass,
-        scope: Scope,
-        retry_after: Option<Duration>,
-    ) -> Option<Duration> {
+    pub(crate) fn failure(mut self, report: FailureReport) -> Option<Duration> {
         let was_probe = std::mem::take(&mut self.probe);
-        self.store.failure(
-            &self.key,
-            FailureReport::new(class, scope)
-                .retry_after(retry_after)
-                .probe(was_probe),
-        )
+        self.store.failure(&self.key, report.probe(was_probe))
     }
 }
 

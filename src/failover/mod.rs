@@ -64,7 +64,7 @@
 //! | wait | default | builder |
 //! |---|---|---|
 //! | response head of a stream | 10 s (and never past the first-output timeout) | [`head_timeout`](FailoverBuilder::head_timeout) |
-//! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout) |
+//! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout); per target [`Target::first_output_timeout`], and [`Target::reasoning_first_output_timeout`] for a request that asks for reasoning |
 //! | response head of a non-streaming answer | 60 s | [`non_streaming_head_timeout`](FailoverBuilder::non_streaming_head_timeout) |
 //! | gap between body frames, streamed or whole | 30 s | [`idle_timeout`](FailoverBuilder::idle_timeout) |
 //! | a whole non-streaming answer, head and body | none | [`response_timeout`](FailoverBuilder::response_timeout) |
@@ -83,12 +83,28 @@
 //! | scope | classes | what cools down |
 //! |---|---|---|
 //! | account | quota exhausted (billing), auth, permission | every model behind that credential |
-//! | model | rate limit, overloaded, 5xx, connect, timeout, stream faults (invalid response), and `model_not_found` for a model the operator configured (logged as an error) | that (provider, upstream model) |
-//! | request | bad request, content filter, context length, payload too large, cancelled, and `model_not_found` for a model the client named | nothing |
+//! | model | rate limit, overloaded, 5xx, connect, timeout, stream faults (invalid response), `model_not_found` for a model the operator configured (logged as an error), and a per-model quota or a 403 for a model the client named | that (provider, upstream model) |
+//! | request | bad request, content filter, context length, payload too large, cancelled, `model_not_found` for a model the client named, a timeout the turn's own deadline caused, and an answer over the gateway's own size caps | nothing |
 //!
-//! A model the client named and the provider does not know goes back to
-//! the client as the provider's 404: it never cools anything, and it is
-//! never answered by another model.
+//! A failure cools a provider only for what it says about the provider:
+//!
+//! - a wait the turn's deadline cut short, or an answer (a whole body, an
+//!   event, a held preamble) over one of our own caps, is the request's;
+//! - a model the client named and the provider does not know goes back to
+//!   the client as the provider's 404: it never cools anything, and it is
+//!   never answered by another model; its per-model quota or a 403 cools
+//!   that model, never the credential;
+//! - timeouts and stream faults count once per client
+//!   ([`ClientId`](crate::identity::ClientId)) within the failure window, so
+//!   one client's slow prompts never cool a model for everyone; anonymous
+//!   requests each count as a client of their own;
+//! - the provider's own signals (`retry-after`, 429/529, 5xx, connect
+//!   errors, resets) count every time.
+//!
+//! A hintless model-scope rest doubles per failed probe only up to
+//! [`CooldownPolicy::max_probe_interval`] (30 s): a recovered provider is
+//! used again within that, however long its outage. Only the provider's
+//! hint or an account failure rests a key longer.
 //!
 //! One [`HealthStore`] ([`MemoryHealthStore`] by default) serves every route
 //! and every `Failover` that is given it

@@ -301,7 +301,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Time allowed from an attempt's start to its first model output.
+    /// Time allowed from an attempt's start to its first model output, for
+    /// targets that set none of their own
+    /// ([`Target::first_output_timeout`](super::Target::first_output_timeout)).
     pub fn first_output_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.first_output = timeout;
         self

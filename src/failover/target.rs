@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -191,6 +192,11 @@ pub struct Target<S> {
     pub(crate) model: Option<String>,
     pub(crate) capabilities: Capabilities,
     pub(crate) pricing: Option<Pricing>,
+    /// How long a stream may take to its first output here; `None`: the
+    /// builder's default.
+    pub(crate) first_output_timeout: Option<Duration>,
+    /// The same, for a request that asks for reasoning (thinking).
+    pub(crate) reasoning_first_output_timeout: Option<Duration>,
     pub(crate) service: S,
 }
 
@@ -230,6 +236,8 @@ impl<S> Target<S> {
             model: None,
             capabilities: Capabilities::default(),
             pricing: None,
+            first_output_timeout: None,
+            reasoning_first_output_timeout: None,
             service,
         }
     }
@@ -258,6 +266,34 @@ impl<S> Target<S> {
         self
     }
 
+    /// How long a stream from this target may take to its first output
+    /// (default: the builder's
+    /// [`first_output_timeout`](super::FailoverBuilder::first_output_timeout)).
+    /// A slow model's wait is its own: a faster target's stays short.
+    pub fn first_output_timeout(mut self, timeout: Duration) -> Self {
+        self.first_output_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a stream from this target may take to its first output
+    /// when the request asks for reasoning (`reasoning_effort`,
+    /// `reasoning`, `thinking`): a reasoning model thinks before it writes,
+    /// often 30–60 s. Default: the
+    /// [`first_output_timeout`](Self::first_output_timeout).
+    pub fn reasoning_first_output_timeout(mut self, timeout: Duration) -> Self {
+        self.reasoning_first_output_timeout = Some(timeout);
+        self
+    }
+
+    /// The first-output timeout of a request here, when the target sets
+    /// one: the reasoning one for a request that asks for reasoning.
+    pub(crate) fn first_output_for(&self, reasoning: bool) -> Option<Duration> {
+        reasoning
+            .then_some(self.reasoning_first_output_timeout)
+            .flatten()
+            .or(self.first_output_timeout)
+    }
+
     /// The target's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -274,12 +310,14 @@ impl<S> Target<S> {
     }
 
     /// The health key of this target for a client's `model`: its provider
-    /// and the model it sends upstream.
+    /// and the model it sends upstream (marked as client-named for a
+    /// pass-through target).
     pub fn health_key(&self, client_model: &str) -> super::HealthKey {
-        super::HealthKey::model(
-            Arc::clone(&self.provider),
-            self.upstream_model(client_model),
-        )
+        let provider = Arc::clone(&self.provider);
+        match &self.model {
+            Some(model) => super::HealthKey::model(provider, model.as_str()),
+            None => super::HealthKey::client_model(provider, client_model),
+        }
     }
 
     /// Whether the model sent upstream is the client's (no model of its own).
@@ -303,6 +341,8 @@ impl<S> Target<S> {
             model: self.model,
             capabilities: self.capabilities,
             pricing: self.pricing,
+            first_output_timeout: self.first_output_timeout,
+            reasoning_first_output_timeout: self.reasoning_first_output_timeout,
         }
     }
 }

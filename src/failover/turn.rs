@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Decision, decide};
-use super::health::{Admitted, Scope};
+use super::health::{Admitted, FailureReport, Scope};
 use super::ledger::{AttemptStart, Charge, InFlight};
 use super::reply;
 use super::resting::Resting;
@@ -26,6 +26,7 @@ use crate::BoxError;
 use crate::budget::TurnBudget;
 use crate::classify::{Classification, FailureClass, Phase, Recovery};
 use crate::dialect::{Dialect, ErrorReply, ParsedRequest, Requirements, Usage};
+use crate::identity::ClientId;
 use crate::record::{RunRecord, StopReason, log_safe};
 use crate::telemetry;
 
@@ -124,6 +125,7 @@ where
                 first_failure: None,
                 resting: Resting::new(shared.refuse_when_cooling),
                 retries_here: 0,
+                witness: ClientId::of(&parts.extensions).witness(),
             };
             let Some(signal) = shared.shutdown.as_ref() else {
                 return turn.run().await;
@@ -210,6 +212,8 @@ struct Turn<'a, S, D: Dialect> {
     resting: Resting,
     /// Retries on the target at the front of the queue.
     retries_here: u32,
+    /// The client health counts a request-shaped failure once for.
+    witness: Option<Arc<str>>,
 }
 
 /// An answer that ends the turn early (boxed: it is the rare path).
@@ -267,6 +271,10 @@ where
                 stream: self.requirements.stream,
                 strip_usage: self.requirements.stream && !self.requirements.include_usage,
                 prompt_tokens: self.requirements.prompt_tokens,
+                first_output: target
+                    .first_output_for(self.requirements.reasoning)
+                    .unwrap_or(self.shared.timeouts.first_output),
+                witness: self.witness.clone(),
             };
             let span = telemetry::attempt_span(
                 number,
@@ -421,7 +429,7 @@ where
         let target = &shared.targets[attempt.index];
         let scope = shared
             .scopes
-            .scope(failure.class, target.passes_client_model());
+            .scope(failure.class, failure.note, target.passes_client_model());
         if failure.class == FailureClass::ModelNotFound && scope != Scope::Request {
             tracing::error!(
                 target = %log_safe(&target.name),
@@ -435,7 +443,11 @@ where
         let client_named_unknown_model = failure.class == FailureClass::ModelNotFound
             && scope == Scope::Request
             && target.passes_client_model();
-        let cooldown = admitted.failure(failure.class, scope, failure.retry.after);
+        let cooldown = admitted.failure(
+            FailureReport::new(failure.class, scope)
+                .retry_after(failure.retry.after)
+                .witness(self.witness.clone()),
+        );
         if cooldown.is_some() {
             telemetry::cooldown_started(&target.provider, scope.as_str());
         }

@@ -1,14 +1,18 @@
 -- One health transition of one gateway key, atomically, in one round trip.
--- KEYS[1] index set, KEYS[2] version counter, KEYS[3] account hash,
--- KEYS[4] model hash (= KEYS[3] for an account key).
+-- KEYS[1] index of configured keys (sorted set by last write), KEYS[2]
+-- version counter, KEYS[3] account hash, KEYS[4] model hash (= KEYS[3] for
+-- an account key), KEYS[5] index of client-named model keys (sorted set by
+-- last write, capped).
 -- ARGV: op, account member, model member, then per op:
 --   failure: charged ('account'|'model'|'none'), class, hint_ms (-1: none),
 --            was_probe, model_not_found, account_ms, threshold, window_ms,
---            base_ms, max_ms
+--            base_ms, max_ms, max_probe_ms, client (hex; '': a client of
+--            its own each time)
 --   committed | whole: (nothing)
 --   probe: probe_timeout_ms, probe account (0/1), probe model (0/1)
 --   release: (nothing)
--- Last ARGV: keep_ms, how long an untouched entry is kept.
+-- Last three ARGV: the model key is client-named (0/1), the cap of
+-- client-named keys, keep_ms (how long an untouched entry is kept).
 -- Returns {version, cooldown_ms (-1: none), member, state..., member, state...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -35,6 +39,7 @@ if op == 'failure' then
   local hint, was_probe, mnf = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1'
   local account_ms, threshold, window = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   local base, max = tonumber(ARGV[12]), tonumber(ARGV[13])
+  local max_probe, client = tonumber(ARGV[14]), ARGV[15]
   if was_probe then
     clear_probe(1)
     if not same then clear_probe(2) end
@@ -51,16 +56,23 @@ if op == 'failure' then
     elseif hint >= 0 then
       cd = hint
     else
-      -- Hintless failures inside the window, across the whole fleet.
+      -- Hintless failures inside the window, across the whole fleet, each
+      -- as 'ms:client'; a client already in the window adds no count, its
+      -- count is only renewed.
       local recent = {}
-      for at in string.gmatch(redis.call('HGET', h, 'recent') or '', '[^,]+') do
-        if tonumber(at) > now - window then table.insert(recent, at) end
+      for item in string.gmatch(redis.call('HGET', h, 'recent') or '', '[^,]+') do
+        local at, who = string.match(item, '^(%d+):?(%x*)$')
+        if at and tonumber(at) > now - window and (client == '' or who ~= client) then
+          table.insert(recent, item)
+        end
       end
-      table.insert(recent, tostring(now))
+      table.insert(recent, tostring(now) .. ':' .. client)
       while #recent > threshold do table.remove(recent, 1) end
       redis.call('HSET', h, 'recent', table.concat(recent, ','))
       if #recent >= threshold or was_probe then
-        cd = base * (2 ^ math.min(num(h, 'cooldowns'), 16))
+        -- Doubling up to the probe interval: a recovered provider is
+        -- found soon, however long its outage.
+        cd = math.min(base * (2 ^ math.min(num(h, 'cooldowns'), 16)), max_probe)
       end
     end
     if cd >= 0 then
@@ -117,6 +129,8 @@ end
 
 local version = redis.call('INCR', KEYS[2])
 local keep = tonumber(ARGV[#ARGV])
+local cap = tonumber(ARGV[#ARGV - 1])
+local client_named = ARGV[#ARGV - 2] == '1'
 local out = { tostring(version), tostring(cooldown) }
 local function state(h)
   local untl = redis.call('HGET', h, 'until')
@@ -131,7 +145,15 @@ end
 for i = 1, 2 do
   if touched[i] and not (i == 2 and same) then
     local h = hashes[i]
-    redis.call('SADD', KEYS[1], members[i])
+    if i == 2 and client_named then
+      -- Only so many client-named keys are indexed: the least recently
+      -- written leave (their entries expire on their own).
+      redis.call('ZADD', KEYS[5], now, members[i])
+      local n = redis.call('ZCARD', KEYS[5])
+      if n > cap then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, n - cap - 1) end
+    else
+      redis.call('ZADD', KEYS[1], now, members[i])
+    end
     local untl = num(h, 'until')
     redis.call('PEXPIRE', h, math.max(untl - now, 0) + keep)
     table.insert(out, members[i])

@@ -1,6 +1,6 @@
 //! [`RedisHealthStore`]: a local health view, shared through Redis.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +136,7 @@ pub struct RedisHealthStoreBuilder<C> {
     refresh_every: Duration,
     keep: Duration,
     max_keys: usize,
+    max_client_named_keys: usize,
 }
 
 impl<C> RedisHealthStoreBuilder<C>
@@ -173,10 +174,24 @@ where
         self
     }
 
+    /// Caps the keys of models clients named (default 1,000, at least 1),
+    /// in the local view (see
+    /// [`MemoryHealthStore::max_client_named_keys`]) and in Redis's index,
+    /// the least recently written first out: a client inventing model
+    /// names grows neither, and every refresh reads a bounded index.
+    pub fn max_client_named_keys(mut self, max: usize) -> Self {
+        self.max_client_named_keys = max.max(1);
+        self
+    }
+
     /// Starts the store and its background task (needs a Tokio runtime).
     pub fn start(self) -> Result<RedisHealthStore, RuntimeMissing> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| RuntimeMissing)?;
-        let local = Arc::new(MemoryHealthStore::new(self.policy.clone()).max_keys(self.max_keys));
+        let local = Arc::new(
+            MemoryHealthStore::new(self.policy.clone())
+                .max_keys(self.max_keys)
+                .max_client_named_keys(self.max_client_named_keys),
+        );
         let (tx, rx) = mpsc::channel(QUEUE);
         let stats = Arc::new(Stats::default());
         let pending = Arc::new(Pending::default());
@@ -188,6 +203,7 @@ where
             keys: Keys::new(&self.prefix),
             policy: self.policy,
             keep: self.keep,
+            max_client_named_keys: self.max_client_named_keys,
             version: String::new(),
             transition: Script::new(include_str!("health.lua")),
             refresh: Script::new(include_str!("health_refresh.lua")),
@@ -223,6 +239,7 @@ impl RedisHealthStore {
             refresh_every: Duration::from_millis(250),
             keep: Duration::from_secs(3600),
             max_keys: 10_000,
+            max_client_named_keys: 1_000,
         }
     }
 
@@ -310,7 +327,7 @@ impl HealthStore for RedisHealthStore {
     }
 
     fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration> {
-        let cooldown = self.local.failure(key, report);
+        let cooldown = self.local.failure(key, report.clone());
         if report.scope != Scope::Request || report.was_probe {
             self.ship(
                 key,
@@ -337,7 +354,7 @@ enum Command {
     Sync(oneshot::Sender<Result<(), RedisError>>),
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Op {
     /// `cooled_locally`: the local view started (and the caller counted) a
     /// cooldown for it.
@@ -357,7 +374,12 @@ enum Op {
 
 /// Key names; every key carries the hash tag `{<prefix>:health}`.
 struct Keys {
+    /// Sorted set of the keys the operator configured (and accounts), by
+    /// last write.
     index: String,
+    /// Sorted set of the keys of models clients named, by last write;
+    /// capped, the oldest first out.
+    client_index: String,
     version: String,
     entry_prefix: String,
 }
@@ -366,7 +388,10 @@ impl Keys {
     fn new(prefix: &str) -> Self {
         let tag = format!("{{{prefix}:health}}");
         Self {
-            index: format!("{tag}:index"),
+            // Sorted sets, under names of their own: the set the index
+            // once was keeps its name and is never read again.
+            index: format!("{tag}:keys"),
+            client_index: format!("{tag}:client_keys"),
             version: format!("{tag}:version"),
             entry_prefix: format!("{tag}:k:"),
         }
@@ -384,6 +409,24 @@ fn member(key: &HealthKey) -> String {
     match key.upstream_model() {
         Some(model) => format!("m:{}:{provider}{model}", provider.len()),
         None => format!("a:{}:{provider}", provider.len()),
+    }
+}
+
+/// A client's name as Lua reads it whatever it holds: hex.
+fn hex(name: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(name.len() * 2);
+    for byte in name.bytes() {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+/// `key` marked as client-named when `client` says it is.
+fn marked(key: HealthKey, client: bool) -> HealthKey {
+    match key.upstream_model() {
+        Some(model) if client => HealthKey::client_model(key.provider(), model),
+        _ => key,
     }
 }
 
@@ -421,6 +464,10 @@ fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
     ))
 }
 
+/// A changed fleet view: its version, its entries' fields, and which keys
+/// are of models clients named.
+type Fetched = (String, Vec<String>, HashSet<HealthKey>);
+
 struct Worker<C> {
     connection: C,
     pending: Arc<Pending>,
@@ -429,6 +476,7 @@ struct Worker<C> {
     keys: Keys,
     policy: CooldownPolicy,
     keep: Duration,
+    max_client_named_keys: usize,
     /// The fleet version the local view last adopted.
     version: String,
     transition: Script,
@@ -456,7 +504,7 @@ where
                 command = rx.recv() => match command {
                     None => return,
                     Some(Command::Transition { key, op }) => {
-                        self.transition(&key, op).await;
+                        self.transition(&key, &op).await;
                         self.pending.remove(&key);
                     }
                     Some(Command::Sync(done)) => {
@@ -487,7 +535,7 @@ where
         }
     }
 
-    async fn transition(&mut self, key: &HealthKey, op: Op) {
+    async fn transition(&mut self, key: &HealthKey, op: &Op) {
         let account = key.to_account();
         let (account_member, model_member) = (member(&account), member(key));
         let mut invocation = self.transition.prepare_invoke();
@@ -495,7 +543,8 @@ where
             .key(&self.keys.index)
             .key(&self.keys.version)
             .key(self.keys.entry(&account_member))
-            .key(self.keys.entry(&model_member));
+            .key(self.keys.entry(&model_member))
+            .key(&self.keys.client_index);
         let name = match op {
             Op::Failure { .. } => "failure",
             Op::Success { whole: true } => "whole",
@@ -525,17 +574,26 @@ where
                     .arg(p.failure_threshold)
                     .arg(millis(p.failure_window))
                     .arg(millis(p.base))
-                    .arg(millis(p.max));
+                    .arg(millis(p.max))
+                    .arg(millis(p.max_probe_interval))
+                    .arg(
+                        report
+                            .counted_per_client()
+                            .map_or_else(String::new, |c| hex(c)),
+                    );
             }
             Op::Probe { account, model } => {
                 invocation
                     .arg(millis(self.policy.probe_timeout))
-                    .arg(u8::from(account))
-                    .arg(u8::from(model));
+                    .arg(u8::from(*account))
+                    .arg(u8::from(*model));
             }
             Op::Success { .. } | Op::Release => {}
         }
-        invocation.arg(millis(self.keep.max(self.policy.failure_window)));
+        invocation
+            .arg(u8::from(key.is_client_named()))
+            .arg(self.max_client_named_keys)
+            .arg(millis(self.keep.max(self.policy.failure_window)));
         let mut connection = self.connection.clone();
         match invocation
             .invoke_async::<Vec<String>>(&mut connection)
@@ -566,8 +624,9 @@ where
                 // The fleet's state of the touched keys (after the version
                 // and the cooldown).
                 for fields in reply.get(2..).unwrap_or_default().chunks(6) {
-                    if let Some((key, state)) = parse_state(fields) {
-                        self.local.adopt(&key, &state);
+                    if let Some((touched, state)) = parse_state(fields) {
+                        let client = touched == *key && key.is_client_named();
+                        self.local.adopt(&marked(touched, client), &state);
                     }
                 }
             }
@@ -583,7 +642,7 @@ where
     /// (every key a script touches is declared, as Redis Cluster needs).
     async fn refresh(&mut self) -> Result<(), RedisError> {
         let reply = self.fetch().await;
-        let (version, entries) = match reply {
+        let (version, entries, clients) = match reply {
             Ok(Some(view)) => view,
             Ok(None) => {
                 self.recovered();
@@ -599,7 +658,10 @@ where
         let mut seen: HashMap<HealthKey, SharedState> = HashMap::new();
         for fields in entries.chunks(6) {
             if let Some((key, state)) = parse_state(fields) {
-                seen.insert(key, state);
+                // Configured first: a key also named by a client stays one
+                // the operator configured.
+                let client = clients.contains(&key) && !seen.contains_key(&key);
+                seen.insert(marked(key, client), state);
             }
         }
         for (key, state) in &seen {
@@ -615,35 +677,49 @@ where
         Ok(())
     }
 
-    /// The fleet's version and entries, or `None` when the version is the
-    /// one the local view adopted.
-    async fn fetch(&self) -> Result<Option<(String, Vec<String>)>, RedisError> {
+    /// The fleet's version, entries and client-named keys, or `None` when
+    /// the version is the one the local view adopted.
+    async fn fetch(&self) -> Result<Option<Fetched>, RedisError> {
         let mut connection = self.connection.clone();
         let reply = self
             .refresh
             .key(&self.keys.index)
+            .key(&self.keys.client_index)
             .key(&self.keys.version)
             .arg(&self.version)
             .invoke_async::<Vec<String>>(&mut connection)
             .await?;
-        let Some((version, members)) = reply.split_first() else {
+        let Some((version, rest)) = reply.split_first() else {
             return Ok(None);
         };
         if *version == self.version {
             return Ok(None);
         }
+        // {version, configured count, configured..., client-named...}
+        let Some((configured, members)) = rest.split_first() else {
+            return Ok(Some((version.clone(), Vec::new(), HashSet::new())));
+        };
+        let configured = configured.parse::<usize>().unwrap_or(members.len());
+        let clients: HashSet<HealthKey> = members
+            .get(configured..)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| parse_member(m))
+            .collect();
         if members.is_empty() {
-            return Ok(Some((version.clone(), Vec::new())));
+            return Ok(Some((version.clone(), Vec::new(), clients)));
         }
         let mut invocation = self.entries.prepare_invoke();
-        invocation.key(&self.keys.index);
+        invocation
+            .key(&self.keys.index)
+            .key(&self.keys.client_index);
         for member in members {
             invocation.key(self.keys.entry(member)).arg(member);
         }
         let entries = invocation
             .invoke_async::<Vec<String>>(&mut connection)
             .await?;
-        Ok(Some((version.clone(), entries)))
+        Ok(Some((version.clone(), entries, clients)))
     }
 }
 

@@ -1,6 +1,7 @@
 -- The fleet's health view, step two: the state of the keys step one named.
--- KEYS[1] index set, KEYS[2..] the entry hashes (same hash tag, so the same
--- slot); ARGV[i] the member of KEYS[i + 1].
+-- KEYS[1] index of configured keys, KEYS[2] index of client-named keys,
+-- KEYS[3..] the entry hashes (same hash tag, so the same slot); ARGV[i] the
+-- member of KEYS[i + 2].
 -- Returns {member, until_left_ms, probe_left_ms, streak, cooldowns, class, ...}
 -- for the entries that still exist; members whose entry expired leave the
 -- index.
@@ -8,9 +9,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i, member in ipairs(ARGV) do
-  local h = KEYS[i + 1]
+  local h = KEYS[i + 2]
   if redis.call('EXISTS', h) == 0 then
-    redis.call('SREM', KEYS[1], member)
+    redis.call('ZREM', KEYS[1], member)
+    redis.call('ZREM', KEYS[2], member)
   else
     local f = redis.call('HMGET', h, 'until', 'probe', 'streak', 'cooldowns', 'class')
     local left = -1

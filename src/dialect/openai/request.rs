@@ -53,6 +53,20 @@ struct Top<'a> {
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     parallel_tool_calls: Option<&'a RawValue>,
+    /// OpenAI's `reasoning_effort` (`"low"`, `"medium"`, `"high"`, ...).
+    #[serde(borrow, default)]
+    reasoning_effort: Option<&'a RawValue>,
+    /// OpenRouter's `reasoning` object (`effort`, `max_tokens`, `enabled`).
+    #[serde(borrow, default)]
+    reasoning: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Reasoning<'a> {
+    #[serde(borrow, default)]
+    effort: Option<Cow<'a, str>>,
+    #[serde(default)]
+    enabled: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +95,21 @@ struct Typed<'a> {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
+}
+
+/// Whether the request turns reasoning on: a `reasoning_effort` other than
+/// `"none"`, or a `reasoning` object not switched off (`enabled: false`,
+/// `effort: "none"`).
+fn asks_for_reasoning(effort: Option<&RawValue>, reasoning: Option<&RawValue>) -> bool {
+    let on = |effort: &str| !effort.eq_ignore_ascii_case("none");
+    let by_effort = effort
+        .and_then(|e| serde_json::from_str::<Cow<'_, str>>(e.get()).ok())
+        .is_some_and(|e| on(&e));
+    let by_object = reasoning
+        .filter(|r| first_byte(r) == b'{')
+        .and_then(|r| serde_json::from_str::<Reasoning<'_>>(r.get()).ok())
+        .is_some_and(|r| r.enabled != Some(false) && r.effort.as_deref().is_none_or(on));
+    by_effort || by_object
 }
 
 /// Reads a chat completion request.
@@ -136,7 +165,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         include_usage,
         image_input,
         document_input: false,
-        reasoning: false,
+        reasoning: asks_for_reasoning(top.reasoning_effort, top.reasoning),
         prompt_tokens: text_bytes.div_ceil(4),
         max_output_tokens,
     };
@@ -231,6 +260,36 @@ mod tests {
 
     fn read_json(value: serde_json::Value) -> Result<(Requirements, ChatRequest), RequestError> {
         read(Bytes::from(value.to_string()))
+    }
+
+    #[test]
+    fn reasoning_effort_or_a_reasoning_object_asks_for_reasoning() {
+        let reasoning = |extra: serde_json::Value| {
+            let mut body = serde_json::json!({
+                "model": "o-x",
+                "messages": [{"role": "user", "content": "hi"}]
+            });
+            if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+                body.extend(extra.clone());
+            }
+            read_json(body).unwrap().0.reasoning
+        };
+        assert!(!reasoning(serde_json::json!({})));
+        assert!(reasoning(serde_json::json!({"reasoning_effort": "high"})));
+        assert!(!reasoning(serde_json::json!({"reasoning_effort": "none"})));
+        assert!(!reasoning(serde_json::json!({"reasoning_effort": null})));
+        assert!(reasoning(
+            serde_json::json!({"reasoning": {"effort": "low"}})
+        ));
+        assert!(reasoning(
+            serde_json::json!({"reasoning": {"max_tokens": 2000}})
+        ));
+        assert!(!reasoning(
+            serde_json::json!({"reasoning": {"enabled": false}})
+        ));
+        assert!(!reasoning(
+            serde_json::json!({"reasoning": {"effort": "none"}})
+        ));
     }
 
     #[test]
