@@ -33,6 +33,7 @@ use tower_llm_failover::failover::{
     Admission, Availability, CooldownPolicy, Failover, FailureReport, HealthKey, HealthStore,
     Scope, Target,
 };
+use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
 };
@@ -518,12 +519,7 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
         return;
     };
     let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
-    let tenant = TenantSpend::new(
-        store,
-        http::HeaderName::from_static("x-tenant"),
-        SpendWindow::Day,
-        Cost::from_usd(1.0),
-    );
+    let tenant = TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(1.0));
     let client = ::redis::Client::open(redis.url()).unwrap();
     let admin = client.get_multiplexed_async_connection().await.unwrap();
     let keys = |admin: &::redis::aio::MultiplexedConnection| {
@@ -535,21 +531,18 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
                 .unwrap()
         }
     };
-    // Every distinct header value a client sends is admitted...
+    // Every distinct tenant a client names is admitted...
     for i in 0..20 {
-        let mut headers = http::HeaderMap::new();
-        headers.insert("x-tenant", format!("made-up-{i}").parse().unwrap());
-        assert!(tenant.admit(&headers).await.unwrap().is_some());
+        let client = ClientId::anonymous().with_tenant(format!("made-up-{i}"));
+        assert!(tenant.admit(&client).await.unwrap().is_some());
     }
     // ...and leaves no key behind.
     assert_eq!(keys(&admin).await, 0, "admission wrote keys");
     // Recording a cost writes the tenant's counter, which admission reads.
     tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
     assert_eq!(keys(&admin).await, 1);
-    let mut headers = http::HeaderMap::new();
-    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
     assert!(matches!(
-        tenant.admit(&headers).await,
+        tenant.admit(&ClientId::key("acme")).await,
         Err(TenantRefusal::Ceiling { .. })
     ));
 }
@@ -864,14 +857,8 @@ async fn redis_killed_mid_run_then_restarted() {
     };
     let (a, b) = (start(&url), start(&url));
     let spend_store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&url).unwrap()));
-    let tenant = TenantSpend::new(
-        spend_store,
-        http::HeaderName::from_static("x-tenant"),
-        SpendWindow::Day,
-        Cost::from_usd(10.0),
-    );
-    let mut headers = http::HeaderMap::new();
-    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+    let tenant = TenantSpend::new(spend_store, SpendWindow::Day, Cost::from_usd(10.0));
+    let acme = ClientId::key("acme");
 
     // Before: everything works.
     let call = |id: &str| ToolCall::new(id, "send_order", json!({}));
@@ -882,7 +869,7 @@ async fn redis_killed_mid_run_then_restarted() {
         .await
         .unwrap();
     assert_eq!(effects.load(Ordering::SeqCst), 1);
-    let admitted = tenant.admit(&headers).await;
+    let admitted = tenant.admit(&acme).await;
     assert!(admitted.is_ok(), "{admitted:?}");
 
     redis.kill();
@@ -899,13 +886,13 @@ async fn redis_killed_mid_run_then_restarted() {
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // Spend fails closed by default, with a typed error...
     assert!(matches!(
-        tenant.admit(&headers).await,
+        tenant.admit(&acme).await,
         Err(TenantRefusal::Store(
             tower_llm_failover::budget::SpendError::Unavailable(_)
         ))
     ));
     // ...or open when configured.
-    assert!(tenant.clone().fail_open(true).admit(&headers).await.is_ok());
+    assert!(tenant.clone().fail_open(true).admit(&acme).await.is_ok());
     // Health keeps serving from the local view: A's own failure cools the
     // key on A, and admissions are answered.
     let key = HealthKey::model("primary", "gpt-x");
@@ -933,7 +920,7 @@ async fn redis_killed_mid_run_then_restarted() {
     .await;
     assert_eq!(effects.load(Ordering::SeqCst), 2);
     eventually("spend checks work again", || async {
-        tenant.admit(&headers).await.is_ok()
+        tenant.admit(&acme).await.is_ok()
     })
     .await;
     // ...and a transition shipped now reaches the other replica.

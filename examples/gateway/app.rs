@@ -24,7 +24,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig, TenantSpend,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
@@ -348,7 +348,7 @@ pub(crate) struct Gateway {
     messages: Vec<messages::MessagesRoute>,
     max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
-    tenant: Option<TenantSpend>,
+    tenant: Option<state::TenantHeader>,
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -569,6 +569,9 @@ impl Gateway {
             if let Some(usd) = b.spend_ceiling_usd {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
+            if let Some(spend) = &stores.tenant {
+                budget = budget.tenant_spend(spend.clone());
+            }
             let listed = if route.model.contains('*') {
                 route.models.clone()
             } else {
@@ -598,7 +601,7 @@ impl Gateway {
             messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health,
-            tenant: stores.tenant,
+            tenant: stores.tenant_header,
             retry_budget,
             prometheus: None,
             shutdown,
@@ -770,7 +773,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, chat));
-    let headers = parts.headers.clone();
+    state::identify(gateway.tenant.as_ref(), &mut parts);
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {
         match route.service.clone().oneshot(request).await {
@@ -778,7 +781,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             Err(never) => match never {},
         }
     };
-    state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await
+    turn.await
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard

@@ -97,7 +97,8 @@ pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
 pub use spend::{
-    MAX_TENANT_LEN, MemorySpendStore, SpendCheck, SpendError, SpendFuture, SpendStore, SpendWindow,
-    TenantRefusal, TenantSpend,
+    MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCheck, SpendError, SpendFuture, SpendStore,
+    SpendWindow, TenantRefusal, TenantSpend,
 };
+pub(crate) use spend::settle_delta;
 pub use turn::{BudgetExhausted, RetryDelay, RunId, TurnBudget, TurnLimits};

@@ -53,6 +53,9 @@ pub(crate) struct AttemptPlan {
     pub(crate) stream: bool,
     pub(crate) strip_usage: bool,
     pub(crate) prompt_tokens: u64,
+    /// The stream's state, shared with the turn (the output seen if the
+    /// turn is dropped mid-attempt).
+    pub(crate) state: StreamState,
 }
 
 pub(crate) async fn run<S, D, B>(
@@ -293,7 +296,7 @@ where
 {
     let target = &shared.targets[plan.index];
     let (mut parts, body) = response.into_parts();
-    let state = StreamState::new();
+    let state = plan.state.clone();
     let hold = Hold {
         window: shared.commit,
         first_output_by: later(plan.start.clock, shared.timeouts.first_output)
