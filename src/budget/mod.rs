@@ -96,9 +96,9 @@ pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
+pub(crate) use spend::settle_delta;
 pub use spend::{
     MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCheck, SpendError, SpendFuture, SpendStore,
     SpendWindow, TenantRefusal, TenantSpend,
 };
-pub(crate) use spend::settle_delta;
 pub use turn::{BudgetExhausted, RetryDelay, RunId, TurnBudget, TurnLimits};

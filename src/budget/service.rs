@@ -12,8 +12,8 @@ use super::body::BudgetBody;
 use super::future::ResponseFuture;
 use super::layer::{BudgetLayer, Settings};
 use super::turn::{BudgetExhausted, TurnBudget};
-use crate::identity::ClientId;
 use crate::dialect::{DefaultDialect, Dialect};
+use crate::identity::ClientId;
 
 /// Middleware that gives each turn one [`TurnBudget`] and enforces its
 /// deadline on the response head and body. Made by [`BudgetLayer`]; see the
@@ -47,7 +47,11 @@ impl<S, D> Budget<S, D> {
     /// layer has a [`TenantSpend`](super::TenantSpend); refuses a request
     /// naming none when one is required. A turn already metered (a later
     /// hop) keeps its tenant.
-    fn meter_tenant<B>(&self, budget: &TurnBudget, req: &Request<B>) -> Result<(), BudgetExhausted> {
+    fn meter_tenant<B>(
+        &self,
+        budget: &TurnBudget,
+        req: &Request<B>,
+    ) -> Result<(), BudgetExhausted> {
         let Some(spend) = &self.settings.tenant else {
             return Ok(());
         };
@@ -108,7 +112,9 @@ where
                 budget
             }
         };
-        let refusal = budget.check_open().and_then(|()| self.meter_tenant(&budget, &req));
+        let refusal = budget
+            .check_open()
+            .and_then(|()| self.meter_tenant(&budget, &req));
         if let Err(refusal) = refusal {
             tracing::debug!(run_id = %crate::record::log_safe(budget.run_id()), %refusal, "turn budget refused the call");
             // Refused before any attempt: the turn still leaves its line.

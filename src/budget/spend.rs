@@ -805,17 +805,32 @@ mod tests {
             })
             .count();
         assert_eq!(admitted, 5, "five estimates fill the ceiling exactly");
-        let total = store.add_at("t", SpendWindow::Day, Cost::ZERO, ceiling, day).spent;
+        let total = store
+            .add_at("t", SpendWindow::Day, Cost::ZERO, ceiling, day)
+            .spent;
         assert_eq!(total, ceiling);
         // Below the ceiling by a nano-USD: one more goes, overshooting by at
         // most its own estimate.
         store.settle_at("t", SpendWindow::Day, Cost::from_nanos(1), Cost::ZERO, day);
         let r = store.reserve_at("t", SpendWindow::Day, estimate, ceiling, day);
         assert!(r.reserved);
-        assert_eq!(r.spent, ceiling.saturating_add(estimate).saturating_sub(Cost::from_nanos(1)));
+        assert_eq!(
+            r.spent,
+            ceiling
+                .saturating_add(estimate)
+                .saturating_sub(Cost::from_nanos(1))
+        );
         // A refused or zero reservation of an unknown tenant stores nothing.
-        assert!(store.reserve_at("u", SpendWindow::Day, Cost::ZERO, ceiling, day).reserved);
-        assert!(!store.reserve_at("v", SpendWindow::Day, estimate, Cost::ZERO, day).reserved);
+        assert!(
+            store
+                .reserve_at("u", SpendWindow::Day, Cost::ZERO, ceiling, day)
+                .reserved
+        );
+        assert!(
+            !store
+                .reserve_at("v", SpendWindow::Day, estimate, Cost::ZERO, day)
+                .reserved
+        );
         assert_eq!(store.len(), 1);
     }
 
@@ -827,9 +842,21 @@ mod tests {
         store.reserve_at("t", SpendWindow::Day, Cost::from_usd(0.5), ceiling, day);
         store.reserve_at("t", SpendWindow::Day, Cost::from_usd(0.25), ceiling, day);
         // The first turn cost 0.1 of its 0.5; the second 0.4 of its 0.25.
-        let total = store.settle_at("t", SpendWindow::Day, Cost::from_usd(0.5), Cost::from_usd(0.1), day);
+        let total = store.settle_at(
+            "t",
+            SpendWindow::Day,
+            Cost::from_usd(0.5),
+            Cost::from_usd(0.1),
+            day,
+        );
         assert_eq!(total, Cost::from_usd(0.35));
-        let total = store.settle_at("t", SpendWindow::Day, Cost::from_usd(0.25), Cost::from_usd(0.4), day);
+        let total = store.settle_at(
+            "t",
+            SpendWindow::Day,
+            Cost::from_usd(0.25),
+            Cost::from_usd(0.4),
+            day,
+        );
         assert_eq!(total, Cost::from_usd(0.5));
         // A refund larger than the total (the window rolled) stops at zero
         // and leaves no record.
@@ -919,15 +946,28 @@ mod tests {
         let store = flaky(usize::MAX);
         let spend = TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(1.0))
             .settle_retries(3, Duration::from_millis(10));
-        assert!(spend.settle("t", Cost::ZERO, Cost::from_usd(0.1)).await.is_err());
+        assert!(
+            spend
+                .settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
         assert_eq!(store.settle_calls.load(Ordering::Acquire), 3);
         // Fail open: one try, no retry.
         let open = spend.clone().fail_open(true);
-        assert!(open.settle("t", Cost::ZERO, Cost::from_usd(0.1)).await.is_err());
+        assert!(
+            open.settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
         assert_eq!(store.settle_calls.load(Ordering::Acquire), 4);
         // No room to wait: tried once.
         let full = spend.max_pending_settlements(0);
-        assert!(full.settle("t", Cost::ZERO, Cost::from_usd(0.1)).await.is_err());
+        assert!(
+            full.settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
         assert_eq!(store.settle_calls.load(Ordering::Acquire), 5);
     }
 }
