@@ -314,6 +314,165 @@ async fn a_tenant_ceiling_stops_turns_on_both_replicas() {
     assert_eq!(upstream, 3, "refused turns reach no provider");
 }
 
+/// The total Redis holds for `tenant` today (nano-USD), 0 without a key.
+async fn spend_total(redis: &RedisServer, tenant: &str) -> u64 {
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{{tlf:spend:{tenant}}}:d:*"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let Some(key) = keys.first() else {
+        return 0;
+    };
+    ::redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<u64>>(&mut admin)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_reservations_on_two_replicas_take_exactly_five_estimates() {
+    let Some(redis) = RedisServer::start("twenty_concurrent_reservations").await else {
+        return;
+    };
+    let replica = || {
+        let store: Arc<dyn SpendStore> =
+            Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
+        TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(5.0))
+    };
+    let (a, b) = (replica(), replica());
+    let estimate = Cost::from_usd(1.0);
+    let reservations: Vec<_> = (0..20)
+        .map(|i| {
+            let spend = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { spend.reserve("acme", estimate).await })
+        })
+        .collect();
+    let mut reserved = 0;
+    for reservation in reservations {
+        match reservation.await.unwrap() {
+            Ok(amount) => {
+                assert_eq!(amount, estimate);
+                reserved += 1;
+            }
+            Err(TenantRefusal::Ceiling { .. }) => {}
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(reserved, 5, "the ceiling covers five estimates, no more");
+    assert_eq!(
+        spend_total(&redis, "acme").await,
+        Cost::from_usd(5.0).as_nanos()
+    );
+    // Each turn really cost a quarter of its estimate: settled, the total
+    // is the real cost, and the tenant is admitted again.
+    for spend in [&a, &b, &a, &b, &a] {
+        spend
+            .settle("acme", estimate, Cost::from_usd(0.25))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        spend_total(&redis, "acme").await,
+        Cost::from_usd(1.25).as_nanos()
+    );
+    assert!(b.reserve("acme", estimate).await.is_ok());
+    // A refund past zero stops at zero.
+    let total = a
+        .settle("acme", Cost::from_usd(100.0), Cost::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(total, Cost::ZERO);
+    // A refused reservation of a tenant that never spent writes no key.
+    let closed = TenantSpend::new(
+        Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap())),
+        SpendWindow::Day,
+        Cost::ZERO,
+    );
+    assert!(matches!(
+        closed.reserve("nobody", estimate).await,
+        Err(TenantRefusal::Ceiling { .. })
+    ));
+    assert_eq!(spend_total(&redis, "nobody").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_turns_on_two_replicas_admit_exactly_five_estimates() {
+    let Some(redis) = RedisServer::start("twenty_concurrent_turns_on_two_replicas").await else {
+        return;
+    };
+    // Admitted turns are held at the provider (a slow head) while the
+    // others ask; each estimate is prompt + max_tokens at 1000 $/M.
+    let body = json!({
+        "model": "gpt-4o#fault:slow_first_token=1500",
+        "stream": false,
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}]
+    })
+    .to_string();
+    let (requirements, _) = tower_llm_failover::dialect::Dialect::read_request(
+        &tower_llm_failover::dialect::OpenAiChat,
+        Bytes::from(body.clone()),
+    )
+    .unwrap();
+    let price = tower_llm_failover::budget::Pricing::per_million_usd(1000.0, 1000.0);
+    let estimate = price.cost(requirements.prompt_tokens, 100);
+    let ceiling = estimate.as_usd() * 5.0;
+    let state = format!("tenant_header = \"x-tenant\"\ntenant_ceiling_usd = {ceiling}\n");
+    let f = fleet(&redis, "", "", &state).await;
+    let turns: Vec<_> = (0..20)
+        .map(|i| {
+            let addr = if i % 2 == 0 { f.a.addr } else { f.b.addr };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+                let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+                    .header("content-type", "application/json")
+                    .header("x-tenant", "acme")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                let response = client.request(request).await.unwrap();
+                let status = response.status();
+                let bytes = response.into_body().collect().await.unwrap().to_bytes();
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+            })
+        })
+        .collect();
+    let mut real = 0;
+    let mut admitted = 0;
+    for turn in turns {
+        let (status, body) = turn.await.unwrap();
+        match status {
+            StatusCode::OK => {
+                admitted += 1;
+                let usage = &body["usage"];
+                real += price
+                    .cost(
+                        usage["prompt_tokens"].as_u64().unwrap(),
+                        usage["completion_tokens"].as_u64().unwrap(),
+                    )
+                    .as_nanos();
+            }
+            StatusCode::PAYMENT_REQUIRED => {
+                assert_eq!(body["error"]["code"], "tenant_spend_ceiling_reached");
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(admitted, 5, "the ceiling covers five estimates, no more");
+    assert_eq!(f.primary.requests().len() + f.backup.requests().len(), 5);
+    // Settled (in the background once each body is done): the tenant's
+    // total is what the five turns really cost.
+    eventually("the turns are settled", || async {
+        spend_total(&redis, "acme").await == real
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_outage_stays_within_the_shared_retry_budget() {
     let Some(redis) = RedisServer::start("a_persistent_outage_stays_within_the_budget").await
