@@ -12,8 +12,8 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, MemorySpendStore, Pricing, SpendStore, SpendWindow, TenantSpend,
-    TurnBudget,
+    Budget, BudgetLayer, Cost, MemorySpendStore, Pricing, Reservation, SpendCheck, SpendError,
+    SpendFuture, SpendStore, SpendWindow, TenantSpend, TurnBudget,
 };
 use tower_llm_failover::classify::{FailureClass, Phase};
 use tower_llm_failover::dialect::{Dialect, OpenAiChat, Usage};
@@ -294,4 +294,79 @@ async fn a_request_without_a_tenant_is_not_metered_unless_one_is_required() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("tenant_required"));
     assert_eq!(provider.calls(), 1);
+}
+
+/// A store whose settlements fail while `failures` lasts, then go through.
+#[derive(Debug, Default)]
+struct Flaky {
+    inner: MemorySpendStore,
+    failures: std::sync::atomic::AtomicUsize,
+}
+
+impl SpendStore for Flaky {
+    fn add_and_check<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
+        self.inner.add_and_check(tenant, window, amount, ceiling)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
+        self.inner.reserve(tenant, window, amount, ceiling)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        reserved: Cost,
+        actual: Cost,
+    ) -> SpendFuture<'a, Result<Cost, SpendError>> {
+        use std::sync::atomic::Ordering;
+        let failing = self
+            .failures
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Box::pin(std::future::ready(Err(SpendError::Unavailable(
+                "the store is down".into(),
+            ))));
+        }
+        self.inner.settle(tenant, window, reserved, actual)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_closed_a_turns_settlement_survives_a_store_outage() {
+    let store = Arc::new(Flaky {
+        failures: 4.into(),
+        ..Flaky::default()
+    });
+    let spend = TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(100.0));
+    let provider = FakeProvider::new("p");
+    let response = stack(&spend, &[("p", &provider)])
+        .oneshot(request("acme", false))
+        .await
+        .unwrap();
+    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    response.into_body().collect().await.unwrap();
+    let real = run.attempts()[0].cost.unwrap();
+    // Reserved at the estimate while the settlement waits for the store.
+    settled().await;
+    let reserved = pricing().cost(prompt_tokens(), MAX_TOKENS);
+    assert_eq!(total(&store.inner, "acme").await, reserved);
+    assert_eq!(spend.pending_settlements(), 1);
+    // Four failures, then the store takes it: the total is the real cost.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(total(&store.inner, "acme").await, real);
+    assert_eq!(spend.pending_settlements(), 0);
 }
