@@ -33,6 +33,7 @@ use tower_llm_failover::failover::{
     Admission, Availability, CooldownPolicy, Failover, FailureReport, HealthKey, HealthStore,
     Scope, Target,
 };
+use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
 };
@@ -313,6 +314,165 @@ async fn a_tenant_ceiling_stops_turns_on_both_replicas() {
     assert_eq!(upstream, 3, "refused turns reach no provider");
 }
 
+/// The total Redis holds for `tenant` today (nano-USD), 0 without a key.
+async fn spend_total(redis: &RedisServer, tenant: &str) -> u64 {
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{{tlf:spend:{tenant}}}:d:*"))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let Some(key) = keys.first() else {
+        return 0;
+    };
+    ::redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<u64>>(&mut admin)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_reservations_on_two_replicas_take_exactly_five_estimates() {
+    let Some(redis) = RedisServer::start("twenty_concurrent_reservations").await else {
+        return;
+    };
+    let replica = || {
+        let store: Arc<dyn SpendStore> =
+            Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
+        TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(5.0))
+    };
+    let (a, b) = (replica(), replica());
+    let estimate = Cost::from_usd(1.0);
+    let reservations: Vec<_> = (0..20)
+        .map(|i| {
+            let spend = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { spend.reserve("acme", estimate).await })
+        })
+        .collect();
+    let mut reserved = 0;
+    for reservation in reservations {
+        match reservation.await.unwrap() {
+            Ok(amount) => {
+                assert_eq!(amount, estimate);
+                reserved += 1;
+            }
+            Err(TenantRefusal::Ceiling { .. }) => {}
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(reserved, 5, "the ceiling covers five estimates, no more");
+    assert_eq!(
+        spend_total(&redis, "acme").await,
+        Cost::from_usd(5.0).as_nanos()
+    );
+    // Each turn really cost a quarter of its estimate: settled, the total
+    // is the real cost, and the tenant is admitted again.
+    for spend in [&a, &b, &a, &b, &a] {
+        spend
+            .settle("acme", estimate, Cost::from_usd(0.25))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        spend_total(&redis, "acme").await,
+        Cost::from_usd(1.25).as_nanos()
+    );
+    assert!(b.reserve("acme", estimate).await.is_ok());
+    // A refund past zero stops at zero.
+    let total = a
+        .settle("acme", Cost::from_usd(100.0), Cost::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(total, Cost::ZERO);
+    // A refused reservation of a tenant that never spent writes no key.
+    let closed = TenantSpend::new(
+        Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap())),
+        SpendWindow::Day,
+        Cost::ZERO,
+    );
+    assert!(matches!(
+        closed.reserve("nobody", estimate).await,
+        Err(TenantRefusal::Ceiling { .. })
+    ));
+    assert_eq!(spend_total(&redis, "nobody").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_turns_on_two_replicas_admit_exactly_five_estimates() {
+    let Some(redis) = RedisServer::start("twenty_concurrent_turns_on_two_replicas").await else {
+        return;
+    };
+    // Admitted turns are held at the provider (a slow head) while the
+    // others ask; each estimate is prompt + max_tokens at 1000 $/M.
+    let body = json!({
+        "model": "gpt-4o#fault:slow_first_token=1500",
+        "stream": false,
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}]
+    })
+    .to_string();
+    let (requirements, _) = tower_llm_failover::dialect::Dialect::read_request(
+        &tower_llm_failover::dialect::OpenAiChat,
+        Bytes::from(body.clone()),
+    )
+    .unwrap();
+    let price = tower_llm_failover::budget::Pricing::per_million_usd(1000.0, 1000.0);
+    let estimate = price.cost(requirements.prompt_tokens, 100);
+    let ceiling = estimate.as_usd() * 5.0;
+    let state = format!("tenant_header = \"x-tenant\"\ntenant_ceiling_usd = {ceiling}\n");
+    let f = fleet(&redis, "", "", &state).await;
+    let turns: Vec<_> = (0..20)
+        .map(|i| {
+            let addr = if i % 2 == 0 { f.a.addr } else { f.b.addr };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+                let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+                    .header("content-type", "application/json")
+                    .header("x-tenant", "acme")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                let response = client.request(request).await.unwrap();
+                let status = response.status();
+                let bytes = response.into_body().collect().await.unwrap().to_bytes();
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+            })
+        })
+        .collect();
+    let mut real = 0;
+    let mut admitted = 0;
+    for turn in turns {
+        let (status, body) = turn.await.unwrap();
+        match status {
+            StatusCode::OK => {
+                admitted += 1;
+                let usage = &body["usage"];
+                real += price
+                    .cost(
+                        usage["prompt_tokens"].as_u64().unwrap(),
+                        usage["completion_tokens"].as_u64().unwrap(),
+                    )
+                    .as_nanos();
+            }
+            StatusCode::PAYMENT_REQUIRED => {
+                assert_eq!(body["error"]["code"], "tenant_spend_ceiling_reached");
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(admitted, 5, "the ceiling covers five estimates, no more");
+    assert_eq!(f.primary.requests().len() + f.backup.requests().len(), 5);
+    // Settled (in the background once each body is done): the tenant's
+    // total is what the five turns really cost.
+    eventually("the turns are settled", || async {
+        spend_total(&redis, "acme").await == real
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_outage_stays_within_the_shared_retry_budget() {
     let Some(redis) = RedisServer::start("a_persistent_outage_stays_within_the_budget").await
@@ -518,12 +678,7 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
         return;
     };
     let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
-    let tenant = TenantSpend::new(
-        store,
-        http::HeaderName::from_static("x-tenant"),
-        SpendWindow::Day,
-        Cost::from_usd(1.0),
-    );
+    let tenant = TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(1.0));
     let client = ::redis::Client::open(redis.url()).unwrap();
     let admin = client.get_multiplexed_async_connection().await.unwrap();
     let keys = |admin: &::redis::aio::MultiplexedConnection| {
@@ -535,21 +690,18 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
                 .unwrap()
         }
     };
-    // Every distinct header value a client sends is admitted...
+    // Every distinct tenant a client names is admitted...
     for i in 0..20 {
-        let mut headers = http::HeaderMap::new();
-        headers.insert("x-tenant", format!("made-up-{i}").parse().unwrap());
-        assert!(tenant.admit(&headers).await.unwrap().is_some());
+        let client = ClientId::anonymous().with_tenant(format!("made-up-{i}"));
+        assert!(tenant.admit(&client).await.unwrap().is_some());
     }
     // ...and leaves no key behind.
     assert_eq!(keys(&admin).await, 0, "admission wrote keys");
     // Recording a cost writes the tenant's counter, which admission reads.
     tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
     assert_eq!(keys(&admin).await, 1);
-    let mut headers = http::HeaderMap::new();
-    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
     assert!(matches!(
-        tenant.admit(&headers).await,
+        tenant.admit(&ClientId::key("acme")).await,
         Err(TenantRefusal::Ceiling { .. })
     ));
 }
@@ -864,14 +1016,8 @@ async fn redis_killed_mid_run_then_restarted() {
     };
     let (a, b) = (start(&url), start(&url));
     let spend_store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&url).unwrap()));
-    let tenant = TenantSpend::new(
-        spend_store,
-        http::HeaderName::from_static("x-tenant"),
-        SpendWindow::Day,
-        Cost::from_usd(10.0),
-    );
-    let mut headers = http::HeaderMap::new();
-    headers.insert("x-tenant", http::HeaderValue::from_static("acme"));
+    let tenant = TenantSpend::new(spend_store, SpendWindow::Day, Cost::from_usd(10.0));
+    let acme = ClientId::key("acme");
 
     // Before: everything works.
     let call = |id: &str| ToolCall::new(id, "send_order", json!({}));
@@ -882,7 +1028,7 @@ async fn redis_killed_mid_run_then_restarted() {
         .await
         .unwrap();
     assert_eq!(effects.load(Ordering::SeqCst), 1);
-    let admitted = tenant.admit(&headers).await;
+    let admitted = tenant.admit(&acme).await;
     assert!(admitted.is_ok(), "{admitted:?}");
 
     redis.kill();
@@ -899,13 +1045,13 @@ async fn redis_killed_mid_run_then_restarted() {
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // Spend fails closed by default, with a typed error...
     assert!(matches!(
-        tenant.admit(&headers).await,
+        tenant.admit(&acme).await,
         Err(TenantRefusal::Store(
             tower_llm_failover::budget::SpendError::Unavailable(_)
         ))
     ));
     // ...or open when configured.
-    assert!(tenant.clone().fail_open(true).admit(&headers).await.is_ok());
+    assert!(tenant.clone().fail_open(true).admit(&acme).await.is_ok());
     // Health keeps serving from the local view: A's own failure cools the
     // key on A, and admissions are answered.
     let key = HealthKey::model("primary", "gpt-x");
@@ -936,7 +1082,7 @@ async fn redis_killed_mid_run_then_restarted() {
     .await;
     assert_eq!(effects.load(Ordering::SeqCst), 2);
     eventually("spend checks work again", || async {
-        tenant.admit(&headers).await.is_ok()
+        tenant.admit(&acme).await.is_ok()
     })
     .await;
     // ...and a transition shipped now reaches the other replica.

@@ -27,7 +27,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig, TenantSpend,
+    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
@@ -372,7 +372,6 @@ pub(crate) struct Gateway {
     messages: Vec<messages::MessagesRoute>,
     max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
-    tenant: Option<TenantSpend>,
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -549,9 +548,13 @@ impl Gateway {
             .with_client_shares(share, 10_000)
             .map_err(|e| format!("budget: {e}"))?;
         let health = stores.health;
+        let mut tenants = config.tenants.clone();
+        if tenants.trust_header.is_none() {
+            tenants.trust_header = stores.tenant_header.clone();
+        }
         let client_keys = keys::Clients::build(
             &config.keys,
-            &config.tenants,
+            &tenants,
             &config.admin,
             stores.rate_limits.clone(),
             config.state.as_ref().is_some_and(|s| s.spend_fail_open),
@@ -631,6 +634,9 @@ impl Gateway {
             if let Some(usd) = b.spend_ceiling_usd {
                 budget = budget.spend_ceiling(Cost::from_usd(usd));
             }
+            if let Some(spend) = &stores.tenant {
+                budget = budget.tenant_spend(spend.clone());
+            }
             let listed = if route.model.contains('*') {
                 route.models.clone()
             } else {
@@ -660,7 +666,6 @@ impl Gateway {
             messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health,
-            tenant: stores.tenant,
             retry_budget,
             prometheus: None,
             clients: client_keys,
@@ -856,7 +861,6 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, chat));
-    let headers = parts.headers.clone();
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {
         match route.service.clone().oneshot(request).await {
@@ -864,8 +868,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             Err(never) => match never {},
         }
     };
-    let response = state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await;
-    keys::hold(response, slot)
+    keys::hold(turn.await, slot)
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard

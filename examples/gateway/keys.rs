@@ -62,9 +62,6 @@ pub(crate) struct KeyConfig {
     pub(crate) tokens_per_minute: Option<u32>,
     /// Model requests of this key at once (a stream until its end).
     pub(crate) max_in_flight: Option<usize>,
-    /// Spend ceilings of this key, USD per UTC day and month.
-    pub(crate) spend_usd_per_day: Option<f64>,
-    pub(crate) spend_usd_per_month: Option<f64>,
 }
 
 /// `[tenants]`.

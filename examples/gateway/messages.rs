@@ -191,7 +191,6 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
     parts
         .extensions
         .insert(ParsedRequest::new(requirements, messages));
-    let headers = parts.headers.clone();
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {
         match route.service.clone().oneshot(request).await {
@@ -199,9 +198,7 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             Err(never) => match never {},
         }
     };
-    let response =
-        super::state::metered(gateway.tenant.as_ref(), &headers, turn, error_answer).await;
-    super::keys::hold(response, slot)
+    super::keys::hold(turn.await, slot)
 }
 
 /// The embedded demo's Messages providers and routes (TOML to append to the

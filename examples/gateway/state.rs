@@ -4,18 +4,14 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
-use http_body_util::BodyExt;
 use serde::Deserialize;
 use tower_llm_failover::budget::{
-    Cost, MemorySpendStore, RetryBudget, RetryBudgetConfig, RunId, SpendStore, SpendWindow,
-    TenantRefusal, TenantSpend, TurnBudget,
+    Cost, MemorySpendStore, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantSpend,
 };
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::failover::{CooldownPolicy, HealthStore, MemoryHealthStore};
-use tower_llm_failover::record::{self, StopReason};
 
 /// `[state]`.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -27,7 +23,9 @@ pub(crate) struct StateConfig {
     pub(crate) prefix: Option<String>,
     /// How often a replica fetches the fleet's health view.
     pub(crate) health_refresh_ms: Option<u64>,
-    /// The request header naming the tenant.
+    /// The request header naming the tenant, trusted as it is (a gateway
+    /// behind an authenticating proxy): a client without a key identity
+    /// is metered as the tenant it names.
     pub(crate) tenant_header: Option<String>,
     /// The tenant ceiling per window, in USD.
     pub(crate) tenant_ceiling_usd: Option<f64>,
@@ -36,8 +34,8 @@ pub(crate) struct StateConfig {
     /// Let turns through when the spend store is unreachable (default:
     /// refuse them).
     pub(crate) spend_fail_open: bool,
-    /// Refuse requests that name no tenant (400 `tenant_required`;
-    /// default: they are not metered).
+    /// Refuse requests whose client names no tenant (400
+    /// `tenant_required`; default: they are not metered).
     pub(crate) require_tenant: bool,
 }
 
@@ -48,9 +46,12 @@ type Built = (Arc<dyn HealthStore>, RetryBudget, Arc<dyn SpendStore>);
 pub(crate) struct Stores {
     pub(crate) health: Arc<dyn HealthStore>,
     pub(crate) retry_budget: RetryBudget,
+    /// Every route's budget layer meters tenants with it.
     pub(crate) tenant: Option<TenantSpend>,
     /// Per-key rate limits shared on Redis (`None`: in memory).
     pub(crate) rate_limits: Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>,
+    /// `[state] tenant_header`: the older name of `[tenants] trust_header`.
+    pub(crate) tenant_header: Option<String>,
 }
 
 impl Stores {
@@ -72,28 +73,30 @@ impl Stores {
             ),
             Some(url) => on_redis(url, &state, cooldown, retry)?,
         };
-        let tenant = match (&state.tenant_header, state.tenant_ceiling_usd) {
-            (Some(header), Some(usd)) => {
-                let header = HeaderName::from_bytes(header.as_bytes())
-                    .map_err(|e| format!("state.tenant_header: {e}"))?;
+        // An alias of `[tenants] trust_header`, read by the identity layer.
+        let tenant_header = state.tenant_header.clone();
+        // The tenant comes from the client's identity (a key's tenant) or,
+        // when configured, the trusted header; the ceiling applies to both.
+        let tenant = match state.tenant_ceiling_usd {
+            Some(usd) => {
                 let window = match state.tenant_window.as_deref().unwrap_or("day") {
                     "day" => SpendWindow::Day,
                     "month" => SpendWindow::Month,
                     other => return Err(format!("state.tenant_window: unknown {other}")),
                 };
                 Some(
-                    TenantSpend::new(spend, header, window, Cost::from_usd(usd))
+                    TenantSpend::new(spend, window, Cost::from_usd(usd))
                         .fail_open(state.spend_fail_open)
                         .require_tenant(state.require_tenant),
                 )
             }
-            (None, None) if state.require_tenant => {
-                return Err(
-                    "state.require_tenant needs tenant_header and tenant_ceiling_usd".to_owned(),
-                );
+            None if state.require_tenant => {
+                return Err("state.require_tenant needs tenant_ceiling_usd".to_owned());
             }
-            (None, None) => None,
-            _ => return Err("state: tenant_header and tenant_ceiling_usd go together".to_owned()),
+            None if tenant_header.is_some() => {
+                return Err("state.tenant_header needs tenant_ceiling_usd".to_owned());
+            }
+            None => None,
         };
         let rate_limits = rate_limits_on(&state)?;
         Ok(Self {
@@ -101,6 +104,7 @@ impl Stores {
             retry_budget,
             tenant,
             rate_limits,
+            tenant_header,
         })
     }
 }
@@ -169,115 +173,5 @@ fn on_redis(
     Err("state.redis_url: this gateway was built without the `redis` feature".to_owned())
 }
 
-/// Runs `turn` under the tenant's ceiling: refused when the tenant's spend
-/// reached it (402) or the store cannot tell (503, unless it fails open);
-/// otherwise the turn's cost is added once its body is done. A refusal is
-/// written by `answer`, in the route's dialect.
-pub(crate) async fn metered<F>(
-    tenant: Option<&TenantSpend>,
-    headers: &axum::http::HeaderMap,
-    turn: F,
-    answer: ErrorAnswer,
-) -> Response
-where
-    F: std::future::Future<Output = Response>,
-{
-    let Some(spend) = tenant else {
-        return turn.await;
-    };
-    let name = match spend.admit(headers).await {
-        Ok(name) => name,
-        Err(refusal) => {
-            // Refused before any attempt: the turn still leaves its line.
-            let run_id = RunId::random();
-            tracing::info!(run_id = %run_id, %refusal, "tenant check refused the turn");
-            record::refused_turn(&run_id, stop_reason(&refusal));
-            let mut response = refused(&refusal, answer);
-            if let Ok(value) = HeaderValue::from_str(run_id.as_str()) {
-                response.headers_mut().insert(record::RUN_ID_HEADER, value);
-            }
-            return response;
-        }
-    };
-    let response = turn.await;
-    let (Some(name), Some(budget)) = (name, response.extensions().get::<TurnBudget>().cloned())
-    else {
-        return response;
-    };
-    // Adds the turn's cost when the body is done (or dropped): a stream's
-    // usage is known only at its end.
-    let guard = Recorder {
-        spend: spend.clone(),
-        tenant: name,
-        budget,
-    };
-    response.map(move |body| {
-        Body::new(body.map_frame(move |frame| {
-            let _ = &guard;
-            frame
-        }))
-    })
-}
-
-struct Recorder {
-    spend: TenantSpend,
-    tenant: String,
-    budget: TurnBudget,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        let (cost, _) = self.budget.spent();
-        if cost.is_zero() {
-            return;
-        }
-        let spend = self.spend.clone();
-        let tenant = std::mem::take(&mut self.tenant);
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(error) = spend.record(&tenant, cost).await {
-                    tracing::error!(%error, "a turn's cost could not be added to its tenant");
-                }
-            });
-        }
-    }
-}
-
 /// Writes an error answer in a route's dialect: status, class, message, code.
 pub(crate) type ErrorAnswer = fn(StatusCode, FailureClass, &str, &str) -> Response;
-
-fn stop_reason(refusal: &TenantRefusal) -> StopReason {
-    match refusal {
-        TenantRefusal::Ceiling { .. } => StopReason::TenantCeiling,
-        TenantRefusal::NoTenant(_) => StopReason::TenantRequired,
-        _ => StopReason::SpendStoreUnavailable,
-    }
-}
-
-fn refused(refusal: &TenantRefusal, answer: ErrorAnswer) -> Response {
-    match refusal {
-        TenantRefusal::Ceiling { .. } => answer(
-            StatusCode::PAYMENT_REQUIRED,
-            FailureClass::QuotaExhausted,
-            &refusal.to_string(),
-            "tenant_spend_ceiling_reached",
-        ),
-        TenantRefusal::NoTenant(_) => answer(
-            StatusCode::BAD_REQUEST,
-            FailureClass::InvalidRequest,
-            &refusal.to_string(),
-            "tenant_required",
-        ),
-        _ => {
-            // The store's error (addresses, Redis' own text) is for the
-            // log, not for the client.
-            tracing::error!(error = %refusal, "tenant spend could not be checked; turn refused");
-            answer(
-                StatusCode::SERVICE_UNAVAILABLE,
-                FailureClass::Overloaded,
-                "the tenant's spend could not be checked; try again later",
-                "spend_store_unavailable",
-            )
-        }
-    }
-}

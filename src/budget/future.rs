@@ -188,18 +188,40 @@ fn refused<B, D: Dialect>(
             FailureClass::RateLimited,
             "turn_budget_exhausted",
         ),
+        BudgetExhausted::TenantCeiling { .. } => (
+            StatusCode::PAYMENT_REQUIRED,
+            FailureClass::QuotaExhausted,
+            "tenant_spend_ceiling_reached",
+        ),
+        BudgetExhausted::TenantRequired => (
+            StatusCode::BAD_REQUEST,
+            FailureClass::InvalidRequest,
+            "tenant_required",
+        ),
+        BudgetExhausted::SpendStoreUnavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            FailureClass::Overloaded,
+            "spend_store_unavailable",
+        ),
         _ => (
             StatusCode::GATEWAY_TIMEOUT,
             FailureClass::Timeout,
             "turn_deadline_exceeded",
         ),
     };
-    answer(
+    let mut response = answer(
         dialect,
         budget,
         status,
         &ErrorReply::new(class, &message).code(code),
-    )
+    );
+    // The refused turn's line is logged under this id: the client can name it.
+    if let Ok(value) = HeaderValue::from_str(budget.run_id().as_str()) {
+        response
+            .headers_mut()
+            .insert(crate::record::RUN_ID_HEADER, value);
+    }
+    response
 }
 
 fn answer<B, D: Dialect>(

@@ -9,6 +9,7 @@ use super::backoff::Backoff;
 use super::cost::{Cost, Pricing};
 use super::retry_budget::RetryBudget;
 use super::service::Budget;
+use super::spend::TenantSpend;
 use super::turn::TurnLimits;
 use crate::dialect::DefaultDialect;
 
@@ -29,6 +30,7 @@ pub struct BudgetLayer<D = DefaultDialect> {
 pub(crate) struct Settings {
     pub(crate) limits: TurnLimits,
     pub(crate) pricing: Option<Pricing>,
+    pub(crate) tenant: Option<TenantSpend>,
 }
 
 impl Default for BudgetLayer {
@@ -44,6 +46,7 @@ impl BudgetLayer {
             settings: Arc::new(Settings {
                 limits: TurnLimits::new(),
                 pricing: None,
+                tenant: None,
             }),
             dialect: DefaultDialect::default(),
         }
@@ -107,6 +110,27 @@ impl<D> BudgetLayer<D> {
     /// each attempt's spend itself, at each target's own price.
     pub fn pricing(self, pricing: Pricing) -> Self {
         self.update(|s| s.pricing = Some(pricing))
+    }
+
+    /// Meter every turn with its tenant under `spend`: the tenant is the
+    /// one the request's [`ClientId`](crate::identity::ClientId) names (put
+    /// in the request extensions by an identity layer in front; a request
+    /// without one is the anonymous client, which names no tenant). Each
+    /// attempt a failover layer inside makes reserves its estimate first,
+    /// the first being the turn's admission, and the end of the turn (its
+    /// body done or dropped) settles against what it really cost (see
+    /// [`TurnBudget::meter_tenant`](super::TurnBudget::meter_tenant)).
+    ///
+    /// Refusals are answered in the dialect's shape: 402
+    /// `tenant_spend_ceiling_reached`, 400 `tenant_required` (no tenant,
+    /// and [`TenantSpend::require_tenant`]), 503 `spend_store_unavailable`
+    /// (failing closed).
+    ///
+    /// Reservations are made by whoever makes the attempts (the failover
+    /// layer): around a bare upstream nothing is reserved, and the turn's
+    /// cost is only added at its end.
+    pub fn tenant_spend(self, spend: TenantSpend) -> Self {
+        self.update(|s| s.tenant = Some(spend))
     }
 
     /// The limits each turn starts with.

@@ -16,12 +16,30 @@
 //!   1-based attempt number or refuses with [`BudgetExhausted`].
 //! - **Spend** in money ([`Cost`], nano-USD): [`TurnBudget::record_spend`]
 //!   after each attempt (marked when estimated), [`TurnBudget::check_spend`]
-//!   with the next attempt's estimate before it.
+//!   with the next attempt's estimate before it (the turn's own ceiling).
 //! - **Backoff** between attempts on the same target ([`Backoff`]), with
 //!   provider hints honoured; [`TurnBudget::retry_delay`] and
 //!   [`TurnBudget::wait_fits`] refuse a wait that would end past the deadline.
 //! - **Tenant spend** over a day or a month ([`TenantSpend`] over a
-//!   [`SpendStore`]: in memory, or shared by replicas on Redis).
+//!   [`SpendStore`]: in memory, or shared by replicas on Redis), for the
+//!   tenant of the request's [`ClientId`](crate::identity::ClientId)
+//!   ([`BudgetLayer::tenant_spend`]). Each attempt reserves its estimate
+//!   before it is sent ([`TurnBudget::reserve_tenant`]; the first is the
+//!   turn's admission), and the end of the turn settles the tenant's total
+//!   to what the turn cost, so concurrent turns of one tenant pass its
+//!   ceiling by at most one attempt's estimate each.
+//!
+//! **What is charged.** Every attempt whose request reached the provider:
+//! the usage it reported, else an estimate (marked as such in its
+//! [`AttemptRecord`](crate::record::AttemptRecord)`::estimated`): prompt
+//! tokens plus the output seen. A whole (non-streamed) answer cut before it
+//! came (a head timeout) is charged the request's `max_tokens` (or the
+//! failover layer's `default_output_tokens`), since the provider generates
+//! and bills it all the same; so is an attempt the client left mid-way. An
+//! attempt that never reached the provider (connect, DNS, TLS:
+//! [`Phase::BeforeSend`](crate::classify::Phase::BeforeSend)) and one the
+//! provider refused with an error status (4xx, 5xx) cost nothing:
+//! providers do not bill refused requests.
 //! - **Retry budget** shared across turns ([`RetryBudget`]: tower's
 //!   `TpsBudget` token bucket, with a level that can be read), so an outage
 //!   does not become a retry storm.
@@ -96,8 +114,9 @@ pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
+pub(crate) use spend::settle_delta;
 pub use spend::{
-    MAX_TENANT_LEN, MemorySpendStore, SpendCheck, SpendError, SpendFuture, SpendStore, SpendWindow,
-    TenantRefusal, TenantSpend,
+    MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCheck, SpendError, SpendFuture, SpendStore,
+    SpendWindow, TenantRefusal, TenantSpend,
 };
 pub use turn::{BudgetExhausted, RetryDelay, RunId, TurnBudget, TurnLimits};

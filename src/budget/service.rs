@@ -11,8 +11,9 @@ use tower_service::Service;
 use super::body::BudgetBody;
 use super::future::ResponseFuture;
 use super::layer::{BudgetLayer, Settings};
-use super::turn::TurnBudget;
+use super::turn::{BudgetExhausted, TurnBudget};
 use crate::dialect::{DefaultDialect, Dialect};
+use crate::identity::ClientId;
 
 /// Middleware that gives each turn one [`TurnBudget`] and enforces its
 /// deadline on the response head and body. Made by [`BudgetLayer`]; see the
@@ -42,6 +43,27 @@ impl<S> Budget<S> {
 }
 
 impl<S, D> Budget<S, D> {
+    /// Meters a new turn with the tenant of the request's client, when the
+    /// layer has a [`TenantSpend`](super::TenantSpend); refuses a request
+    /// naming none when one is required. A turn already metered (a later
+    /// hop) keeps its tenant.
+    fn meter_tenant<B>(
+        &self,
+        budget: &TurnBudget,
+        req: &Request<B>,
+    ) -> Result<(), BudgetExhausted> {
+        let Some(spend) = &self.settings.tenant else {
+            return Ok(());
+        };
+        if budget.tenant().is_some() {
+            return Ok(());
+        }
+        if let Some(tenant) = spend.tenant_of(&ClientId::of(req.extensions()))? {
+            budget.meter_tenant(spend.clone(), tenant);
+        }
+        Ok(())
+    }
+
     pub(crate) fn from_parts(inner: S, settings: Arc<Settings>, dialect: D) -> Self {
         Self {
             inner,
@@ -91,7 +113,10 @@ where
                 budget
             }
         };
-        if let Err(refusal) = budget.check_open() {
+        let refusal = budget
+            .check_open()
+            .and_then(|()| self.meter_tenant(&budget, &req));
+        if let Err(refusal) = refusal {
             tracing::debug!(run_id = %crate::record::log_safe(budget.run_id()), %refusal, "turn budget refused the call");
             // Refused before any attempt: the turn still leaves its line.
             crate::record::refused_turn(budget.run_id(), refusal.stop_reason());

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use http::{HeaderMap, HeaderName};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::cost::Cost;
 use crate::BoxError;
+use crate::identity::ClientId;
 
 /// A boxed, `Send` future, so [`SpendStore`] stays object safe.
 pub type SpendFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -86,6 +86,31 @@ impl SpendCheck {
     }
 }
 
+/// What a [`reserve`](SpendStore::reserve) found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reservation {
+    /// Whether the amount was added: the total was below the ceiling.
+    pub reserved: bool,
+    /// The window's total after the call (the amount included when
+    /// reserved).
+    pub spent: Cost,
+    /// The ceiling it was checked against.
+    pub ceiling: Cost,
+}
+
+impl Reservation {
+    /// A reservation that was (`reserved`) or was not made, leaving
+    /// `spent` against `ceiling`.
+    pub fn new(reserved: bool, spent: Cost, ceiling: Cost) -> Self {
+        Self {
+            reserved,
+            spent,
+            ceiling,
+        }
+    }
+}
+
 /// Errors of a [`SpendStore`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -123,6 +148,39 @@ pub trait SpendStore: fmt::Debug + Send + Sync + 'static {
     ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
         self.add_and_check(tenant, window, Cost::ZERO, ceiling)
     }
+
+    /// Adds `amount` to `tenant`'s total of the current `window` only when
+    /// the total is below `ceiling`, else adds nothing, in one atomic step:
+    /// concurrent reservations never all pass a nearly spent ceiling. Each
+    /// may take the total past the ceiling by at most its own amount.
+    ///
+    /// Required (no default): a check followed by an add would let every
+    /// concurrent turn through.
+    fn reserve<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<Reservation, SpendError>>;
+
+    /// Settles a turn against what it really cost: adds `actual - reserved`
+    /// (which may be negative) to `tenant`'s total of the current `window`,
+    /// never taking it below zero, atomically. Returns the new total.
+    fn settle<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        reserved: Cost,
+        actual: Cost,
+    ) -> SpendFuture<'a, Result<Cost, SpendError>>;
+}
+
+/// `actual - reserved` in nano-USD, as a signed store delta (clamped to
+/// `i64`, which every store's counter takes).
+pub(crate) fn settle_delta(reserved: Cost, actual: Cost) -> i64 {
+    let delta = i128::from(actual.as_nanos()) - i128::from(reserved.as_nanos());
+    i64::try_from(delta).unwrap_or(if delta < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// The in-memory [`SpendStore`], for one gateway process. Holds one total
@@ -188,6 +246,54 @@ impl MemorySpendStore {
         SpendCheck::new(spent, ceiling)
     }
 
+    /// Reserves `amount` at `at` when the total is below `ceiling`; a
+    /// zero amount (or a refusal) stores nothing.
+    fn reserve_at(
+        &self,
+        tenant: &str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+        at: SystemTime,
+    ) -> Reservation {
+        let mut totals = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
+        totals.roll(window, window.label(at));
+        let key = (tenant.to_owned(), window);
+        let spent = totals.spent.get(&key).copied().unwrap_or(Cost::ZERO);
+        if spent >= ceiling {
+            return Reservation::new(false, spent, ceiling);
+        }
+        if amount.is_zero() {
+            return Reservation::new(true, spent, ceiling);
+        }
+        let total = spent.saturating_add(amount);
+        totals.spent.insert(key, total);
+        Reservation::new(true, total, ceiling)
+    }
+
+    /// Adds `actual - reserved` at `at`, never below zero; a total that
+    /// comes to zero is dropped (it would be a record of nothing).
+    fn settle_at(
+        &self,
+        tenant: &str,
+        window: SpendWindow,
+        reserved: Cost,
+        actual: Cost,
+        at: SystemTime,
+    ) -> Cost {
+        let mut totals = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
+        totals.roll(window, window.label(at));
+        let key = (tenant.to_owned(), window);
+        let spent = totals.spent.get(&key).copied().unwrap_or(Cost::ZERO);
+        let total = spent.saturating_add(actual).saturating_sub(reserved);
+        if total.is_zero() {
+            totals.spent.remove(&key);
+        } else {
+            totals.spent.insert(key, total);
+        }
+        total
+    }
+
     /// Tenants holding a total (for tests and metrics).
     pub fn len(&self) -> usize {
         self.totals
@@ -214,114 +320,198 @@ impl SpendStore for MemorySpendStore {
         let check = self.add_at(tenant, window, amount, ceiling, SystemTime::now());
         Box::pin(std::future::ready(Ok(check)))
     }
+
+    fn reserve<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
+        let reservation = self.reserve_at(tenant, window, amount, ceiling, SystemTime::now());
+        Box::pin(std::future::ready(Ok(reservation)))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        reserved: Cost,
+        actual: Cost,
+    ) -> SpendFuture<'a, Result<Cost, SpendError>> {
+        let total = self.settle_at(tenant, window, reserved, actual, SystemTime::now());
+        Box::pin(std::future::ready(Ok(total)))
+    }
 }
 
 /// The longest tenant name [`TenantSpend`] accepts, in bytes.
 pub const MAX_TENANT_LEN: usize = 128;
 
-/// Why [`TenantSpend::admit`] refused a turn.
+/// Why [`TenantSpend`] refused a turn.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TenantRefusal {
     /// The tenant's spend reached its ceiling for the window.
     #[error("tenant spend ceiling {ceiling} reached for this {window}: {spent} spent")]
     Ceiling {
-        /// Spent in the window.
+        /// Spent (and reserved) in the window.
         spent: Cost,
         /// The ceiling.
         ceiling: Cost,
         /// `day` or `month`.
         window: &'static str,
     },
-    /// The request names no tenant, and one is required.
-    #[error("the request names no tenant (header `{0}`)")]
-    NoTenant(HeaderName),
+    /// The request's client ([`ClientId`]) names no tenant, and one is
+    /// required.
+    #[error("the request names no tenant (its client identity has none)")]
+    NoTenant,
     /// The store could not be asked and the policy fails closed.
     #[error(transparent)]
     Store(#[from] SpendError),
 }
 
-/// A tenant ceiling over a window: which header names the tenant, the
-/// ceiling, and what to do when the store cannot be reached.
+/// Default tries of a settlement the store could not take (fail closed).
+const SETTLE_TRIES: u32 = 10;
+/// Default wait before the first retry of a settlement; it doubles.
+const SETTLE_FIRST_WAIT: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a settlement.
+const SETTLE_MAX_WAIT: Duration = Duration::from_secs(5);
+/// Default bound on settlements waiting for a retry at once.
+const SETTLE_MAX_PENDING: usize = 1024;
+
+/// A tenant ceiling over a window: the store, the ceiling, and what to do
+/// when the store cannot be reached.
 ///
-/// [`admit`](Self::admit) before a turn (a check: the tenant's spend must
-/// be below the ceiling), [`record`](Self::record) after it with what it
-/// cost. Turns running at the same time may together pass the ceiling by
-/// their own cost; no turn starts once it is reached.
+/// The tenant is the one the request's [`ClientId`] names
+/// ([`ClientId::tenant`]): an identity layer in front puts it in the
+/// request extensions (the gateway's key check, or an application's own
+/// authentication; a library user who meters by tenant inserts a
+/// `ClientId` in the extensions). Nothing here reads a header: a
+/// self-asserted tenant header would let any client spend another's
+/// ceiling.
+///
+/// Given to [`BudgetLayer::tenant_spend`](super::BudgetLayer::tenant_spend),
+/// every turn of a tenant is metered: each attempt
+/// [`reserve`](Self::reserve)s its estimate before it is sent (the first
+/// one is the turn's admission), and the end of the turn
+/// [`settle`](Self::settle)s against what it really cost. Turns of one
+/// tenant running at the same time can together pass the ceiling by at
+/// most one attempt's estimate each; no attempt starts once it is reached.
 #[derive(Debug, Clone)]
 pub struct TenantSpend {
     store: Arc<dyn SpendStore>,
-    header: HeaderName,
     window: SpendWindow,
     ceiling: Cost,
     fail_open: bool,
     require_tenant: bool,
+    settle_tries: u32,
+    settle_first_wait: Duration,
+    max_pending: usize,
+    /// Settlements waiting for a retry, across clones.
+    pending: Arc<AtomicUsize>,
 }
 
 impl TenantSpend {
-    /// A ceiling of `ceiling` per `window` for the tenant named by
-    /// `header`, kept in `store`; fails closed when the store is down.
-    pub fn new(
-        store: Arc<dyn SpendStore>,
-        header: HeaderName,
-        window: SpendWindow,
-        ceiling: Cost,
-    ) -> Self {
+    /// A ceiling of `ceiling` per `window` for each tenant, kept in
+    /// `store`; fails closed when the store is down.
+    pub fn new(store: Arc<dyn SpendStore>, window: SpendWindow, ceiling: Cost) -> Self {
         Self {
             store,
-            header,
             window,
             ceiling,
             fail_open: false,
             require_tenant: false,
+            settle_tries: SETTLE_TRIES,
+            settle_first_wait: SETTLE_FIRST_WAIT,
+            max_pending: SETTLE_MAX_PENDING,
+            pending: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// Let turns through when the store cannot be reached (logged), rather
-    /// than refusing them.
+    /// than refusing them; a settlement the store could not take is then
+    /// logged and not retried.
     pub fn fail_open(mut self, open: bool) -> Self {
         self.fail_open = open;
         self
     }
 
-    /// Refuse requests without the tenant header (default: they are not
+    /// Refuse requests whose client names no tenant (default: they are not
     /// metered).
     pub fn require_tenant(mut self, required: bool) -> Self {
         self.require_tenant = required;
         self
     }
 
-    /// The tenant a request names, if any: a header value of at most
-    /// [`MAX_TENANT_LEN`] bytes after trimming; a longer one names no
-    /// tenant (it would be a key in the store).
-    pub fn tenant(&self, headers: &HeaderMap) -> Option<String> {
-        headers
-            .get(&self.header)
-            .and_then(|v| v.to_str().ok())
+    /// Failing closed, how often a settlement the store could not take is
+    /// tried in all (at least once; default 10) and the wait before the
+    /// first retry (default 100 ms; it doubles, up to 5 s).
+    pub fn settle_retries(mut self, tries: u32, first_wait: Duration) -> Self {
+        self.settle_tries = tries.max(1);
+        self.settle_first_wait = first_wait;
+        self
+    }
+
+    /// Failing closed, how many settlements may wait for a retry at once
+    /// (default 1,024); beyond it, one that fails is logged and dropped,
+    /// so an outage cannot grow memory without bound.
+    pub fn max_pending_settlements(mut self, max: usize) -> Self {
+        self.max_pending = max;
+        self
+    }
+
+    /// The window the ceiling applies to.
+    pub fn window(&self) -> SpendWindow {
+        self.window
+    }
+
+    /// The ceiling per window.
+    pub fn ceiling(&self) -> Cost {
+        self.ceiling
+    }
+
+    /// Whether turns go through when the store cannot be reached.
+    pub fn is_fail_open(&self) -> bool {
+        self.fail_open
+    }
+
+    /// Settlements waiting for a retry right now.
+    pub fn pending_settlements(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// The tenant `client` names, if any: at most [`MAX_TENANT_LEN`] bytes
+    /// after trimming; a longer one names no tenant (it would be a key in
+    /// the store).
+    pub fn tenant(&self, client: &ClientId) -> Option<String> {
+        client
+            .tenant()
             .map(str::trim)
             .filter(|t| !t.is_empty() && t.len() <= MAX_TENANT_LEN)
             .map(str::to_owned)
     }
 
-    /// Whether a turn of the tenant `headers` name may start: a read of the
-    /// store, which writes nothing.
-    pub async fn admit(&self, headers: &HeaderMap) -> Result<Option<String>, TenantRefusal> {
-        let Some(tenant) = self.tenant(headers) else {
-            if self.require_tenant {
-                return Err(TenantRefusal::NoTenant(self.header.clone()));
-            }
+    /// The tenant `client` names, or why its turn may not start: none
+    /// named and one is required. `Ok(None)`: not metered.
+    pub fn tenant_of(&self, client: &ClientId) -> Result<Option<String>, TenantRefusal> {
+        match self.tenant(client) {
+            Some(tenant) => Ok(Some(tenant)),
+            None if self.require_tenant => Err(TenantRefusal::NoTenant),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the tenant's spend is below the ceiling right now: a read
+    /// of the store, which writes nothing and reserves nothing (the
+    /// admission of a metered turn is its first
+    /// [`reserve`](Self::reserve)).
+    pub async fn admit(&self, client: &ClientId) -> Result<Option<String>, TenantRefusal> {
+        let Some(tenant) = self.tenant_of(client)? else {
             return Ok(None);
         };
         match self.store.check(&tenant, self.window, self.ceiling).await {
             Ok(check) if check.within() => Ok(Some(tenant)),
-            Ok(check) => Err(TenantRefusal::Ceiling {
-                spent: check.spent,
-                ceiling: check.ceiling,
-                window: match self.window {
-                    SpendWindow::Day => "day",
-                    SpendWindow::Month => "month",
-                },
-            }),
+            Ok(check) => Err(self.ceiling_reached(check.spent)),
             Err(error) if self.fail_open => {
                 tracing::warn!(%error, "spend store unreachable; turn let through (fail open)");
                 Ok(Some(tenant))
@@ -330,11 +520,190 @@ impl TenantSpend {
         }
     }
 
-    /// Adds a finished turn's cost to `tenant`'s window.
+    /// Reserves an attempt's estimated cost for `tenant`: added when the
+    /// tenant's total is below the ceiling, refused otherwise. Returns
+    /// what was reserved: `amount`, or zero when the store could not be
+    /// reached and the policy fails open (the turn goes through
+    /// unreserved; its settlement adds its whole cost).
+    pub async fn reserve(&self, tenant: &str, amount: Cost) -> Result<Cost, TenantRefusal> {
+        match self
+            .store
+            .reserve(tenant, self.window, amount, self.ceiling)
+            .await
+        {
+            Ok(reservation) if reservation.reserved => Ok(amount),
+            Ok(reservation) => Err(self.ceiling_reached(reservation.spent)),
+            Err(error) if self.fail_open => {
+                tracing::warn!(%error, "spend store unreachable; attempt let through unreserved (fail open)");
+                Ok(Cost::ZERO)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Settles a finished turn of `tenant`: adds `actual - reserved` (less
+    /// than zero when the estimates were high). Returns the tenant's new
+    /// total.
+    ///
+    /// Failing closed, a settlement the store could not take is tried
+    /// again with a doubling wait ([`settle_retries`](Self::settle_retries))
+    /// while at most [`max_pending_settlements`](Self::max_pending_settlements)
+    /// wait at once: a turn's cost is not lost to a store's brief outage.
+    /// The error is returned only once the tries are used up.
+    pub async fn settle(
+        &self,
+        tenant: &str,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<Cost, SpendError> {
+        let mut wait = self.settle_first_wait;
+        let mut tries = 1;
+        let mut pending: Option<Pending> = None;
+        loop {
+            let error = match self
+                .store
+                .settle(tenant, self.window, reserved, actual)
+                .await
+            {
+                Ok(total) => return Ok(total),
+                Err(error) => error,
+            };
+            if self.fail_open || tries >= self.settle_tries {
+                return Err(error);
+            }
+            if pending.is_none() {
+                match Pending::enter(&self.pending, self.max_pending) {
+                    Some(entered) => pending = Some(entered),
+                    None => return Err(error),
+                }
+            }
+            tracing::warn!(%error, tries, "a turn's spend could not be settled; trying again");
+            tokio::time::sleep(wait).await;
+            wait = wait.saturating_mul(2).min(SETTLE_MAX_WAIT);
+            tries += 1;
+        }
+    }
+
+    /// Adds a finished turn's cost to `tenant`'s window (for a turn that
+    /// reserved nothing).
     pub async fn record(&self, tenant: &str, cost: Cost) -> Result<SpendCheck, SpendError> {
         self.store
             .add_and_check(tenant, self.window, cost, self.ceiling)
             .await
+    }
+
+    fn ceiling_reached(&self, spent: Cost) -> TenantRefusal {
+        TenantRefusal::Ceiling {
+            spent,
+            ceiling: self.ceiling,
+            window: match self.window {
+                SpendWindow::Day => "day",
+                SpendWindow::Month => "month",
+            },
+        }
+    }
+}
+
+/// A settlement waiting for a retry, counted while it waits.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    /// Counts one more, unless `max` already wait.
+    fn enter(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(count)))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One turn's account with its tenant: what its attempts reserved, settled
+/// once when the turn's budget is dropped (its body done or dropped, every
+/// charge made).
+pub(crate) struct TenantLedger {
+    spend: TenantSpend,
+    tenant: String,
+    reserved: std::sync::atomic::AtomicU64,
+}
+
+impl TenantLedger {
+    pub(crate) fn new(spend: TenantSpend, tenant: String) -> Self {
+        Self {
+            spend,
+            tenant,
+            reserved: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// What the turn's attempts reserved so far.
+    pub(crate) fn reserved(&self) -> Cost {
+        Cost::from_nanos(self.reserved.load(Ordering::Acquire))
+    }
+
+    /// Reserves one attempt's estimate.
+    pub(crate) async fn reserve(&self, amount: Cost) -> Result<(), TenantRefusal> {
+        let reserved = self.spend.reserve(&self.tenant, amount).await?;
+        // fetch_update never fails with a closure returning Some.
+        let _ = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_add(reserved.as_nanos()))
+            });
+        Ok(())
+    }
+
+    /// Settles the turn at `actual`, off the caller's task (it runs from a
+    /// drop). Nothing to do when the reservations were exact.
+    pub(crate) fn settle_in_background(&self, actual: Cost) {
+        let reserved = self.reserved();
+        if reserved == actual {
+            return;
+        }
+        let spend = self.spend.clone();
+        let tenant = self.tenant.clone();
+        let settle = async move {
+            if let Err(error) = spend.settle(&tenant, reserved, actual).await {
+                tracing::error!(
+                    %error,
+                    tenant = %crate::record::log_safe(&tenant),
+                    %reserved,
+                    %actual,
+                    "a turn's spend could not be settled with its tenant"
+                );
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(settle);
+            }
+            Err(_) => tracing::error!(
+                tenant = %crate::record::log_safe(&self.tenant),
+                %reserved,
+                %actual,
+                "a turn ended outside a Tokio runtime: its spend could not be settled"
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for TenantLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenantLedger")
+            .field("tenant", &self.tenant)
+            .field("reserved", &self.reserved())
+            .finish_non_exhaustive()
     }
 }
 
@@ -403,19 +772,202 @@ mod tests {
     #[tokio::test]
     async fn an_over_long_tenant_names_no_tenant() {
         let store = Arc::new(MemorySpendStore::new());
-        let header = HeaderName::from_static("x-tenant");
-        let spend = TenantSpend::new(store, header, SpendWindow::Day, Cost::from_usd(1.0));
-        let mut headers = HeaderMap::new();
+        let spend = TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(1.0));
         let fits = "t".repeat(MAX_TENANT_LEN);
-        headers.insert("x-tenant", fits.parse().unwrap());
-        assert_eq!(spend.tenant(&headers), Some(fits));
-        headers.insert("x-tenant", "t".repeat(MAX_TENANT_LEN + 1).parse().unwrap());
-        assert_eq!(spend.tenant(&headers), None);
-        assert_eq!(spend.admit(&headers).await.unwrap(), None);
+        let client = ClientId::anonymous().with_tenant(fits.as_str());
+        assert_eq!(spend.tenant(&client), Some(fits));
+        let long = ClientId::anonymous().with_tenant("t".repeat(MAX_TENANT_LEN + 1));
+        assert_eq!(spend.tenant(&long), None);
+        assert_eq!(spend.admit(&long).await.unwrap(), None);
+        // A key without a tenant of its own pays as itself.
+        assert_eq!(spend.tenant(&ClientId::key("ci")), Some("ci".to_owned()));
         let required = spend.require_tenant(true);
         assert!(matches!(
-            required.admit(&headers).await,
-            Err(TenantRefusal::NoTenant(_))
+            required.admit(&long).await,
+            Err(TenantRefusal::NoTenant)
         ));
+        assert!(matches!(
+            required.tenant_of(&ClientId::anonymous()),
+            Err(TenantRefusal::NoTenant)
+        ));
+    }
+
+    #[test]
+    fn a_reservation_passes_only_below_the_ceiling_and_stores_no_refusal() {
+        let store = MemorySpendStore::new();
+        let day = UNIX_EPOCH + Duration::from_secs(1_796_083_200);
+        let (estimate, ceiling) = (Cost::from_usd(0.2), Cost::from_usd(1.0));
+        let admitted = (0..20)
+            .filter(|_| {
+                store
+                    .reserve_at("t", SpendWindow::Day, estimate, ceiling, day)
+                    .reserved
+            })
+            .count();
+        assert_eq!(admitted, 5, "five estimates fill the ceiling exactly");
+        let total = store
+            .add_at("t", SpendWindow::Day, Cost::ZERO, ceiling, day)
+            .spent;
+        assert_eq!(total, ceiling);
+        // Below the ceiling by a nano-USD: one more goes, overshooting by at
+        // most its own estimate.
+        store.settle_at("t", SpendWindow::Day, Cost::from_nanos(1), Cost::ZERO, day);
+        let r = store.reserve_at("t", SpendWindow::Day, estimate, ceiling, day);
+        assert!(r.reserved);
+        assert_eq!(
+            r.spent,
+            ceiling
+                .saturating_add(estimate)
+                .saturating_sub(Cost::from_nanos(1))
+        );
+        // A refused or zero reservation of an unknown tenant stores nothing.
+        assert!(
+            store
+                .reserve_at("u", SpendWindow::Day, Cost::ZERO, ceiling, day)
+                .reserved
+        );
+        assert!(
+            !store
+                .reserve_at("v", SpendWindow::Day, estimate, Cost::ZERO, day)
+                .reserved
+        );
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn settling_brings_the_total_to_the_real_cost_and_never_below_zero() {
+        let store = MemorySpendStore::new();
+        let day = UNIX_EPOCH + Duration::from_secs(1_796_083_200);
+        let ceiling = Cost::from_usd(1.0);
+        store.reserve_at("t", SpendWindow::Day, Cost::from_usd(0.5), ceiling, day);
+        store.reserve_at("t", SpendWindow::Day, Cost::from_usd(0.25), ceiling, day);
+        // The first turn cost 0.1 of its 0.5; the second 0.4 of its 0.25.
+        let total = store.settle_at(
+            "t",
+            SpendWindow::Day,
+            Cost::from_usd(0.5),
+            Cost::from_usd(0.1),
+            day,
+        );
+        assert_eq!(total, Cost::from_usd(0.35));
+        let total = store.settle_at(
+            "t",
+            SpendWindow::Day,
+            Cost::from_usd(0.25),
+            Cost::from_usd(0.4),
+            day,
+        );
+        assert_eq!(total, Cost::from_usd(0.5));
+        // A refund larger than the total (the window rolled) stops at zero
+        // and leaves no record.
+        let total = store.settle_at("t", SpendWindow::Day, Cost::from_usd(2.0), Cost::ZERO, day);
+        assert_eq!(total, Cost::ZERO);
+        assert!(store.is_empty());
+        assert_eq!(settle_delta(Cost::MAX, Cost::ZERO), i64::MIN);
+        assert_eq!(settle_delta(Cost::from_nanos(2), Cost::from_nanos(7)), 5);
+    }
+
+    /// A store whose settlements fail `failures` times, then go through.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        inner: MemorySpendStore,
+        failures: AtomicUsize,
+        settle_calls: AtomicUsize,
+    }
+
+    impl SpendStore for Flaky {
+        fn add_and_check<'a>(
+            &'a self,
+            tenant: &'a str,
+            window: SpendWindow,
+            amount: Cost,
+            ceiling: Cost,
+        ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
+            self.inner.add_and_check(tenant, window, amount, ceiling)
+        }
+
+        fn reserve<'a>(
+            &'a self,
+            tenant: &'a str,
+            window: SpendWindow,
+            amount: Cost,
+            ceiling: Cost,
+        ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
+            self.inner.reserve(tenant, window, amount, ceiling)
+        }
+
+        fn settle<'a>(
+            &'a self,
+            tenant: &'a str,
+            window: SpendWindow,
+            reserved: Cost,
+            actual: Cost,
+        ) -> SpendFuture<'a, Result<Cost, SpendError>> {
+            self.settle_calls.fetch_add(1, Ordering::AcqRel);
+            let failing = self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Box::pin(std::future::ready(Err(SpendError::Unavailable(
+                    "down".into(),
+                ))));
+            }
+            self.inner.settle(tenant, window, reserved, actual)
+        }
+    }
+
+    fn flaky(failures: usize) -> Arc<Flaky> {
+        Arc::new(Flaky {
+            failures: AtomicUsize::new(failures),
+            ..Flaky::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_closed_a_settlement_is_retried_until_the_store_takes_it() {
+        let store = flaky(3);
+        let spend = TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(1.0));
+        spend.reserve("t", Cost::from_usd(0.5)).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let total = spend
+            .settle("t", Cost::from_usd(0.5), Cost::from_usd(0.2))
+            .await
+            .unwrap();
+        assert_eq!(total, Cost::from_usd(0.2), "the settlement was not lost");
+        assert_eq!(store.settle_calls.load(Ordering::Acquire), 4);
+        // 100 + 200 + 400 ms of backoff.
+        assert_eq!(started.elapsed(), Duration::from_millis(700));
+        assert_eq!(spend.pending_settlements(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settlement_retries_are_bounded() {
+        let store = flaky(usize::MAX);
+        let spend = TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(1.0))
+            .settle_retries(3, Duration::from_millis(10));
+        assert!(
+            spend
+                .settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
+        assert_eq!(store.settle_calls.load(Ordering::Acquire), 3);
+        // Fail open: one try, no retry.
+        let open = spend.clone().fail_open(true);
+        assert!(
+            open.settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
+        assert_eq!(store.settle_calls.load(Ordering::Acquire), 4);
+        // No room to wait: tried once.
+        let full = spend.max_pending_settlements(0);
+        assert!(
+            full.settle("t", Cost::ZERO, Cost::from_usd(0.1))
+                .await
+                .is_err()
+        );
+        assert_eq!(store.settle_calls.load(Ordering::Acquire), 5);
     }
 }

@@ -1,8 +1,8 @@
 //! The per-turn budget every hop draws from.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::backoff::{Backoff, Delay};
 use super::cost::Cost;
 use super::retry_budget::RetryBudget;
+use super::spend::{TenantLedger, TenantRefusal, TenantSpend};
 use crate::identity::ClientId;
 pub use crate::units::RunId;
 
@@ -55,6 +56,46 @@ pub enum BudgetExhausted {
         /// The attempt number that was refused.
         attempt: u32,
     },
+    /// The tenant's spend reached its ceiling: the attempt's estimate
+    /// could not be reserved ([`TenantSpend`]).
+    #[error("tenant spend ceiling {ceiling} reached for this {window}: {spent} spent")]
+    TenantCeiling {
+        /// Spent and reserved in the window.
+        spent: Cost,
+        /// The tenant's ceiling.
+        ceiling: Cost,
+        /// `day` or `month`.
+        window: &'static str,
+    },
+    /// The request's client names no tenant, and one is required.
+    #[error("the request names no tenant")]
+    TenantRequired,
+    /// The tenant's spend store could not be asked and the policy fails
+    /// closed. (The store's own error is logged, not carried: it is not for
+    /// the client.)
+    #[error("the tenant's spend could not be checked; try again later")]
+    SpendStoreUnavailable,
+}
+
+impl From<TenantRefusal> for BudgetExhausted {
+    fn from(refusal: TenantRefusal) -> Self {
+        match refusal {
+            TenantRefusal::Ceiling {
+                spent,
+                ceiling,
+                window,
+            } => Self::TenantCeiling {
+                spent,
+                ceiling,
+                window,
+            },
+            TenantRefusal::NoTenant => Self::TenantRequired,
+            TenantRefusal::Store(error) => {
+                tracing::error!(%error, "tenant spend could not be reserved; turn refused");
+                Self::SpendStoreUnavailable
+            }
+        }
+    }
 }
 
 impl BudgetExhausted {
@@ -67,6 +108,9 @@ impl BudgetExhausted {
             Self::Attempts { .. } => StopReason::Attempts,
             Self::Spend { .. } => StopReason::SpendCeiling,
             Self::RetryBudget { .. } => StopReason::RetryBudget,
+            Self::TenantCeiling { .. } => StopReason::TenantCeiling,
+            Self::TenantRequired => StopReason::TenantRequired,
+            Self::SpendStoreUnavailable => StopReason::SpendStoreUnavailable,
         }
     }
 }
@@ -168,6 +212,7 @@ impl TurnLimits {
                 backoff: self.backoff.clone(),
                 retry_budget: self.retry_budget.clone(),
                 client,
+                tenant: OnceLock::new(),
             }),
         }
     }
@@ -235,6 +280,19 @@ struct Inner {
     retry_budget: Option<RetryBudget>,
     /// Whose turn it is (the retry budget keeps a share per client).
     client: ClientId,
+    /// The tenant the turn's spend is reserved with and settled to.
+    tenant: OnceLock<TenantLedger>,
+}
+
+impl Drop for Inner {
+    /// The last handle of the turn is gone (its body done or dropped, so
+    /// every attempt's charge is made): the tenant's reservations are
+    /// settled against what the turn really cost.
+    fn drop(&mut self) {
+        if let Some(ledger) = self.tenant.get() {
+            ledger.settle_in_background(Cost::from_nanos(*self.spent.get_mut()));
+        }
+    }
 }
 
 /// What [`TurnBudget::retry_delay`] advises before another attempt on the
@@ -461,6 +519,48 @@ impl TurnBudget {
         )
     }
 
+    /// Meter this turn's spend with `tenant` under `spend`: each attempt
+    /// then reserves its estimate ([`reserve_tenant`](Self::reserve_tenant)),
+    /// and when the turn's last handle is dropped (its body done or
+    /// dropped), the tenant's total is settled against
+    /// [`spent`](Self::spent). Set once: `false` when the turn was already
+    /// metered (the first tenant stays).
+    ///
+    /// [`BudgetLayer::tenant_spend`](super::BudgetLayer::tenant_spend)
+    /// calls it with the tenant of the request's
+    /// [`ClientId`](crate::identity::ClientId).
+    pub fn meter_tenant(&self, spend: TenantSpend, tenant: String) -> bool {
+        self.inner
+            .tenant
+            .set(TenantLedger::new(spend, tenant))
+            .is_ok()
+    }
+
+    /// The tenant this turn's spend is metered with, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        self.inner.tenant.get().map(TenantLedger::tenant)
+    }
+
+    /// What the turn's attempts reserved with its tenant so far.
+    pub fn tenant_reserved(&self) -> Cost {
+        self.inner
+            .tenant
+            .get()
+            .map_or(Cost::ZERO, TenantLedger::reserved)
+    }
+
+    /// Reserve an attempt's `estimate` with the turn's tenant before it is
+    /// sent: the tenant's total must be below its ceiling, and then holds
+    /// the estimate until the turn settles. The first attempt's
+    /// reservation is the turn's admission. Always fine for a turn without
+    /// a tenant.
+    pub async fn reserve_tenant(&self, estimate: Cost) -> Result<(), BudgetExhausted> {
+        match self.inner.tenant.get() {
+            Some(ledger) => ledger.reserve(estimate).await.map_err(Into::into),
+            None => Ok(()),
+        }
+    }
+
     /// Whether a wait of `wait` starting now would end before the deadline.
     /// A backoff that does not fit is never taken.
     pub fn wait_fits(&self, wait: Duration) -> bool {
@@ -501,6 +601,7 @@ impl fmt::Debug for TurnBudget {
             .field("spent", &spent)
             .field("spent_includes_estimate", &estimated)
             .field("spend_ceiling", &self.inner.spend_ceiling)
+            .field("tenant", &self.inner.tenant.get())
             .finish()
     }
 }

@@ -57,6 +57,9 @@ pub(crate) struct AttemptPlan {
     pub(crate) first_output: Duration,
     /// The client a failure is counted for ([`FailureReport::witness`]).
     pub(crate) witness: Option<Arc<str>>,
+    /// The stream's state, shared with the turn (the output seen if the
+    /// turn is dropped mid-attempt).
+    pub(crate) state: StreamState,
 }
 
 /// When a wait must end, and whether that is the turn's deadline (the
@@ -334,7 +337,7 @@ where
 {
     let target = &shared.targets[plan.index];
     let (mut parts, body) = response.into_parts();
-    let state = StreamState::new();
+    let state = plan.state.clone();
     let hold = Hold {
         window: shared.commit,
         first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),

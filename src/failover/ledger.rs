@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::decision::Decision;
 use crate::budget::{Cost, Pricing, TurnBudget};
 use crate::classify::{FailureClass, Phase};
+use crate::commit::StreamState;
 use crate::dialect::Usage;
 use crate::record::{AttemptRecord, RunRecord};
 
@@ -54,17 +55,32 @@ impl AttemptStart {
 
 /// An attempt in flight. If the turn is dropped before the attempt ends
 /// (the client left, an outer layer answered first), the attempt still
-/// leaves its record: cancelled, in the preamble, nothing flushed.
+/// leaves its record: cancelled, in the preamble, nothing flushed, and
+/// charged an estimate (the provider goes on with a request it took).
 pub(super) struct InFlight<'a> {
     run: &'a RunRecord,
     start: Option<AttemptStart>,
+    unfinished: Unfinished<'a>,
+}
+
+/// What a cancelled attempt is charged from.
+pub(super) struct Unfinished<'a> {
+    pub(super) budget: &'a TurnBudget,
+    pub(super) pricing: Option<Pricing>,
+    pub(super) prompt_tokens: u64,
+    /// Output assumed for an answer cut before it came (a whole answer's
+    /// `max_tokens`; zero for a stream, whose output is counted).
+    pub(super) output_if_cut: u64,
+    /// The attempt's stream, for the output seen so far.
+    pub(super) state: StreamState,
 }
 
 impl<'a> InFlight<'a> {
-    pub(super) fn new(run: &'a RunRecord, start: AttemptStart) -> Self {
+    pub(super) fn new(run: &'a RunRecord, start: AttemptStart, unfinished: Unfinished<'a>) -> Self {
         Self {
             run,
             start: Some(start),
+            unfinished,
         }
     }
 
@@ -77,10 +93,18 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if let Some(start) = self.start.take() {
+            let u = &self.unfinished;
+            let output_events = u.state.output_events();
+            // Whether the request got out is not known here: a cancelled
+            // attempt is assumed to have reached the provider.
+            let estimate = Usage::new(u.prompt_tokens, output_events.max(u.output_if_cut));
+            let charge = Charge::to_turn(u.budget, u.pricing, None, estimate);
             let mut record = start.record(Decision::Stop);
             record.class = Some(FailureClass::Cancelled);
             record.phase = Some(Phase::Preamble);
+            record.output_events = output_events;
             record.message = Some("the turn was cancelled before this attempt ended".to_owned());
+            charge.fill(&mut record);
             self.run.push(record);
         }
     }

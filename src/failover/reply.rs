@@ -189,6 +189,23 @@ pub(super) fn budget_stop<B, D: Dialect>(
                 &ErrorReply::new(FailureClass::Overloaded, &message).code("retry_budget_exhausted"),
             )
         }
+        (BudgetExhausted::TenantCeiling { .. }, _) => error(
+            dialect,
+            StatusCode::PAYMENT_REQUIRED,
+            &ErrorReply::new(FailureClass::QuotaExhausted, &message)
+                .code("tenant_spend_ceiling_reached"),
+        ),
+        (BudgetExhausted::TenantRequired, _) => error(
+            dialect,
+            StatusCode::BAD_REQUEST,
+            &ErrorReply::new(FailureClass::InvalidRequest, &message).code("tenant_required"),
+        ),
+        // The store's own error is in the log, not for the client.
+        (BudgetExhausted::SpendStoreUnavailable, _) => error(
+            dialect,
+            StatusCode::SERVICE_UNAVAILABLE,
+            &ErrorReply::new(FailureClass::Overloaded, &message).code("spend_store_unavailable"),
+        ),
         (_, Some(_)) => exhausted(dialect, first, budget, &message, false),
         (_, None) => error(
             dialect,

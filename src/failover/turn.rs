@@ -16,15 +16,16 @@ use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Decision, decide};
 use super::health::{Admitted, FailureReport, Scope};
-use super::ledger::{AttemptStart, Charge, InFlight};
+use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
 use super::shared::Shared;
 use super::upstream;
 use crate::BoxError;
-use crate::budget::TurnBudget;
-use crate::classify::{Classification, FailureClass, Phase, Recovery};
+use crate::budget::{BudgetExhausted, Cost, TurnBudget};
+use crate::classify::{Classification, FailureClass, Recovery};
+use crate::commit::StreamState;
 use crate::dialect::{Dialect, ErrorReply, ParsedRequest, Requirements, Usage};
 use crate::identity::ClientId;
 use crate::record::{RunRecord, StopReason, log_safe};
@@ -245,7 +246,7 @@ where
                 Ok(next) => next,
                 Err(response) => return *response,
             };
-            let number = match self.begin_attempt(index) {
+            let number = match self.begin_attempt(index).await {
                 Ok(number) => number,
                 Err(response) => return *response,
             };
@@ -265,6 +266,7 @@ where
                 &self.request,
                 &start.upstream_model,
             );
+            let state = StreamState::new();
             let plan = AttemptPlan {
                 index,
                 start: start.clone(),
@@ -275,6 +277,7 @@ where
                     .first_output_for(self.requirements.reasoning)
                     .unwrap_or(self.shared.timeouts.first_output),
                 witness: self.witness.clone(),
+                state: state.clone(),
             };
             let span = telemetry::attempt_span(
                 number,
@@ -283,7 +286,16 @@ where
                 &start.upstream_model,
             );
             self.run.begin_attempt(span.clone(), &start.target);
-            let in_flight = InFlight::new(self.run, start.clone());
+            // A turn dropped mid-attempt still pays for it: the provider
+            // goes on generating what it was asked for.
+            let unfinished = Unfinished {
+                budget: self.budget,
+                pricing: target.pricing,
+                prompt_tokens: self.requirements.prompt_tokens,
+                output_if_cut: self.output_if_cut(),
+                state,
+            };
+            let in_flight = InFlight::new(self.run, start.clone(), unfinished);
             let outcome = attempt::run(self.shared, plan, request, self.budget, self.run)
                 .instrument(span)
                 .await;
@@ -396,26 +408,78 @@ where
         }
     }
 
-    /// Draws one attempt from the turn's budget (and checks its spend).
-    fn begin_attempt(&mut self, index: usize) -> Result<u32, Early<ResBody, D>> {
+    /// Draws one attempt from the turn's budget: checks the turn's spend
+    /// ceiling, then reserves the attempt's estimate with the turn's tenant
+    /// (the first reservation is the turn's admission) before anything is
+    /// sent.
+    async fn begin_attempt(&mut self, index: usize) -> Result<u32, Early<ResBody, D>> {
         let target = &self.shared.targets[index];
-        let refused = |refusal: crate::budget::BudgetExhausted| {
-            self.run.stop(refusal.stop_reason());
-            Box::new(reply::budget_stop(
-                &self.shared.dialect,
-                &refusal,
-                self.first_failure.as_ref(),
-                self.budget,
-            ))
-        };
-        if let Some(estimate) = target.estimate(self.requirements.prompt_tokens, self.output_tokens)
+        let estimate = target.estimate(self.requirements.prompt_tokens, self.output_tokens);
+        if let Some(estimate) = estimate
             && let Err(refusal) = self.budget.check_spend(estimate)
         {
-            return Err(refused(refusal));
+            return Err(self.refuse(&refusal));
         }
-        let number = self.budget.try_begin_attempt().map_err(refused)?;
+        // Unpriced targets reserve nothing, but the tenant's total must
+        // still be below its ceiling.
+        if let Err(refusal) = self
+            .budget
+            .reserve_tenant(estimate.unwrap_or(Cost::ZERO))
+            .await
+        {
+            return Err(self.refuse(&refusal));
+        }
+        // A reservation left unused (no attempt left) is given back when
+        // the turn settles.
+        let number = match self.budget.try_begin_attempt() {
+            Ok(number) => number,
+            Err(refusal) => return Err(self.refuse(&refusal)),
+        };
         self.resting.attempted(index);
         Ok(number)
+    }
+
+    /// The turn stops, refused by its budget.
+    fn refuse(&self, refusal: &BudgetExhausted) -> Early<ResBody, D> {
+        self.run.stop(refusal.stop_reason());
+        Box::new(reply::budget_stop(
+            &self.shared.dialect,
+            refusal,
+            self.first_failure.as_ref(),
+            self.budget,
+        ))
+    }
+
+    /// Output tokens charged for an attempt cut before its answer came: a
+    /// whole answer is being generated all the same, so the request's
+    /// `max_tokens` (or the configured default); a stream's output is
+    /// counted as it comes.
+    fn output_if_cut(&self) -> u64 {
+        if self.requirements.stream {
+            0
+        } else {
+            self.output_tokens
+        }
+    }
+
+    /// What a failed attempt is charged, if anything: prompt tokens plus
+    /// the output seen, or plus [`output_if_cut`](Self::output_if_cut) for
+    /// a whole answer that timed out. Nothing for an attempt that never
+    /// reached the provider, or that the provider refused with an error
+    /// status (providers do not bill refused requests).
+    fn failed_charge(&self, attempt: &FailedAttempt, failure: &Classification) -> Option<Usage> {
+        let refused = failure
+            .status
+            .is_some_and(|s| s.is_client_error() || s.is_server_error());
+        if !failure.phase.may_have_reached_provider() || refused {
+            return None;
+        }
+        let output = if failure.class == FailureClass::Timeout {
+            attempt.output_events.max(self.output_if_cut())
+        } else {
+            attempt.output_events
+        };
+        Some(Usage::new(self.requirements.prompt_tokens, output))
     }
 
     /// Records a failed attempt, updates health, and decides what follows.
@@ -451,12 +515,11 @@ where
         if cooldown.is_some() {
             telemetry::cooldown_started(&target.provider, scope.as_str());
         }
-        // An attempt that got as far as a stream was processed by the
-        // provider: its estimated cost counts.
-        let charge = (failure.phase == Phase::Preamble).then(|| {
-            let estimate = Usage::new(self.requirements.prompt_tokens, attempt.output_events);
-            Charge::to_turn(self.budget, target.pricing, None, estimate)
-        });
+        // Every attempt the provider processed is paid for: its estimated
+        // cost counts.
+        let charge = self
+            .failed_charge(&attempt, &failure)
+            .map(|estimate| Charge::to_turn(self.budget, target.pricing, None, estimate));
         let decision = if client_named_unknown_model {
             Decision::Stop
         } else {

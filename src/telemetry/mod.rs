@@ -12,7 +12,7 @@
 //! | span | fields |
 //! |---|---|
 //! | [`span::TURN`] (one per turn) | `gen_ai.operation.name` = `chat`, `gen_ai.request.model` (the client's, escaped), `gen_ai.provider.name` (of the target that answered, once one did), `failover.run_id`, and when the turn ends `failover.attempts`, `failover.outcome`, `failover.stop_reason`, `error.type` |
-//! | [`span::ATTEMPT`] (a child per upstream attempt) | at the start `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` (the model sent upstream), `failover.target`, `failover.attempt`; when the attempt's decision is final `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `error.type`, `failover.class`, `failover.phase` (`preamble` or `committed`), `failover.bytes_flushed`, `failover.output_events`, `failover.decision`, `failover.cost_usd`, `http.response.status_code` |
+//! | [`span::ATTEMPT`] (a child per upstream attempt) | at the start `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` (the model sent upstream), `failover.target`, `failover.attempt`; when the attempt's decision is final `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `error.type`, `failover.class`, `failover.phase` (`preamble` or `committed`), `failover.bytes_flushed`, `failover.output_events`, `failover.decision`, `failover.cost_usd`, `failover.cost_estimated`, `http.response.status_code` |
 //!
 //! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
 //! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
@@ -127,6 +127,9 @@ pub mod attr {
     pub const FAILOVER_DECISION: &str = "failover.decision";
     /// The attempt's cost in US dollars.
     pub const FAILOVER_COST_USD: &str = "failover.cost_usd";
+    /// Whether the attempt's cost is an estimate (no usage reported: an
+    /// attempt cut short, a head timeout, a cancelled turn).
+    pub const FAILOVER_COST_ESTIMATED: &str = "failover.cost_estimated";
     /// How a turn ended.
     pub const FAILOVER_OUTCOME: &str = "failover.outcome";
     /// Why a turn stopped (`none` in labels when it did not).
@@ -424,6 +427,7 @@ pub(crate) fn attempt_span(
         { attr::FAILOVER_OUTPUT_EVENTS } = tracing::field::Empty,
         { attr::FAILOVER_DECISION } = tracing::field::Empty,
         { attr::FAILOVER_COST_USD } = tracing::field::Empty,
+        { attr::FAILOVER_COST_ESTIMATED } = tracing::field::Empty,
     )
 }
 
@@ -599,6 +603,7 @@ pub(crate) fn attempt_ended(
         span.record(attr::FAILOVER_DECISION, r.decision.as_str());
         if let Some(cost) = r.cost {
             span.record(attr::FAILOVER_COST_USD, cost.as_usd());
+            span.record(attr::FAILOVER_COST_ESTIMATED, r.estimated);
         }
     }
 
