@@ -297,3 +297,107 @@ async fn operator_endpoints_need_the_admin_key() {
     );
     running.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Health that only the provider can cool, over loopback: one key's
+/// requests that time out at first output (a slow prompt of its own) cool
+/// nothing for the others; the same timeouts from three different keys do.
+#[tokio::test]
+async fn one_keys_slow_requests_never_cool_the_model_for_the_others() {
+    let primary = FakeUpstream::builder("primary")
+        .tokens(2)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(2)
+        .start()
+        .await
+        .unwrap();
+    let keys: String = ["a", "b", "c", "d"]
+        .iter()
+        .map(|k| {
+            format!(
+                "[[keys]]\nname = \"{k}\"\nkey_sha256 = \"{}\"\n",
+                sha256_hex(&format!("sk-{k}"))
+            )
+        })
+        .collect();
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[budget]
+first_token_timeout_ms = 300
+max_attempts = 2
+
+[failover]
+max_retries_per_target = 0
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[providers]]
+name = "backup"
+base_url = "{}"
+
+[[routes]]
+model = "gpt-4o"
+targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
+
+{keys}
+"#,
+        primary.base_url(),
+        backup.base_url(),
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let addr = running.addr;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    // Which target answered a streamed request of `key`.
+    let answered_by = |key: &'static str| {
+        let client = client.clone();
+        async move {
+            let response = client
+                .request(
+                    Request::post(format!("http://{addr}/v1/chat/completions"))
+                        .header("authorization", format!("Bearer sk-{key}"))
+                        .body(Full::new(Bytes::from(
+                            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+                        )))
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let target = response.headers()["x-failover-target"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert!(body.ends_with(b"data: [DONE]\n\n"));
+            target
+        }
+    };
+    let slow = || {
+        "slow_first_token=2000"
+            .parse::<tower_llm_failover::testing::upstream::Fault>()
+            .unwrap()
+    };
+    // Key a: five requests the primary is slow to answer; each moves on.
+    primary.set_fault_times(slow(), 5);
+    for _ in 0..5 {
+        assert_eq!(answered_by("a").await, "backup");
+    }
+    // Key b's ordinary request right after still goes to the primary.
+    assert_eq!(answered_by("b").await, "primary");
+    // The same timeouts from three different keys: the model cools.
+    primary.set_fault_times(slow(), 3);
+    for key in ["b", "c", "d"] {
+        assert_eq!(answered_by(key).await, "backup");
+    }
+    assert_eq!(answered_by("a").await, "backup", "the primary rests");
+    running.shutdown(Duration::from_secs(1)).await;
+}
