@@ -114,6 +114,7 @@ pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
+#[cfg(feature = "redis")]
 pub(crate) use spend::settle_delta;
 pub use spend::{
     MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCheck, SpendError, SpendFuture, SpendStore,

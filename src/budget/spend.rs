@@ -178,6 +178,7 @@ pub trait SpendStore: fmt::Debug + Send + Sync + 'static {
 
 /// `actual - reserved` in nano-USD, as a signed store delta (clamped to
 /// `i64`, which every store's counter takes).
+#[cfg(any(feature = "redis", test))]
 pub(crate) fn settle_delta(reserved: Cost, actual: Cost) -> i64 {
     let delta = i128::from(actual.as_nanos()) - i128::from(reserved.as_nanos());
     i64::try_from(delta).unwrap_or(if delta < 0 { i64::MIN } else { i64::MAX })
