@@ -345,8 +345,7 @@ impl SpendStore for MemorySpendStore {
     }
 }
 
-/// The longest tenant name [`TenantSpend`] accepts, in bytes.
-pub const MAX_TENANT_LEN: usize = 128;
+pub use crate::identity::MAX_TENANT_LEN;
 
 /// Why [`TenantSpend`] refused a turn.
 #[derive(Debug, thiserror::Error)]

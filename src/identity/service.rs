@@ -44,7 +44,7 @@ impl<S, D> Identity<S, D> {
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
-                .filter(|t| !t.is_empty() && t.len() <= crate::budget::MAX_TENANT_LEN)
+                .filter(|t| !t.is_empty() && t.len() <= super::MAX_TENANT_LEN)
         });
         Ok(match tenant {
             Some(tenant) => client.with_tenant(tenant),
