@@ -401,3 +401,93 @@ targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
     assert_eq!(answered_by("a").await, "backup", "the primary rests");
     running.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A key's own daily spend ceiling: its turns are admitted while its
+/// spend (reserved, then settled to the real cost) is below it, then
+/// refused 402; another key is unaffected.
+#[tokio::test]
+async fn a_keys_own_spend_ceiling_stops_it_and_no_other_key() {
+    let primary = FakeUpstream::builder("primary")
+        .tokens(3)
+        .start()
+        .await
+        .unwrap();
+    // $1 a token; the fake reports 1 prompt and 3 completion tokens, so
+    // every turn really costs $4.
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[routes]]
+model = "gpt-4o"
+targets = [{{ provider = "primary", input_per_million = 1000000.0, output_per_million = 1000000.0 }}]
+
+[[keys]]
+name = "a"
+key_sha256 = "{}"
+spend_usd_per_day = 10.0
+
+[[keys]]
+name = "b"
+key_sha256 = "{}"
+"#,
+        primary.base_url(),
+        sha256_hex("sk-a"),
+        sha256_hex("sk-b"),
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let addr = running.addr;
+    let body = || {
+        Some(
+            r#"{"model":"gpt-4o","max_tokens":4,"stream":false,"messages":[{"role":"user","content":"hi"}]}"#
+                .to_owned(),
+        )
+    };
+    let key_a = [("authorization", "Bearer sk-a")];
+    let mut admitted = 0;
+    let refusal = loop {
+        let reply = send(addr, "/v1/chat/completions", &key_a, body()).await;
+        if reply.status != StatusCode::OK {
+            break reply;
+        }
+        admitted += 1;
+        assert!(admitted < 10, "the ceiling never stopped key a");
+        // The turn settles to its real cost in the background once its
+        // body is done.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // $0, $4 and $8 are below $10; $12 is not.
+    assert_eq!(admitted, 3);
+    assert_eq!(
+        refusal.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "{}",
+        refusal.body
+    );
+    assert!(
+        refusal.body.contains("tenant_spend_ceiling_reached"),
+        "{}",
+        refusal.body
+    );
+    assert_eq!(
+        primary.requests().len(),
+        3,
+        "the refused turn reached no provider"
+    );
+    let reply = send(
+        addr,
+        "/v1/chat/completions",
+        &[("authorization", "Bearer sk-b")],
+        body(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    running.shutdown(Duration::from_secs(1)).await;
+}

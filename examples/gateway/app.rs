@@ -557,6 +557,7 @@ impl Gateway {
             &tenants,
             &config.admin,
             stores.rate_limits.clone(),
+            &stores.spend,
             config.state.as_ref().is_some_and(|s| s.spend_fail_open),
         )?;
         let mut configured_models = std::collections::HashSet::new();
@@ -841,7 +842,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     let client = ClientId::of(&parts.extensions);
     let slot = match gateway
         .clients
-        .admit(&client, &requirements, error_answer)
+        .admit(&client, &requirements, &mut parts.extensions, error_answer)
         .await
     {
         Ok(slot) => slot,

@@ -16,6 +16,10 @@
 //!   `max_in_flight` (a stream holds its slot until its end), the answer
 //!   is `429` with `retry-after`. Other keys are unaffected. With
 //!   `[state] redis_url` the per-minute counts are shared by every replica.
+//! - `spend_usd_per_day` and `spend_usd_per_month` hold the key to its
+//!   own ceilings beside its tenant's: each attempt reserves its estimate
+//!   under the key's account too, and the turn settles it; past either,
+//!   `402 tenant_spend_ceiling_reached`.
 //! - `/metrics` and `/v1/health/targets` need the admin key
 //!   (`[admin] key_env`); without one configured they answer `401`.
 //! - The tenant is the key's `tenant` (default: its name). A tenant header
@@ -31,6 +35,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower_llm_failover::budget::{Cost, SpendCeilings, SpendStore, SpendWindow, TenantSpend};
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::dialect::Requirements;
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
@@ -62,6 +67,10 @@ pub(crate) struct KeyConfig {
     pub(crate) tokens_per_minute: Option<u32>,
     /// Model requests of this key at once (a stream until its end).
     pub(crate) max_in_flight: Option<usize>,
+    /// This key's own spend ceilings, USD per UTC day and month (beside
+    /// its tenant's `[state] tenant_ceiling_usd`).
+    pub(crate) spend_usd_per_day: Option<f64>,
+    pub(crate) spend_usd_per_month: Option<f64>,
 }
 
 /// `[tenants]`.
@@ -91,6 +100,8 @@ struct KeyPolicy {
     requests: Option<PerMinute>,
     tokens: Option<PerMinute>,
     in_flight: Option<Arc<Semaphore>>,
+    /// The key's own spend ceilings, reserved and settled with each turn.
+    ceilings: SpendCeilings,
 }
 
 /// The gateway's clients: the key table, each key's policy, and where the
@@ -111,6 +122,7 @@ impl Clients {
         tenants: &TenantsConfig,
         admin: &AdminConfig,
         rates: Option<Arc<dyn RateLimitStore>>,
+        spend: &Arc<dyn SpendStore>,
         fail_open: bool,
     ) -> Result<Self, String> {
         let mut table = ApiKeys::new();
@@ -154,6 +166,7 @@ impl Clients {
                     requests: key.requests_per_minute.and_then(PerMinute::new),
                     tokens: key.tokens_per_minute.and_then(PerMinute::new),
                     in_flight: key.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+                    ceilings: key_ceilings(key, spend, fail_open),
                 },
             );
         }
@@ -234,16 +247,22 @@ impl Clients {
 
     /// Admits a turn of `client` for `requirements`: the model list, the
     /// per-minute limits and the key's in-flight slot, or the refusal in
-    /// the route's dialect. The slot, if any, is held by what this returns.
+    /// the route's dialect. The slot, if any, is held by what this returns;
+    /// the key's own spend ceilings go into `extensions`, for the route's
+    /// budget layer to reserve with each attempt.
     pub(crate) async fn admit(
         &self,
         client: &ClientId,
         requirements: &Requirements,
+        extensions: &mut http::Extensions,
         answer: ErrorAnswer,
     ) -> Result<Option<OwnedSemaphorePermit>, Response> {
         let Some(policy) = self.policy(client) else {
             return Ok(None);
         };
+        if !policy.ceilings.is_empty() {
+            extensions.insert(policy.ceilings.clone());
+        }
         let name = client.label();
         if let Some(models) = &policy.models
             && !models
@@ -329,6 +348,28 @@ impl Clients {
             }
         }
     }
+}
+
+/// The account a key's own ceilings are kept under: `key`, a unit
+/// separator (no header value holds one, so no tenant can be named so),
+/// and the key's name.
+fn key_account(name: &str) -> String {
+    format!("key\u{1f}{name}")
+}
+
+fn key_ceilings(key: &KeyConfig, spend: &Arc<dyn SpendStore>, fail_open: bool) -> SpendCeilings {
+    let mut ceilings = SpendCeilings::new();
+    for (usd, window) in [
+        (key.spend_usd_per_day, SpendWindow::Day),
+        (key.spend_usd_per_month, SpendWindow::Month),
+    ] {
+        if let Some(usd) = usd {
+            let ceiling = TenantSpend::new(Arc::clone(spend), window, Cost::from_usd(usd))
+                .fail_open(fail_open);
+            ceilings = ceilings.ceiling(ceiling, key_account(&key.name));
+        }
+    }
+    ceilings
 }
 
 /// A `429` with `retry-after`.

@@ -167,7 +167,7 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
     let client = tower_llm_failover::identity::ClientId::of(&parts.extensions);
     let slot = match gateway
         .clients
-        .admit(&client, &requirements, error_answer)
+        .admit(&client, &requirements, &mut parts.extensions, error_answer)
         .await
     {
         Ok(slot) => slot,

@@ -52,6 +52,8 @@ pub(crate) struct Stores {
     pub(crate) rate_limits: Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>,
     /// `[state] tenant_header`: the older name of `[tenants] trust_header`.
     pub(crate) tenant_header: Option<String>,
+    /// Where spend is added up (per-key ceilings use it too).
+    pub(crate) spend: Arc<dyn SpendStore>,
 }
 
 impl Stores {
@@ -85,7 +87,7 @@ impl Stores {
                     other => return Err(format!("state.tenant_window: unknown {other}")),
                 };
                 Some(
-                    TenantSpend::new(spend, window, Cost::from_usd(usd))
+                    TenantSpend::new(Arc::clone(&spend), window, Cost::from_usd(usd))
                         .fail_open(state.spend_fail_open)
                         .require_tenant(state.require_tenant),
                 )
@@ -105,6 +107,7 @@ impl Stores {
             tenant,
             rate_limits,
             tenant_header,
+            spend,
         })
     }
 }

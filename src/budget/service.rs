@@ -52,6 +52,10 @@ impl<S, D> Budget<S, D> {
         budget: &TurnBudget,
         req: &Request<B>,
     ) -> Result<(), BudgetExhausted> {
+        // A later hop finds them set already and leaves them.
+        if let Some(ceilings) = req.extensions().get::<super::SpendCeilings>() {
+            budget.meter_ceilings(ceilings.clone());
+        }
         let Some(spend) = &self.settings.tenant else {
             return Ok(());
         };

@@ -625,6 +625,40 @@ impl Drop for Pending {
     }
 }
 
+/// More ceilings a request's turn is held to besides its tenant's: each a
+/// [`TenantSpend`] and the account it is kept under (a client key's own
+/// daily or monthly ceiling, say). An identity layer puts it in the
+/// request extensions; the [`BudgetLayer`](super::BudgetLayer) meters the
+/// turn with every one of them: each attempt reserves its estimate under
+/// each account, and the turn settles every account at its end. An
+/// account that reached its ceiling refuses the attempt like the tenant's.
+///
+/// Accounts share the store's names with tenants: give them a prefix a
+/// tenant cannot carry (the gateway uses `key` and a control character,
+/// which no header value holds).
+#[derive(Debug, Clone, Default)]
+pub struct SpendCeilings {
+    pub(crate) accounts: Vec<(TenantSpend, String)>,
+}
+
+impl SpendCeilings {
+    /// No further ceiling.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds the turn to `spend`'s ceiling under `account` too.
+    pub fn ceiling(mut self, spend: TenantSpend, account: impl Into<String>) -> Self {
+        self.accounts.push((spend, account.into()));
+        self
+    }
+
+    /// Whether it holds no ceiling.
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty()
+    }
+}
+
 /// One turn's account with its tenant: what its attempts reserved, settled
 /// once when the turn's budget is dropped (its body done or dropped, every
 /// charge made).

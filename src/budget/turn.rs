@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::backoff::{Backoff, Delay};
 use super::cost::Cost;
 use super::retry_budget::RetryBudget;
-use super::spend::{TenantLedger, TenantRefusal, TenantSpend};
+use super::spend::{SpendCeilings, TenantLedger, TenantRefusal, TenantSpend};
 use crate::identity::ClientId;
 pub use crate::units::RunId;
 
@@ -213,6 +213,7 @@ impl TurnLimits {
                 retry_budget: self.retry_budget.clone(),
                 client,
                 tenant: OnceLock::new(),
+                ceilings: OnceLock::new(),
             }),
         }
     }
@@ -282,6 +283,9 @@ struct Inner {
     client: ClientId,
     /// The tenant the turn's spend is reserved with and settled to.
     tenant: OnceLock<TenantLedger>,
+    /// Further accounts it is reserved with and settled to
+    /// ([`SpendCeilings`]).
+    ceilings: OnceLock<Vec<TenantLedger>>,
 }
 
 impl Drop for Inner {
@@ -289,8 +293,10 @@ impl Drop for Inner {
     /// every attempt's charge is made): the tenant's reservations are
     /// settled against what the turn really cost.
     fn drop(&mut self) {
-        if let Some(ledger) = self.tenant.get() {
-            ledger.settle_in_background(Cost::from_nanos(*self.spent.get_mut()));
+        let spent = Cost::from_nanos(*self.spent.get_mut());
+        let ceilings = self.ceilings.get().into_iter().flatten();
+        for ledger in self.tenant.get().into_iter().chain(ceilings) {
+            ledger.settle_in_background(spent);
         }
     }
 }
@@ -536,6 +542,22 @@ impl TurnBudget {
             .is_ok()
     }
 
+    /// Meter this turn under every account of `ceilings` too (set once:
+    /// `false` when the turn already had them, or `ceilings` is empty).
+    /// Reserved and settled like the tenant
+    /// ([`meter_tenant`](Self::meter_tenant)).
+    pub fn meter_ceilings(&self, ceilings: SpendCeilings) -> bool {
+        if ceilings.is_empty() {
+            return false;
+        }
+        let ledgers = ceilings
+            .accounts
+            .into_iter()
+            .map(|(spend, account)| TenantLedger::new(spend, account))
+            .collect();
+        self.inner.ceilings.set(ledgers).is_ok()
+    }
+
     /// The tenant this turn's spend is metered with, if any.
     pub fn tenant(&self) -> Option<&str> {
         self.inner.tenant.get().map(TenantLedger::tenant)
@@ -554,11 +576,16 @@ impl TurnBudget {
     /// the estimate until the turn settles. The first attempt's
     /// reservation is the turn's admission. Always fine for a turn without
     /// a tenant.
+    ///
+    /// The same estimate is reserved under each account of the turn's
+    /// [`SpendCeilings`]; the first that refuses refuses the attempt (what
+    /// the others reserved for it is given back when the turn settles).
     pub async fn reserve_tenant(&self, estimate: Cost) -> Result<(), BudgetExhausted> {
-        match self.inner.tenant.get() {
-            Some(ledger) => ledger.reserve(estimate).await.map_err(Into::into),
-            None => Ok(()),
+        let ceilings = self.inner.ceilings.get().into_iter().flatten();
+        for ledger in self.inner.tenant.get().into_iter().chain(ceilings) {
+            ledger.reserve(estimate).await?;
         }
+        Ok(())
     }
 
     /// Whether a wait of `wait` starting now would end before the deadline.
