@@ -1120,11 +1120,16 @@ fn gateway_binary() -> Option<std::path::PathBuf> {
     binary.is_file().then_some(binary)
 }
 
-fn spawn_gateway(binary: &std::path::Path, config: &std::path::Path) -> GatewayProcess {
+fn spawn_gateway(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+    env: &[(&str, &str)],
+) -> GatewayProcess {
     use std::io::BufRead;
     let mut child = std::process::Command::new(binary)
         .args(["--listen", "127.0.0.1:0", "--config"])
         .arg(config)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -1199,8 +1204,8 @@ base_url = "{}"
         redis.port
     ));
     std::fs::write(&path, config).unwrap();
-    let a = spawn_gateway(&binary, &path);
-    let b = spawn_gateway(&binary, &path);
+    let a = spawn_gateway(&binary, &path, &[]);
+    let b = spawn_gateway(&binary, &path, &[]);
     let _ = std::fs::remove_file(&path);
 
     primary.set_fault_times("status=429;retry_after=30".parse::<Fault>().unwrap(), 1);
@@ -1312,4 +1317,101 @@ async fn the_redis_index_of_client_named_keys_stays_at_the_cap() {
             .filter(|e| e.key != configured)
             .all(|e| e.key.is_client_named())
     );
+}
+
+/// Two gateway processes with client keys: each reads the key from its
+/// environment (`key_env`), a request without it is refused 401, and the
+/// key's `requests_per_minute` is one allowance across both processes
+/// (counted on Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_processes_share_a_keys_rate_limit() {
+    let Some(redis) = RedisServer::start("two_gateway_processes_share_a_keys_rate_limit").await
+    else {
+        return;
+    };
+    let Some(binary) = gateway_binary() else {
+        let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        assert!(
+            !ci,
+            "the gateway example is not built; CI=true, so this test cannot skip"
+        );
+        eprintln!(
+            "!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)"
+        );
+        return;
+    };
+    let primary = FakeUpstream::builder("primary")
+        .tokens(2)
+        .start()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+[state]
+redis_url = "{}"
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[keys]]
+name = "team-a"
+key_env = "TLF_TEST_TEAM_A_KEY"
+requests_per_minute = 3
+"#,
+        redis.url(),
+        primary.base_url(),
+    );
+    let path = std::env::temp_dir().join(format!(
+        "tlf-gateway-keys-{}-{}.toml",
+        std::process::id(),
+        redis.port
+    ));
+    std::fs::write(&path, config).unwrap();
+    let env = [("TLF_TEST_TEAM_A_KEY", "sk-from-the-environment")];
+    let a = spawn_gateway(&binary, &path, &env);
+    let b = spawn_gateway(&binary, &path, &env);
+    let _ = std::fs::remove_file(&path);
+
+    let ask = |addr: std::net::SocketAddr, key: Option<&'static str>| async move {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let mut request = Request::post(format!("http://{addr}/v1/chat/completions"));
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let body =
+            r#"{"model":"gpt-4o","stream":false,"messages":[{"role":"user","content":"hi"}]}"#;
+        let response = tokio::time::timeout(
+            Duration::from_secs(20),
+            client.request(request.body(Full::new(Bytes::from(body))).unwrap()),
+        )
+        .await
+        .expect("the gateway answers in time")
+        .unwrap();
+        let status = response.status();
+        let retry_after = response.headers().contains_key("retry-after");
+        response.into_body().collect().await.unwrap();
+        (status, retry_after)
+    };
+    assert_eq!(ask(a.addr, None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        ask(b.addr, Some("sk-wrong")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let key = Some("sk-from-the-environment");
+    let mut statuses = Vec::new();
+    for addr in [a.addr, b.addr, a.addr, b.addr] {
+        statuses.push(ask(addr, key).await);
+    }
+    assert_eq!(
+        statuses,
+        [
+            (StatusCode::OK, false),
+            (StatusCode::OK, false),
+            (StatusCode::OK, false),
+            (StatusCode::TOO_MANY_REQUESTS, true),
+        ],
+        "three a minute across both processes"
+    );
+    assert_eq!(primary.requests().len(), 3);
 }
