@@ -100,6 +100,32 @@ impl FailureClass {
                 | Self::PayloadTooLarge
         )
     }
+
+    /// A short, stable message a client may be shown for a failure of
+    /// this class. Provider messages and transport errors carry account
+    /// and project ids, proxy addresses and error chains: they stay in
+    /// records and logs, and clients get this instead (the provider's own
+    /// message reaches a client only for an error about its request).
+    pub fn client_message(self) -> &'static str {
+        match self {
+            Self::RateLimited => "the provider is rate limiting requests; retry later",
+            Self::QuotaExhausted => "the provider's quota for this gateway is exhausted",
+            Self::Overloaded => "the provider is overloaded; retry later",
+            Self::ServerError => "the provider failed to answer",
+            Self::Timeout => "the provider did not answer in time",
+            Self::Connect => "the provider could not be reached",
+            Self::Auth => "the provider refused the gateway's credential",
+            Self::PermissionDenied => "the provider refused access to this model",
+            Self::ModelNotFound => "the provider does not know this model",
+            Self::InvalidRequest => "the request is invalid",
+            Self::ContextLengthExceeded => "the request does not fit the model's context window",
+            Self::ContentFiltered => "the provider's content policy blocked the answer",
+            Self::PayloadTooLarge => "the request is too large for the provider",
+            Self::InvalidResponse => "the provider's answer was broken",
+            Self::Cancelled => "the request was cancelled",
+            Self::Shutdown => "the gateway is shutting down; retry the request",
+        }
+    }
 }
 
 impl fmt::Display for FailureClass {

@@ -1405,3 +1405,30 @@ async fn the_default_idle_timeout_ends_a_stalled_committed_stream() {
     );
     assert!(reply.body.ends_with("data: [DONE]\n\n"));
 }
+
+/// A forced probe is one try, never followed by retries on the same
+/// target: the turn may have spent that target's retries before it came
+/// to rest, and a probe's failure says the rest goes on.
+#[tokio::test(start_paused = true)]
+async fn a_forced_probe_is_never_retried() {
+    // The first turn cools the target for 60 s (a rate limit with a hint).
+    let a = FakeProvider::new("a")
+        .then(Reply::status(429, OPENAI_429).header("retry-after", "60"))
+        .always(Reply::status(500, SERVER_500));
+    let failover = Failover::builder()
+        .target(Target::new("a", a.clone()))
+        .max_retries_per_target(2)
+        .build();
+    let first = send(&failover, request(false, serde_json::json!({}))).await;
+    assert_ne!(first.status, 200, "{}", first.body);
+    let calls = a.calls();
+    assert!(matches!(
+        availability(&failover, "a"),
+        Availability::Cooling(_)
+    ));
+    // Nothing else is left: the resting target is probed once, its 500 is
+    // not retried although two retries per target are allowed.
+    let second = send(&failover, request(false, serde_json::json!({}))).await;
+    assert_ne!(second.status, 200, "{}", second.body);
+    assert_eq!(a.calls(), calls + 1, "one probe, no retries");
+}

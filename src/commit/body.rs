@@ -566,11 +566,9 @@ impl<D: Dialect> Inspector<D> {
             self.state.set_failure(failure, StreamStatus::Finished);
             return self.end("finished, then failed");
         }
-        let message = if classification.message.is_empty() {
-            format!("upstream failure: {}", classification.class)
-        } else {
-            classification.message.clone()
-        };
+        // The provider's message and transport chains stay in the log line
+        // below and the records: the client gets the class's own message.
+        let message = classification.class.client_message();
         let error = TerminalError::new(classification.class, phase, message)
             .provider_code(classification.provider_code.clone())
             .sent(bytes_sent, self.output_events);

@@ -135,17 +135,20 @@ pub(super) fn exhausted<B, D: Dialect>(
         Some((target, failure)) if only_probes => {
             return unavailable(&format!(
                 "no target is available right now{suffix}; the probe of {target} failed: {}: {}",
-                failure.class, failure.message
+                failure.class,
+                failure.class.client_message()
             ));
         }
         Some(first) => first,
         None => return unavailable(&format!("no target is available right now{suffix}")),
     };
+    // The provider's message stays in the records: for the client, a
+    // stable message of the class.
     let message = format!(
         "all options spent after {attempts} attempt{}; first failure: {} from {target}: {}{suffix}",
         if attempts == 1 { "" } else { "s" },
         failure.class,
-        failure.message,
+        failure.class.client_message(),
     );
     // A request error nobody else could take (a context window too small
     // everywhere) keeps its own status; provider trouble maps by class.
@@ -179,7 +182,8 @@ pub(super) fn budget_stop<B, D: Dialect>(
             let message = match first {
                 Some((target, failure)) => format!(
                     "{message}; first failure: {} from {target}: {}",
-                    failure.class, failure.message
+                    failure.class,
+                    failure.class.client_message()
                 ),
                 None => message,
             };
