@@ -421,7 +421,11 @@ async fn anthropic_providers_get_their_own_key_and_never_the_clients_credentials
         &[
             ("x-api-key", "sk-client-own"),
             ("authorization", "Bearer sk-client-own"),
-            ("anthropic-beta", "tools-2024-04-04"),
+            // Allow-listed, then one that reaches past the request.
+            (
+                "anthropic-beta",
+                "interleaved-thinking-2025-05-14,files-api-2025-04-14",
+            ),
             ("anthropic-dangerous-direct-browser-access", "true"),
         ],
     )
@@ -434,7 +438,11 @@ async fn anthropic_providers_get_their_own_key_and_never_the_clients_credentials
     assert_eq!(seen.header("x-api-key"), Some("sk-gateway"));
     assert_eq!(seen.header("authorization"), None);
     assert_eq!(seen.header("anthropic-version"), Some("2023-06-01"));
-    assert_eq!(seen.header("anthropic-beta"), Some("tools-2024-04-04"));
+    // Betas pass through the header policy's allow-list only.
+    assert_eq!(
+        seen.header("anthropic-beta"),
+        Some("interleaved-thinking-2025-05-14")
+    );
     assert_eq!(
         seen.header("anthropic-dangerous-direct-browser-access"),
         None

@@ -176,6 +176,9 @@ pub(crate) struct FailoverConfig {
     /// Provider response headers that reach the client, besides the
     /// library's defaults.
     pub(crate) forward_response_headers: Vec<String>,
+    /// `anthropic-beta` values clients may send on, besides the library's
+    /// allow-list (`DEFAULT_ANTHROPIC_BETAS`).
+    pub(crate) allow_anthropic_betas: Vec<String>,
 }
 
 impl Default for FailoverConfig {
@@ -198,6 +201,7 @@ impl Default for FailoverConfig {
             refuse_when_cooling: false,
             forward_request_headers: Vec::new(),
             forward_response_headers: Vec::new(),
+            allow_anthropic_betas: Vec::new(),
         }
     }
 }
@@ -591,6 +595,7 @@ impl Gateway {
                 .refuse_when_cooling(f.refuse_when_cooling)
                 .forward_request_headers(&f.forward_request_headers)
                 .forward_response_headers(&f.forward_response_headers)
+                .allow_anthropic_betas(&f.allow_anthropic_betas)
                 .stream(stream_layer.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));

@@ -3,7 +3,7 @@
 //! response headers (to the client). See [`HeaderPolicy`].
 
 use http::header::CONNECTION;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Client request headers that reach the provider by default.
 ///
@@ -27,6 +27,27 @@ pub const DEFAULT_REQUEST_HEADERS: [&str; 7] = [
     "tracestate",
     "anthropic-version",
     "anthropic-beta",
+];
+
+/// The `anthropic-beta` values that reach the provider by default; any
+/// other beta a client names is dropped (and the header with it when none
+/// is left).
+///
+/// Each of these changes only the shape or length of the answer the
+/// client asked for. Left out on purpose, because they reach past the
+/// request: `files-api-*` (the operator's stored files), `mcp-client-*`
+/// (the provider fetches URLs the client chose), `code-execution-*` (runs
+/// code on the operator's account), `context-1m-*` (a pricing tier the
+/// gateway's spend figures do not model), and every beta not listed.
+/// An operator adds more with [`HeaderPolicy::allow_anthropic_betas`].
+pub const DEFAULT_ANTHROPIC_BETAS: [&str; 7] = [
+    "interleaved-thinking-2025-05-14",
+    "fine-grained-tool-streaming-2025-05-14",
+    "token-efficient-tools-2025-02-19",
+    "output-128k-2025-02-19",
+    "prompt-caching-2024-07-31",
+    "extended-cache-ttl-2025-04-11",
+    "context-management-2025-06-27",
 ];
 
 /// Provider response headers that reach the client by default (a name
@@ -122,7 +143,12 @@ const NEVER: [&str; 9] = [
 pub struct HeaderPolicy {
     request: Vec<Box<str>>,
     response: Vec<Box<str>>,
+    /// The `anthropic-beta` values a forwarded header may carry.
+    betas: Vec<Box<str>>,
 }
+
+/// A request header whose comma-separated values pass one by one.
+const ANTHROPIC_BETA: &str = "anthropic-beta";
 
 impl Default for HeaderPolicy {
     fn default() -> Self {
@@ -137,6 +163,7 @@ impl HeaderPolicy {
         Self::empty()
             .forward_request_headers(DEFAULT_REQUEST_HEADERS)
             .forward_response_headers(DEFAULT_RESPONSE_HEADERS)
+            .allow_anthropic_betas(DEFAULT_ANTHROPIC_BETAS)
     }
 
     /// Empty lists: no header crosses but those named later (and those the
@@ -145,7 +172,27 @@ impl HeaderPolicy {
         Self {
             request: Vec::new(),
             response: Vec::new(),
+            betas: Vec::new(),
         }
+    }
+
+    /// Adds `anthropic-beta` values a client may ask the provider for
+    /// (exact names; the header itself must be forwarded too, as it is by
+    /// default). See [`DEFAULT_ANTHROPIC_BETAS`] for what is allowed
+    /// unless added here, and why.
+    pub fn allow_anthropic_betas<I>(mut self, betas: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        add(&mut self.betas, betas);
+        self
+    }
+
+    /// Whether an `anthropic-beta` value reaches the provider.
+    pub fn allows_anthropic_beta(&self, beta: &str) -> bool {
+        let beta = beta.trim().to_ascii_lowercase();
+        self.betas.iter().any(|b| **b == *beta)
     }
 
     /// Adds client request headers that reach the provider.
@@ -194,9 +241,43 @@ impl HeaderPolicy {
     pub(crate) fn copy_request(&self, client: &HeaderMap, upstream: &mut HeaderMap) {
         let named = named_by_connection(client);
         for (name, value) in client {
-            if passes(&self.request, name, &named) {
-                upstream.append(name.clone(), value.clone());
+            if !passes(&self.request, name, &named) {
+                continue;
             }
+            if name.as_str() == ANTHROPIC_BETA {
+                if let Some(kept) = self.kept_betas(value) {
+                    upstream.append(name.clone(), kept);
+                }
+                continue;
+            }
+            upstream.append(name.clone(), value.clone());
+        }
+    }
+
+    /// The allowed betas of one `anthropic-beta` value, or `None` when
+    /// none is (the value as it came when every one is).
+    fn kept_betas(&self, value: &HeaderValue) -> Option<HeaderValue> {
+        let text = value.to_str().ok()?;
+        let betas: Vec<&str> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|b| !b.is_empty())
+            .collect();
+        let kept: Vec<&str> = betas
+            .iter()
+            .copied()
+            .filter(|b| self.allows_anthropic_beta(b))
+            .collect();
+        if kept.len() < betas.len() {
+            tracing::debug!(
+                asked = %crate::record::log_safe(text),
+                "anthropic-beta values outside the allow-list dropped"
+            );
+        }
+        match kept.len() {
+            0 => None,
+            n if n == betas.len() => Some(value.clone()),
+            _ => HeaderValue::from_str(&kept.join(",")).ok(),
         }
     }
 
@@ -302,6 +383,43 @@ mod tests {
         assert!(wide.forwards_request_header("x-custom"));
         let named = HeaderPolicy::new().forward_request_headers(["X-Api-Key"]);
         assert!(named.forwards_request_header("x-api-key"));
+    }
+
+    #[test]
+    fn anthropic_betas_pass_only_from_the_allow_list() {
+        let mut client = HeaderMap::new();
+        client.append(
+            "anthropic-beta",
+            "interleaved-thinking-2025-05-14, files-api-2025-04-14"
+                .parse()
+                .unwrap(),
+        );
+        client.append("anthropic-beta", "mcp-client-2025-04-04".parse().unwrap());
+        client.append("anthropic-beta", "output-128k-2025-02-19".parse().unwrap());
+        let mut upstream = HeaderMap::new();
+        HeaderPolicy::new().copy_request(&client, &mut upstream);
+        let sent: Vec<_> = upstream.get_all("anthropic-beta").iter().collect();
+        assert_eq!(
+            sent,
+            ["interleaved-thinking-2025-05-14", "output-128k-2025-02-19"]
+        );
+        // An operator may allow more; a policy that does not forward the
+        // header sends none.
+        let mut upstream = HeaderMap::new();
+        HeaderPolicy::new()
+            .allow_anthropic_betas(["files-api-2025-04-14"])
+            .copy_request(&client, &mut upstream);
+        let sent: Vec<_> = upstream.get_all("anthropic-beta").iter().collect();
+        assert_eq!(
+            sent,
+            [
+                "interleaved-thinking-2025-05-14, files-api-2025-04-14",
+                "output-128k-2025-02-19"
+            ]
+        );
+        let mut upstream = HeaderMap::new();
+        HeaderPolicy::empty().copy_request(&client, &mut upstream);
+        assert!(upstream.get("anthropic-beta").is_none());
     }
 
     #[test]

@@ -180,7 +180,9 @@ pub use body::FailoverBody;
 pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
 pub use decision::Decision;
-pub use headers::{DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy};
+pub use headers::{
+    DEFAULT_ANTHROPIC_BETAS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy,
+};
 #[cfg(feature = "redis")]
 pub(crate) use health::SharedState;
 pub use health::{

@@ -348,6 +348,17 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Adds `anthropic-beta` values clients may send on to providers
+    /// (see [`HeaderPolicy::allow_anthropic_betas`]).
+    pub fn allow_anthropic_betas<I>(mut self, betas: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.headers = self.headers.allow_anthropic_betas(betas);
+        self
+    }
+
     /// Cooldowns of failing targets, for the store [`build`](Self::build)
     /// makes when none is given with [`health`](Self::health).
     pub fn cooldown(mut self, policy: CooldownPolicy) -> Self {

@@ -28,8 +28,9 @@ const OVERLOADED: u16 = 529;
 ///   `disable_parallel_tool_use`), image and document blocks, `max_tokens`,
 ///   `thinking`, `stream`. A stream always reports usage.
 /// - **Upstream**: the client's bytes with the target's `model` spliced
-///   in; `anthropic-version` (the client's, else `2023-06-01`) and the
-///   client's `anthropic-beta`.
+///   in; `anthropic-version` `2023-06-01` when the header policy forwarded
+///   none. The client's `anthropic-version` and `anthropic-beta` cross as
+///   the header policy says (betas through its allow-list).
 /// - **Events**: `message_start`, `ping`, `content_block_stop` and the
 ///   `content_block_start` of an empty text or thinking block are preamble;
 ///   any `content_block_delta`, any other `content_block_start` (a

@@ -19,6 +19,7 @@ use crate::dialect::{RequestError, Requirements};
 pub(super) const DEFAULT_VERSION: &str = "2023-06-01";
 
 const VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+#[cfg(test)]
 const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// A parsed Messages request: the body, and where its `model` is.
@@ -220,17 +221,13 @@ pub(super) fn upstream_body(request: &MessagesRequest, model: &str) -> Bytes {
     Bytes::from(splice(&request.body, edits))
 }
 
-/// `anthropic-version` (the client's, else [`DEFAULT_VERSION`]) and the
-/// client's `anthropic-beta`, whatever the header policy forwards.
-pub(super) fn upstream_headers(client: &HeaderMap, upstream: &mut HeaderMap) {
-    let version = client
-        .get(&VERSION)
-        .cloned()
-        .unwrap_or(HeaderValue::from_static(DEFAULT_VERSION));
-    upstream.insert(VERSION, version);
-    upstream.remove(&BETA);
-    for beta in client.get_all(&BETA) {
-        upstream.append(BETA, beta.clone());
+/// `anthropic-version` when the header policy forwarded none (the
+/// provider refuses a request without it): [`DEFAULT_VERSION`]. The
+/// client's `anthropic-version` and `anthropic-beta` cross only as the
+/// policy says (betas through its allow-list), never around it.
+pub(super) fn upstream_headers(_client: &HeaderMap, upstream: &mut HeaderMap) {
+    if !upstream.contains_key(&VERSION) {
+        upstream.insert(VERSION, HeaderValue::from_static(DEFAULT_VERSION));
     }
 }
 
@@ -324,20 +321,21 @@ mod tests {
     }
 
     #[test]
-    fn version_defaults_and_beta_follows_the_client() {
+    fn version_defaults_and_betas_never_go_around_the_header_policy() {
         let mut upstream = HeaderMap::new();
         upstream_headers(&HeaderMap::new(), &mut upstream);
         assert_eq!(upstream[VERSION], DEFAULT_VERSION);
         assert!(upstream.get(BETA).is_none());
 
+        // What the policy forwarded stays; the dialect adds no beta of the
+        // client's that the policy did not forward.
         let mut client = HeaderMap::new();
         client.insert(VERSION, HeaderValue::from_static("2024-01-01"));
-        client.append(BETA, HeaderValue::from_static("a-2025"));
-        client.append(BETA, HeaderValue::from_static("b-2025"));
+        client.append(BETA, HeaderValue::from_static("files-api-2025-04-14"));
         let mut upstream = HeaderMap::new();
+        upstream.insert(VERSION, HeaderValue::from_static("2024-01-01"));
         upstream_headers(&client, &mut upstream);
         assert_eq!(upstream[VERSION], "2024-01-01");
-        let betas: Vec<_> = upstream.get_all(BETA).iter().collect();
-        assert_eq!(betas, ["a-2025", "b-2025"]);
+        assert!(upstream.get(BETA).is_none());
     }
 }
