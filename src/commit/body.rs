@@ -128,6 +128,10 @@ where
         parts.headers.remove(CONTENT_LENGTH);
         let state = StreamState::new();
         parts.extensions.insert(state.clone());
+        if let Some(at) = deadline {
+            // This body ends the stream then, with a terminal event.
+            parts.extensions.insert(crate::time::EndsItselfAt(at));
+        }
         let body = Self::inspect(inner, config, state, None, false, deadline, None);
         Response::from_parts(parts, body)
     }
