@@ -1281,17 +1281,18 @@ async fn hostile_request_fields_are_handled_not_panicked_on() {
                 .capabilities(Capabilities::default().context_window(8_000)),
         )
         .build();
-    // `stream_options` of the wrong type: usage is still turned on upstream.
+    // `stream_options` of the wrong type: refused before any upstream (a
+    // lenient provider and the gateway could read it differently).
     let reply = send(
         &failover,
         request(true, serde_json::json!({"stream_options": 1})),
     )
     .await;
-    assert_eq!(reply.status, 200);
-    assert_eq!(
-        primary.seen()[0].body["stream_options"]["include_usage"],
-        true
-    );
+    assert_eq!(reply.status, 400);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(json["error"]["code"], "invalid_type");
+    assert_eq!(json["error"]["param"], "stream_options");
+    assert_eq!(primary.calls(), 0);
     // A max_tokens that would overflow the window check.
     let reply = send(
         &failover,
