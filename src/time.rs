@@ -14,6 +14,16 @@ pub(crate) fn later(at: Instant, duration: Duration) -> Instant {
         .unwrap_or_else(|| at + Duration::from_secs(60 * 60 * 24 * 365 * 30))
 }
 
+/// Put in a response's extensions by a body that ends itself at this
+/// instant with its dialect's terminal event (the commit machine, when it
+/// was given the turn's deadline). A deadline layer outside leaves the cut
+/// to it: two timers for one instant may fire in either order on a
+/// multi-threaded runtime, and an outer cut is a bare body error, which
+/// hyper turns into an aborted chunked body (no terminal event, no end
+/// marker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EndsItselfAt(pub(crate) Instant);
+
 /// The task a wait will wake: set when the wait returned `Pending` to it.
 /// A wait polled again by that same task, with nothing new to tell, need
 /// not be polled at all: it will wake the task when it ends. Its owner

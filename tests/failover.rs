@@ -907,6 +907,82 @@ async fn bad_request_bodies_never_reach_an_upstream() {
     assert_eq!(primary.calls(), 0);
 }
 
+/// `"stream": "true"` is a stream to a provider that coerces it and a whole
+/// answer to a strict reader: such fields are refused before any upstream
+/// sees them, in the client's dialect, naming the field.
+#[tokio::test(start_paused = true)]
+async fn fields_a_provider_would_coerce_are_refused_in_the_clients_dialect() {
+    let chat = FakeProvider::new("chat");
+    let chat_failover = Failover::builder()
+        .target(Target::new("chat", chat.clone()))
+        .build();
+    let messages = FakeProvider::new("messages");
+    let messages_failover = Failover::builder()
+        .dialect(AnthropicMessages)
+        .target(Target::new("messages", messages.clone()))
+        .build();
+    let chat_cases = [
+        (r#""stream":"true""#, "stream"),
+        (r#""stream":1"#, "stream"),
+        (
+            r#""stream":true,"stream_options":{"include_usage":1}"#,
+            "stream_options.include_usage",
+        ),
+        (r#""n":"2""#, "n"),
+        (r#""n":0"#, "n"),
+        (r#""max_tokens":10.0"#, "max_tokens"),
+        (r#""max_completion_tokens":-1"#, "max_completion_tokens"),
+    ];
+    for (extra, field) in chat_cases {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],{extra}}}"#);
+        let request = Request::post("/v1/chat/completions")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = send(&chat_failover, request).await;
+        assert_eq!(reply.status, 400, "{extra}");
+        let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
+        assert_eq!(json["error"]["code"], "invalid_type", "{json}");
+        assert_eq!(json["error"]["param"], field, "{json}");
+        assert!(
+            json["error"]["message"].as_str().unwrap().contains(field),
+            "{json}"
+        );
+    }
+    let messages_cases = [
+        (r#""stream":"true""#, "stream"),
+        (r#""stream":1"#, "stream"),
+        (r#""max_tokens":"5""#, "max_tokens"),
+        (r#""model":7"#, "model"),
+    ];
+    for (extra, field) in messages_cases {
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],{extra}}}"#);
+        // Every case names a model and `max_tokens` unless it is the field at fault.
+        let body = match field {
+            "model" => body.replacen('{', r#"{"max_tokens":5,"#, 1),
+            "max_tokens" => body.replacen('{', r#"{"model":"m","#, 1),
+            _ => body.replacen('{', r#"{"model":"m","max_tokens":5,"#, 1),
+        };
+        let request = Request::post("/v1/messages")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = messages_failover.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 400, "{extra}");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        // Anthropic's shape: a top-level `type: error`.
+        assert_eq!(json["type"], "error", "{json}");
+        assert_eq!(json["error"]["type"], "invalid_request_error", "{json}");
+        assert_eq!(json["error"]["code"], "invalid_type", "{json}");
+        assert!(
+            json["error"]["message"].as_str().unwrap().contains(field),
+            "{json}"
+        );
+    }
+    assert_eq!((chat.calls(), messages.calls()), (0, 0));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_bad_request_body_is_answered_with_its_own_error_type_in_the_clients_dialect() {
     let primary = FakeProvider::new("primary");
@@ -1205,17 +1281,18 @@ async fn hostile_request_fields_are_handled_not_panicked_on() {
                 .capabilities(Capabilities::default().context_window(8_000)),
         )
         .build();
-    // `stream_options` of the wrong type: usage is still turned on upstream.
+    // `stream_options` of the wrong type: refused before any upstream (a
+    // lenient provider and the gateway could read it differently).
     let reply = send(
         &failover,
         request(true, serde_json::json!({"stream_options": 1})),
     )
     .await;
-    assert_eq!(reply.status, 200);
-    assert_eq!(
-        primary.seen()[0].body["stream_options"]["include_usage"],
-        true
-    );
+    assert_eq!(reply.status, 400);
+    let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(json["error"]["code"], "invalid_type");
+    assert_eq!(json["error"]["param"], "stream_options");
+    assert_eq!(primary.calls(), 0);
     // A max_tokens that would overflow the window check.
     let reply = send(
         &failover,

@@ -117,3 +117,52 @@ async fn stream_layer_alone_ends_a_stream_at_a_budget_deadline_inside_it() {
         FailureClass::Timeout
     );
 }
+
+/// The budget layer and the commit machine inside it once armed timers for
+/// the same instant; on a multi-threaded runtime the outer one could fire
+/// first and cut the body with a bare error (hyper then aborts the chunked
+/// body: no terminal chunk, no `[DONE]`). With the commit machine inside,
+/// it alone owns the deadline: every stream cut by the turn's deadline ends
+/// with the terminal chunk and `[DONE]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_cut_at_the_turn_deadline_always_ends_with_its_terminal_chunk() {
+    const ROUNDS: usize = 50;
+    const STREAMS: usize = 64;
+    let primary =
+        FakeProvider::new("primary").always(Reply::tokens_then("primary", 2, vec![Step::Stall]));
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary.clone()))
+        .idle_timeout(Duration::from_secs(600))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(BudgetLayer::new().deadline(Duration::from_millis(30)))
+        .service(failover);
+    for round in 0..ROUNDS {
+        let streams: Vec<_> = (0..STREAMS)
+            .map(|_| {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let response = service.oneshot(request()).await.unwrap();
+                    let state = response.extensions().get::<StreamState>().unwrap().clone();
+                    let body = response.into_body().collect().await;
+                    (body.map(|b| b.to_bytes()), state.status())
+                })
+            })
+            .collect();
+        for stream in streams {
+            let (body, status) = tokio::time::timeout(Duration::from_secs(10), stream)
+                .await
+                .expect("the stream ended within its bound")
+                .unwrap();
+            let body = body.unwrap_or_else(|error| {
+                panic!("round {round}: the body was cut without a terminal chunk: {error}")
+            });
+            let text = std::str::from_utf8(&body).unwrap();
+            assert_eq!(text.matches("primary-").count(), 2, "{text}");
+            assert!(text.contains("\"finish_reason\":\"error\""), "{text}");
+            assert!(text.contains("\"code\":\"timeout\""), "{text}");
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            assert_eq!(status, StreamStatus::Failed);
+        }
+    }
+}

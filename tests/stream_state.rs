@@ -487,3 +487,87 @@ async fn a_huge_idle_timeout_means_no_idle_timeout_not_a_panic() {
     assert_eq!(events(&concat(&frames)).len(), 4);
     assert_eq!(state.status(), StreamStatus::Finished);
 }
+
+/// A chunk of choice `index` of an `n > 1` stream.
+fn nth(index: u32, delta: &str, finish: Option<&str>) -> Bytes {
+    let finish = serde_json::Value::from(finish);
+    Bytes::from(format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":{index},\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+    ))
+}
+
+/// `n: 2`: choice 0 finishes, then the upstream resets while choice 1 is
+/// mid-answer. The stream is not whole: the client gets the terminal chunk,
+/// and the state records a failure, not a finish.
+#[tokio::test(start_paused = true)]
+async fn n2_one_choice_finished_then_reset_ends_with_a_terminal_chunk() {
+    let mut steps = data([
+        nth(0, r#"{"role":"assistant","content":""}"#, None),
+        nth(1, r#"{"role":"assistant","content":""}"#, None),
+        nth(0, r#"{"content":"zero"}"#, None),
+        nth(1, r#"{"content":"one, half"}"#, None),
+        nth(0, "{}", Some("stop")),
+    ]);
+    steps.push(Step::Error("connection reset by peer".into()));
+    let (frames, state) = run(StreamStateLayer::new(), steps).await;
+    let all = events(&concat(&frames));
+    assert_eq!(all.len(), 7, "five chunks, terminal, [DONE]: {all:?}");
+    let terminal = terminal_json(&all[5]);
+    assert_eq!(terminal["choices"][0]["finish_reason"], "error");
+    assert_eq!(terminal["error"]["code"], "connect");
+    assert_eq!(all[6], "data: [DONE]");
+    assert_eq!(state.status(), StreamStatus::Failed);
+    let snapshot = state.snapshot();
+    let failure = snapshot.failure.unwrap();
+    assert_eq!(failure.phase, Phase::Committed);
+    assert_eq!(failure.class, FailureClass::Connect);
+    // The finish the stream did see is kept for the record.
+    assert_eq!(snapshot.finish_reason.as_deref(), Some("stop"));
+}
+
+/// `n: 2` cut without an error: the same (a truncation, not a finish).
+#[tokio::test(start_paused = true)]
+async fn n2_one_choice_finished_then_eof_is_a_truncation() {
+    let steps = data([
+        nth(0, r#"{"content":"zero"}"#, None),
+        nth(1, r#"{"content":"one"}"#, None),
+        nth(0, "{}", Some("stop")),
+    ]);
+    let (frames, state) = run(StreamStateLayer::new(), steps).await;
+    let all = events(&concat(&frames));
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert_eq!(terminal_json(&all[3])["error"]["code"], "invalid_response");
+    assert_eq!(state.status(), StreamStatus::Failed);
+}
+
+/// `n: 2` with every choice finished: whole, so an end without `[DONE]`
+/// gets one appended and a later failure is only logged. A choice that
+/// appears only after the others finished holds the stream open again.
+#[tokio::test(start_paused = true)]
+async fn n2_every_choice_finished_is_whole() {
+    let steps = data([
+        nth(0, r#"{"content":"zero"}"#, None),
+        nth(1, r#"{"content":"one"}"#, None),
+        nth(1, "{}", Some("length")),
+        nth(0, "{}", Some("stop")),
+    ]);
+    let (frames, state) = run(StreamStateLayer::new(), steps).await;
+    let all = events(&concat(&frames));
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert_eq!(all[4], "data: [DONE]");
+    assert_eq!(state.status(), StreamStatus::Finished);
+    assert!(state.snapshot().failure.is_none());
+
+    // Choice 0 streams whole before choice 1 appears, then a reset.
+    let mut steps = data([
+        nth(0, r#"{"content":"zero"}"#, None),
+        nth(0, "{}", Some("stop")),
+        nth(1, r#"{"content":"one"}"#, None),
+    ]);
+    steps.push(Step::Error("connection reset by peer".into()));
+    let (frames, state) = run(StreamStateLayer::new(), steps).await;
+    let all = events(&concat(&frames));
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert_eq!(terminal_json(&all[3])["error"]["code"], "connect");
+    assert_eq!(state.status(), StreamStatus::Failed);
+}

@@ -32,7 +32,7 @@ use tower_llm_failover::budget::{
 use tower_llm_failover::classify::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
-    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, RequestError, TerminalMode,
+    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
 use tower_llm_failover::failover::{
     Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
@@ -802,15 +802,11 @@ pub(crate) async fn read_turn<D: Dialect>(
     let (requirements, request) = match dialect.read_request(bytes.clone()) {
         Ok(parsed) => parsed,
         Err(error) => {
-            let code = match error {
-                RequestError::NotJson(_) => "invalid_json",
-                _ => "invalid_request",
-            };
             return Err(answer(
                 StatusCode::BAD_REQUEST,
                 FailureClass::InvalidRequest,
                 &error.to_string(),
-                code,
+                error.code(),
             ));
         }
     };

@@ -22,7 +22,10 @@ pin_project! {
     ///
     /// Frames pass through unchanged, and the inner body is polled first:
     /// a stream inspector inside that ends the stream at the same deadline
-    /// (with a terminal event) wins over the bare error here. After the
+    /// (with a terminal event) wins over the bare error here. When the
+    /// response says its body ends itself at the deadline (the commit
+    /// machine marks the responses it inspects with the turn's deadline),
+    /// no timer is armed here at all: one owner per deadline. After the
     /// deadline error the inner body is dropped (releasing the upstream
     /// connection) and the body reports its end.
     ///
@@ -36,6 +39,9 @@ pin_project! {
         alarm: Option<Alarm>,
         budget: TurnBudget,
         body_bytes: u64,
+        // The inner body ends itself at the deadline with a terminal
+        // event: it alone owns the deadline, no alarm is armed here.
+        inner_owns_deadline: bool,
     }
 }
 
@@ -48,7 +54,15 @@ impl<B> BudgetBody<B> {
             alarm: None,
             budget,
             body_bytes: 0,
+            inner_owns_deadline: false,
         }
+    }
+
+    /// Leaves the deadline to the inner body, which ends itself then with
+    /// a terminal event (see [`EndsItselfAt`](crate::time::EndsItselfAt)).
+    pub(crate) fn inner_owns_deadline(mut self) -> Self {
+        self.inner_owns_deadline = true;
+        self
     }
 
     /// A whole body (a refused turn's error answer), no inner body.
@@ -59,6 +73,7 @@ impl<B> BudgetBody<B> {
             alarm: None,
             budget,
             body_bytes: 0,
+            inner_owns_deadline: false,
         }
     }
 
@@ -113,6 +128,7 @@ where
         // that makes the client wait past it.
         let frame = match inner.poll_frame(cx) {
             Poll::Ready(frame) => frame,
+            Poll::Pending if *this.inner_owns_deadline => return Poll::Pending,
             Poll::Pending => {
                 let alarm = this
                     .alarm

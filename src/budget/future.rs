@@ -166,7 +166,14 @@ fn finish<B: Body>(
         budget.record_spend(pricing.cost_of(usage), usage.estimated);
     }
     parts.extensions.insert(budget.clone());
-    Response::from_parts(parts, BudgetBody::new(body, budget.clone()))
+    let body = BudgetBody::new(body, budget.clone());
+    // An inner commit machine ends the stream at (or before) the deadline
+    // with a terminal event: a timer here too could fire first and cut it.
+    let body = match parts.extensions.get::<crate::time::EndsItselfAt>() {
+        Some(ends) if ends.0 <= budget.deadline() => body.inner_owns_deadline(),
+        _ => body,
+    };
+    Response::from_parts(parts, body)
 }
 
 /// A refused turn, answered in the dialect's shape: 402 for the spend
@@ -238,4 +245,73 @@ fn answer<B, D: Dialect>(
     );
     response.extensions_mut().insert(budget.clone());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body::{Body, Frame};
+    use http_body_util::BodyExt;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use super::*;
+    use crate::budget::{BudgetLayer, TurnBudget};
+    use crate::time::EndsItselfAt;
+
+    /// A body that never yields a frame (a stalled upstream).
+    struct Stalled;
+
+    impl Body for Stalled {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Pending
+        }
+    }
+
+    /// Whether the budget layer cuts a stalled body at its deadline, when
+    /// the response does (`marked`) or does not say its body ends itself.
+    async fn cut_at_the_deadline(marked: bool) -> bool {
+        let service = ServiceBuilder::new()
+            .layer(BudgetLayer::new().deadline(Duration::from_secs(5)))
+            .service(tower::service_fn(move |request: Request<()>| async move {
+                let deadline = request
+                    .extensions()
+                    .get::<TurnBudget>()
+                    .map(TurnBudget::deadline);
+                let mut response = Response::new(Stalled);
+                if let (true, Some(at)) = (marked, deadline) {
+                    response.extensions_mut().insert(EndsItselfAt(at));
+                }
+                Ok::<_, Infallible>(response)
+            }));
+        let response = service
+            .oneshot(Request::new(()))
+            .await
+            .unwrap_or_else(|e| match e {});
+        let mut body = response.into_body();
+        tokio::time::timeout(Duration::from_secs(6), body.frame())
+            .await
+            .is_ok()
+    }
+
+    /// One owner per deadline: a body that ends itself at the deadline (the
+    /// commit machine, with its terminal event) is not cut here as well,
+    /// where a timer for the same instant could fire first.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_ends_itself_at_the_deadline_is_not_cut_here() {
+        assert!(cut_at_the_deadline(false).await, "an unmarked body is cut");
+        assert!(
+            !cut_at_the_deadline(true).await,
+            "a marked body is left to end itself"
+        );
+    }
 }

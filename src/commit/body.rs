@@ -128,6 +128,10 @@ where
         parts.headers.remove(CONTENT_LENGTH);
         let state = StreamState::new();
         parts.extensions.insert(state.clone());
+        if let Some(at) = deadline {
+            // This body ends the stream then, with a terminal event.
+            parts.extensions.insert(crate::time::EndsItselfAt(at));
+        }
         let body = Self::inspect(inner, config, state, None, false, deadline, None);
         Response::from_parts(parts, body)
     }
@@ -235,6 +239,12 @@ struct Inspector<D> {
     pending_failure: Option<FailureKind>,
     identity: StreamIdentity,
     output_events: u64,
+    /// A finish reason was seen (in any choice): the commit point, even
+    /// with no output before it.
+    finish_seen: bool,
+    /// The answer is whole: a finish reason was seen and the dialect's
+    /// memo says no choice is left open (with `n > 1`, every choice that
+    /// appeared has finished).
     finished: bool,
     done: bool,
     ended: bool,
@@ -278,6 +288,7 @@ impl<D: Dialect> Inspector<D> {
             pending_failure: None,
             identity: StreamIdentity::default(),
             output_events: 0,
+            finish_seen: false,
             finished: false,
             done: false,
             ended: false,
@@ -302,6 +313,7 @@ impl<D: Dialect> Inspector<D> {
             pending_failure,
             identity,
             output_events,
+            finish_seen,
             finished,
             done,
             strip_usage,
@@ -318,6 +330,7 @@ impl<D: Dialect> Inspector<D> {
             pending_failure,
             identity,
             output_events,
+            finish_seen,
             finished,
             done,
             strip_usage: *strip_usage,
@@ -347,6 +360,9 @@ impl<D: Dialect> Inspector<D> {
             self.end("finished");
         } else if self.finished && self.state.status() != StreamStatus::Finished {
             self.state.set_status(StreamStatus::Finished);
+        } else if !self.finished && self.state.status() == StreamStatus::Finished {
+            // A choice appeared after the others had finished: open again.
+            self.state.set_status(StreamStatus::Committed);
         }
     }
 
@@ -617,6 +633,7 @@ struct Feed<'a, D> {
     pending_failure: &'a mut Option<FailureKind>,
     identity: &'a mut StreamIdentity,
     output_events: &'a mut u64,
+    finish_seen: &'a mut bool,
     finished: &'a mut bool,
     done: &'a mut bool,
     strip_usage: bool,
@@ -657,11 +674,16 @@ impl<D: Dialect> Feed<'_, D> {
             self.state.set_usage(usage);
         }
         if let Some(reason) = &chunk.finish_reason
-            && !*self.finished
+            && !*self.finish_seen
             && chunk.kind != ChunkKind::Error
         {
-            *self.finished = true;
+            *self.finish_seen = true;
             self.state.set_finish_reason(reason);
+        }
+        // Whole only when no choice is left open: with `n > 1`, one
+        // choice's finish says nothing of the others (a bit test per event).
+        if *self.finish_seen {
+            *self.finished = !self.memo.answer_open();
         }
         match chunk.kind {
             ChunkKind::Output => {
@@ -686,7 +708,7 @@ impl<D: Dialect> Feed<'_, D> {
             // The end marker with no output and no finish reason: an empty
             // answer is not an answer (and before commit, another target
             // may give one).
-            ChunkKind::Done if *self.output_events == 0 && !*self.finished => {
+            ChunkKind::Done if *self.output_events == 0 && !*self.finish_seen => {
                 *self.pending_failure = Some(FailureKind::Truncated { cut_event: false });
             }
             ChunkKind::Done => {
@@ -706,7 +728,7 @@ impl<D: Dialect> Feed<'_, D> {
         // it, even in the same frame, is committed.
         if let Some(h) = self.hold.as_ref()
             && self.pending_failure.is_none()
-            && (*self.finished
+            && (*self.finish_seen
                 || *self.done
                 || h.settings
                     .window

@@ -385,6 +385,18 @@ impl AnswerFacts {
 pub struct StreamMemo {
     /// The chat dialect's: the last valid chunk's text before `choices`.
     pub(crate) chat_prefix: openai::skim::ChunkPrefix,
+    /// The chat dialect's: which choices appeared and which finished.
+    pub(crate) chat_choices: openai::skim::ChoiceSet,
+}
+
+impl StreamMemo {
+    /// Whether a finish reason seen so far leaves part of the answer open:
+    /// with `n > 1`, one choice finished while another has not. A stream
+    /// is whole only when every choice that appeared has finished (or its
+    /// end marker came). Always `false` for a dialect that keeps no memo.
+    pub(crate) fn answer_open(&self) -> bool {
+        self.chat_choices.open()
+    }
 }
 
 /// Why a whole answer is not valid.

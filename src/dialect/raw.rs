@@ -28,9 +28,72 @@ pub(crate) fn first_byte(raw: &RawValue) -> u8 {
     raw.get().as_bytes().first().copied().unwrap_or(b' ')
 }
 
-/// Whether a raw value is the literal `true`.
-pub(crate) fn is_true(raw: Option<&RawValue>) -> bool {
-    raw.is_some_and(|r| r.get() == "true")
+/// A boolean field the gateway reads as the provider will: absent or
+/// `null` is `None`; anything but `true` or `false` is refused, since a
+/// lenient provider reads `1` or `"true"` as true where a strict reading
+/// sees no boolean at all.
+pub(crate) fn strict_bool(
+    raw: Option<&RawValue>,
+    field: &'static str,
+) -> Result<Option<bool>, super::RequestError> {
+    match raw.map(RawValue::get) {
+        None | Some("null") => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(_) => Err(super::RequestError::WrongType {
+            field,
+            expected: "a boolean",
+        }),
+    }
+}
+
+/// An integer field the gateway reads as the provider will: absent or
+/// `null` is `None`; a number with a fraction or an exponent (`2.0`,
+/// `1e3`), a string or a value below `min` is refused.
+pub(crate) fn strict_u64(
+    raw: Option<&RawValue>,
+    field: &'static str,
+    min: u64,
+) -> Result<Option<u64>, super::RequestError> {
+    let Some(raw) = raw.filter(|r| r.get() != "null") else {
+        return Ok(None);
+    };
+    let expected = if min == 0 {
+        "a non-negative integer"
+    } else {
+        "a positive integer"
+    };
+    match serde_json::from_str::<u64>(raw.get()) {
+        Ok(value) if value >= min => Ok(Some(value)),
+        _ => Err(super::RequestError::WrongType { field, expected }),
+    }
+}
+
+/// A field that must be an object when given (`null` reads as absent).
+pub(crate) fn strict_object<'a>(
+    raw: Option<&'a RawValue>,
+    field: &'static str,
+) -> Result<Option<&'a RawValue>, super::RequestError> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) if first_byte(r) == b'{' => Ok(Some(r)),
+        Some(_) => Err(super::RequestError::WrongType {
+            field,
+            expected: "an object",
+        }),
+    }
+}
+
+/// A field that must be a string (the caller handles absent and `null`).
+pub(crate) fn strict_str<'a>(
+    raw: &'a RawValue,
+    field: &'static str,
+) -> Result<std::borrow::Cow<'a, str>, super::RequestError> {
+    serde_json::from_str(raw.get()).map_err(|_| super::RequestError::WrongType {
+        field,
+        expected: "a string",
+    })
 }
 
 /// Whether a raw value is an array with at least one element.

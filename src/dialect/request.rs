@@ -129,4 +129,37 @@ pub enum RequestError {
         /// What is wrong with it ("is required", "must be a string", ...).
         problem: &'static str,
     },
+    /// A field the gateway and the provider must read alike has another
+    /// type than the API's (`"stream": "true"`, `"n": 2.0`): a lenient
+    /// provider would coerce it and answer what the gateway did not expect.
+    #[error("'{field}' must be {expected}")]
+    WrongType {
+        /// The request field at fault.
+        field: &'static str,
+        /// What it must be ("a boolean", "a non-negative integer", ...).
+        expected: &'static str,
+    },
+}
+
+impl RequestError {
+    /// The stable machine-readable code a client is answered with:
+    /// `invalid_json`, `invalid_type` for [`WrongType`](Self::WrongType),
+    /// else `invalid_request`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotJson(_) => "invalid_json",
+            Self::WrongType { .. } => "invalid_type",
+            _ => "invalid_request",
+        }
+    }
+
+    /// The request field at fault, when one is.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            Self::MissingMessages => Some("messages"),
+            Self::MissingModel => Some("model"),
+            Self::Invalid { field, .. } | Self::WrongType { field, .. } => Some(field),
+            Self::NotJson(_) | Self::NotObject => None,
+        }
+    }
 }

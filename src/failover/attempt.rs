@@ -374,6 +374,11 @@ where
         .on_end(on_stream_end(shared, &plan, budget, run));
     shared.headers.filter_response(&mut parts.headers);
     parts.extensions.insert(state);
+    // The commit machine ends the stream at the turn's deadline with a
+    // terminal event; a budget layer outside leaves the cut to it.
+    parts
+        .extensions
+        .insert(crate::time::EndsItselfAt(budget.deadline()));
     Outcome::Committed {
         response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
         whole: false,

@@ -74,6 +74,20 @@ pub(super) fn client_error<B, D: Dialect>(
     error(dialect, status, &ErrorReply::new(class, message).code(code))
 }
 
+/// A client's request the dialect could not read: a 400 naming the field
+/// at fault (`param`) when there is one.
+pub(super) fn request_error<B, D: Dialect>(
+    dialect: &D,
+    message: &str,
+    code: &str,
+    param: Option<&str>,
+) -> Response<FailoverBody<B, D>> {
+    let reply = ErrorReply::new(FailureClass::InvalidRequest, message)
+        .code(code)
+        .param(param);
+    error(dialect, StatusCode::BAD_REQUEST, &reply)
+}
+
 /// A provider's request error, returned as its own message and status.
 pub(super) fn classified<B, D: Dialect>(
     dialect: &D,

@@ -187,11 +187,7 @@ where
         }
     };
     dialect.read_request(bytes).map_err(|error| {
-        let code = match error {
-            crate::dialect::RequestError::NotJson(_) => "invalid_json",
-            _ => "invalid_request",
-        };
-        reply::client_error(dialect, StatusCode::BAD_REQUEST, &error.to_string(), code)
+        reply::request_error(dialect, &error.to_string(), error.code(), error.param())
     })
 }
 

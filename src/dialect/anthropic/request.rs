@@ -1,5 +1,21 @@
 //! Messages requests: read once, borrowed from the body, and rewritten per
 //! target by splicing the target's model into the raw bytes.
+//!
+//! The fields the gateway decides on must mean to it what they mean to the
+//! provider: a lenient provider coerces `"stream": "true"` to `true`, and
+//! its SSE answer would then reach a gateway expecting a whole body. These
+//! fields are read strictly, `null` meaning absent, and any other type is
+//! refused with a 400 ([`RequestError::WrongType`], code `invalid_type`):
+//!
+//! | field | must be |
+//! |---|---|
+//! | `model` | a string (absent or `null`: [`RequestError::MissingModel`]) |
+//! | `messages` | an array ([`RequestError::MissingMessages`]) |
+//! | `stream` | a boolean |
+//! | `max_tokens` | a non-negative integer |
+//! | `tool_choice.disable_parallel_tool_use` | a boolean |
+//!
+//! Other fields pass to the provider untouched and unjudged.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -11,7 +27,8 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, first_non_space, for_each_element, is_true, non_empty_array, span, splice,
+    first_byte, first_non_space, for_each_element, non_empty_array, span, splice, strict_bool,
+    strict_str, strict_u64,
 };
 use crate::dialect::{RequestError, Requirements};
 
@@ -139,20 +156,13 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         .messages
         .filter(|m| first_byte(m) == b'[')
         .ok_or(RequestError::MissingMessages)?;
-    let model_raw = top.model.ok_or(RequestError::MissingModel)?;
-    let model: Cow<'_, str> =
-        serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
-    let max_tokens = match top.max_tokens {
-        None => None,
-        Some(raw) => {
-            Some(
-                serde_json::from_str::<u64>(raw.get()).map_err(|_| RequestError::Invalid {
-                    field: "max_tokens",
-                    problem: "must be a positive integer",
-                })?,
-            )
-        }
-    };
+    let model_raw = top
+        .model
+        .filter(|m| m.get() != "null")
+        .ok_or(RequestError::MissingModel)?;
+    let model = strict_str(model_raw, "model")?;
+    let max_tokens = strict_u64(top.max_tokens, "max_tokens", 0)?;
+    let stream = strict_bool(top.stream, "stream")?.unwrap_or(false);
 
     let mut tally = Tally::default();
     // Read one message at a time, never collected (see `for_each_element`).
@@ -180,17 +190,20 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         .and_then(|c| serde_json::from_str::<Typed<'_>>(c.get()).ok());
     // `tool_choice: {"type": "none"}` sends the tools but forbids their
     // use: the target must still accept them.
+    let no_parallel = match &tool_choice {
+        Some(choice) => strict_bool(
+            choice.disable_parallel_tool_use,
+            "tool_choice.disable_parallel_tool_use",
+        )?,
+        None => None,
+    };
     let tools = non_empty_array(top.tools);
-    let parallel = tools
-        && !tool_choice
-            .as_ref()
-            .is_some_and(|c| is_true(c.disable_parallel_tool_use));
+    let parallel = tools && no_parallel != Some(true);
     let reasoning = top
         .thinking
         .filter(|t| first_byte(t) == b'{')
         .and_then(|t| serde_json::from_str::<Typed<'_>>(t.get()).ok())
         .is_some_and(|t| t.kind.as_deref().is_some_and(|k| k != "disabled"));
-    let stream = is_true(top.stream);
     let requirements = Requirements {
         model: model.into_owned(),
         tools,
@@ -292,7 +305,7 @@ mod tests {
         );
         assert!(matches!(
             read_json(serde_json::json!({"model": "m", "max_tokens": "x", "messages": []})),
-            Err(RequestError::Invalid {
+            Err(RequestError::WrongType {
                 field: "max_tokens",
                 ..
             })
@@ -307,6 +320,65 @@ mod tests {
             )),
             Err(RequestError::NotJson(_))
         ));
+    }
+
+    #[test]
+    fn fields_a_lenient_provider_would_coerce_are_refused() {
+        let base = || serde_json::json!({"model": "m", "max_tokens": 5, "messages": []});
+        for (field, value, expected) in [
+            ("stream", serde_json::json!(1), "a boolean"),
+            ("stream", serde_json::json!("true"), "a boolean"),
+            ("stream", serde_json::json!("false"), "a boolean"),
+            (
+                "max_tokens",
+                serde_json::json!(5.0),
+                "a non-negative integer",
+            ),
+            (
+                "max_tokens",
+                serde_json::json!(-1),
+                "a non-negative integer",
+            ),
+            (
+                "max_tokens",
+                serde_json::json!("5"),
+                "a non-negative integer",
+            ),
+            ("model", serde_json::json!(3), "a string"),
+            ("model", serde_json::json!(["m"]), "a string"),
+        ] {
+            let mut body = base();
+            body[field] = value.clone();
+            let error = read_json(body).err();
+            assert_eq!(
+                error,
+                Some(RequestError::WrongType { field, expected }),
+                "{field}: {value}"
+            );
+            let error = error.unwrap();
+            assert_eq!((error.code(), error.param()), ("invalid_type", Some(field)));
+        }
+        let mut body = base();
+        body["tools"] = serde_json::json!([{"name": "f", "input_schema": {}}]);
+        body["tool_choice"] =
+            serde_json::json!({"type": "auto", "disable_parallel_tool_use": "true"});
+        assert_eq!(
+            read_json(body).err(),
+            Some(RequestError::WrongType {
+                field: "tool_choice.disable_parallel_tool_use",
+                expected: "a boolean"
+            })
+        );
+        // `null` means absent; real booleans and integers read as ever.
+        let mut body = base();
+        body["stream"] = serde_json::Value::Null;
+        body["max_tokens"] = serde_json::Value::Null;
+        let (r, _) = read_json(body).unwrap();
+        assert!(!r.stream);
+        assert_eq!(r.max_output_tokens, None);
+        let mut body = base();
+        body["stream"] = serde_json::json!(false);
+        assert!(!read_json(body).unwrap().0.stream);
     }
 
     #[test]

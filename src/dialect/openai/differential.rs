@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
-use super::skim::ChunkPrefix;
+use super::skim::{ChoiceSet, ChunkPrefix};
 use super::{oracle, stream as openai};
 use crate::dialect::Chunk;
 
@@ -46,9 +46,10 @@ fn compare(data: &[u8]) -> Result<(), TestCaseError> {
 fn compare_next(first: &[u8], second: &[u8]) -> Result<(), TestCaseError> {
     for error_event in [false, true] {
         let mut prefix = ChunkPrefix::default();
-        let first_read = openai::read_chunk_next(error_event, first, &mut prefix);
+        let mut choices = ChoiceSet::default();
+        let first_read = openai::read_chunk_next(error_event, first, &mut prefix, &mut choices);
         prop_assert_eq!(&first_read, &openai::read_chunk(error_event, first));
-        let next = openai::read_chunk_next(error_event, second, &mut prefix);
+        let next = openai::read_chunk_next(error_event, second, &mut prefix, &mut choices);
         let alone = openai::read_chunk(error_event, second);
         let shown = String::from_utf8_lossy(second);
         prop_assert_eq!(next.kind, alone.kind, "{}", shown);

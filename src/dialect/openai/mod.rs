@@ -53,7 +53,7 @@ impl Dialect for OpenAiChat {
     }
 
     fn inspect_next<'a>(&self, event: &'a SseEvent, memo: &mut StreamMemo) -> Chunk<'a> {
-        stream::inspect_next(event, &mut memo.chat_prefix)
+        stream::inspect_next(event, &mut memo.chat_prefix, &mut memo.chat_choices)
     }
 
     fn terminal(

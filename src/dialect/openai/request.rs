@@ -1,6 +1,27 @@
 //! Chat completion requests: read once, borrowed from the body, and
 //! rewritten per target by splicing the raw bytes (no JSON tree is built,
 //! cloned or re-serialised per attempt).
+//!
+//! The fields the gateway decides on must mean to it what they mean to the
+//! provider. Pydantic-style providers coerce `"stream": "true"` or `1` to
+//! `true`, so a lenient reading here would call a stream a whole answer
+//! (and class the SSE that comes back as an invalid response). These
+//! fields are therefore read strictly, `null` meaning absent, and any other
+//! type is refused with a 400 ([`RequestError::WrongType`], code
+//! `invalid_type`, `param` naming the field):
+//!
+//! | field | must be |
+//! |---|---|
+//! | `model` | a string (absent or `null`: [`RequestError::MissingModel`]) |
+//! | `messages` | an array ([`RequestError::MissingMessages`]) |
+//! | `stream` | a boolean |
+//! | `stream_options` | an object |
+//! | `stream_options.include_usage` | a boolean |
+//! | `n` | a positive integer |
+//! | `max_tokens`, `max_completion_tokens` | non-negative integers |
+//! | `parallel_tool_calls` | a boolean |
+//!
+//! Other fields pass to the provider untouched and unjudged.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -11,7 +32,8 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, is_true, non_empty_array, present, span, splice,
+    first_byte, for_each_element, non_empty_array, present, span, splice, strict_bool,
+    strict_object, strict_str, strict_u64,
 };
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
 
@@ -53,6 +75,8 @@ struct Top<'a> {
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     parallel_tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
     /// OpenAI's `reasoning_effort` (`"low"`, `"medium"`, `"high"`, ...).
     #[serde(borrow, default)]
     reasoning_effort: Option<&'a RawValue>,
@@ -92,9 +116,9 @@ struct Typed<'a> {
 }
 
 #[derive(Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: Option<bool>,
+struct StreamOptions<'a> {
+    #[serde(borrow, default)]
+    include_usage: Option<&'a RawValue>,
 }
 
 /// Whether the request turns reasoning on: a `reasoning_effort` other than
@@ -131,9 +155,24 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         .messages
         .filter(|m| first_byte(m) == b'[')
         .ok_or(RequestError::MissingMessages)?;
-    let model_raw = top.model.ok_or(RequestError::MissingModel)?;
-    let model: Cow<'_, str> =
-        serde_json::from_str(model_raw.get()).map_err(|_| RequestError::MissingModel)?;
+    let model_raw = top
+        .model
+        .filter(|m| m.get() != "null")
+        .ok_or(RequestError::MissingModel)?;
+    let model = strict_str(model_raw, "model")?;
+    let stream = strict_bool(top.stream, "stream")?.unwrap_or(false);
+    let include_usage = match strict_object(top.stream_options, "stream_options")? {
+        Some(options) => {
+            let options = serde_json::from_str::<StreamOptions<'_>>(options.get())
+                .map_err(|e| RequestError::NotJson(e.to_string()))?;
+            strict_bool(options.include_usage, "stream_options.include_usage")?.unwrap_or(false)
+        }
+        None => false,
+    };
+    strict_u64(top.n, "n", 1)?;
+    let max_completion_tokens = strict_u64(top.max_completion_tokens, "max_completion_tokens", 0)?;
+    let max_tokens = strict_u64(top.max_tokens, "max_tokens", 0)?;
+    let parallel_tool_calls = strict_bool(top.parallel_tool_calls, "parallel_tool_calls")?;
     let (text_bytes, image_input) = prompt_bytes(messages)?;
     let text_bytes = text_bytes + top.tools.map_or(0, |t| t.get().len() as u64);
     let tools = non_empty_array(top.tools) || non_empty_array(top.functions);
@@ -146,20 +185,11 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
             Some("json_object") => Some(ResponseFormat::JsonObject),
             _ => None,
         });
-    let max_output_tokens = top
-        .max_completion_tokens
-        .or(top.max_tokens)
-        .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok());
-    let stream = is_true(top.stream);
-    let include_usage = top
-        .stream_options
-        .and_then(|o| serde_json::from_str::<StreamOptions>(o.get()).ok())
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let max_output_tokens = max_completion_tokens.or(max_tokens);
     let requirements = Requirements {
         model: model.into_owned(),
         tools,
-        parallel_tool_calls: tools && is_true(top.parallel_tool_calls),
+        parallel_tool_calls: tools && parallel_tool_calls == Some(true),
         response_format,
         stream,
         include_usage,
@@ -328,8 +358,15 @@ mod tests {
             Some(RequestError::MissingModel)
         );
         assert_eq!(
-            read_json(serde_json::json!({"model": 3, "messages": []})).err(),
+            read_json(serde_json::json!({"model": null, "messages": []})).err(),
             Some(RequestError::MissingModel)
+        );
+        assert_eq!(
+            read_json(serde_json::json!({"model": 3, "messages": []})).err(),
+            Some(RequestError::WrongType {
+                field: "model",
+                expected: "a string"
+            })
         );
         assert_eq!(
             read_json(serde_json::json!([1])).err(),
@@ -347,6 +384,90 @@ mod tests {
             )),
             Err(RequestError::NotJson(_))
         ));
+    }
+
+    #[test]
+    fn fields_a_lenient_provider_would_coerce_are_refused() {
+        let base = || serde_json::json!({"model": "m", "messages": []});
+        for (field, value, expected) in [
+            ("stream", serde_json::json!(1), "a boolean"),
+            ("stream", serde_json::json!(0), "a boolean"),
+            ("stream", serde_json::json!("true"), "a boolean"),
+            ("stream", serde_json::json!({}), "a boolean"),
+            ("stream_options", serde_json::json!("yes"), "an object"),
+            ("n", serde_json::json!("2"), "a positive integer"),
+            ("n", serde_json::json!(2.0), "a positive integer"),
+            ("n", serde_json::json!(0), "a positive integer"),
+            ("n", serde_json::json!(-1), "a positive integer"),
+            (
+                "max_tokens",
+                serde_json::json!("100"),
+                "a non-negative integer",
+            ),
+            (
+                "max_tokens",
+                serde_json::json!(1e2),
+                "a non-negative integer",
+            ),
+            (
+                "max_completion_tokens",
+                serde_json::json!(-5),
+                "a non-negative integer",
+            ),
+            (
+                "max_completion_tokens",
+                serde_json::json!(true),
+                "a non-negative integer",
+            ),
+            (
+                "parallel_tool_calls",
+                serde_json::json!("true"),
+                "a boolean",
+            ),
+            ("model", serde_json::json!({"id": "m"}), "a string"),
+        ] {
+            let mut body = base();
+            body[field] = value.clone();
+            let error = read_json(body).err();
+            assert_eq!(
+                error,
+                Some(RequestError::WrongType { field, expected }),
+                "{field}: {value}"
+            );
+            let error = error.unwrap();
+            assert_eq!((error.code(), error.param()), ("invalid_type", Some(field)));
+        }
+        let mut body = base();
+        body["stream"] = serde_json::json!(true);
+        body["stream_options"] = serde_json::json!({"include_usage": "true"});
+        assert_eq!(
+            read_json(body).err(),
+            Some(RequestError::WrongType {
+                field: "stream_options.include_usage",
+                expected: "a boolean"
+            })
+        );
+        // `null` means absent; the right types read as ever.
+        let mut body = base();
+        for field in [
+            "stream",
+            "stream_options",
+            "n",
+            "max_tokens",
+            "parallel_tool_calls",
+        ] {
+            body[field] = serde_json::Value::Null;
+        }
+        let (r, _) = read_json(body).unwrap();
+        assert!(!r.stream && !r.include_usage);
+        let mut body = base();
+        body["stream"] = serde_json::json!(true);
+        body["n"] = serde_json::json!(2);
+        body["max_completion_tokens"] = serde_json::json!(0);
+        body["stream_options"] = serde_json::json!({"include_usage": null});
+        let (r, _) = read_json(body).unwrap();
+        assert!(r.stream && !r.include_usage);
+        assert_eq!(r.max_output_tokens, Some(0));
     }
 
     #[test]

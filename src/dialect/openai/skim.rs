@@ -56,6 +56,55 @@ pub(crate) struct Skim<'a> {
     pub(crate) output: bool,
     /// The first non-null `finish_reason` among the choices.
     pub(crate) finish_reason: Option<Cow<'a, str>>,
+    /// Which choices the chunk carries, and which of them it finishes.
+    pub(crate) choices: ChoiceSet,
+}
+
+/// The most choices tracked one by one: OpenAI's own limit on `n`. Two
+/// words per stream, whatever the input.
+pub(crate) const MAX_TRACKED_CHOICES: u64 = 128;
+
+/// Choices by index (a choice without a readable `index` is known by its
+/// position in `choices`): which appeared and which finished. An index at
+/// or past [`MAX_TRACKED_CHOICES`] is not tracked one by one; once one
+/// appeared, a stream holds open until its end marker, since no finish
+/// reason can be known to be its last.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ChoiceSet {
+    appeared: u128,
+    finished: u128,
+    untracked: bool,
+}
+
+impl ChoiceSet {
+    /// Notes a choice, finished or not.
+    #[inline(always)]
+    fn note(&mut self, index: u64, finished: bool) {
+        if index < MAX_TRACKED_CHOICES {
+            let bit = 1u128 << index;
+            self.appeared |= bit;
+            if finished {
+                self.finished |= bit;
+            }
+        } else {
+            self.untracked = true;
+        }
+    }
+
+    /// Adds what a later chunk says; a finished choice stays finished.
+    #[inline(always)]
+    pub(crate) fn add(&mut self, chunk: ChoiceSet) {
+        self.appeared |= chunk.appeared;
+        self.finished |= chunk.finished;
+        self.untracked |= chunk.untracked;
+    }
+
+    /// Whether a choice that appeared has not finished (or one is not
+    /// tracked): the answer is not whole yet.
+    #[inline(always)]
+    pub(crate) fn open(&self) -> bool {
+        self.untracked || self.appeared & !self.finished != 0
+    }
 }
 
 /// Skims one JSON text. Allocates only to decode an escaped `id`, `model` or
@@ -160,6 +209,11 @@ trait Fields {
 
     /// The field a key shorter than eight bytes names, given as [`word`].
     fn short(key: u64) -> Option<usize>;
+
+    /// Fields (as bits) that serde's reading does not know: read in the
+    /// object form only (numbered from `COUNT` on), and never refused for
+    /// repeating, so that reading them changes nothing serde accepts.
+    const EXTRA: u32 = 0;
 }
 
 /// Up to eight bytes of a key as a little-endian word, zero-padded. Keys hold
@@ -251,14 +305,18 @@ struct ChoiceFields;
 
 impl ChoiceFields {
     const DELTA: usize = 0;
+    const FINISH_REASON: usize = 1;
+    /// Not one of serde's fields: read leniently (see [`Fields::EXTRA`]).
+    const INDEX: usize = 2;
 }
 
 impl Fields for ChoiceFields {
     const COUNT: usize = 2;
+    const EXTRA: u32 = 1 << Self::INDEX;
 
     fn named(key: &[u8]) -> Option<usize> {
         match key {
-            b"finish_reason" => Some(1),
+            b"finish_reason" => Some(Self::FINISH_REASON),
             _ => short_named::<Self>(key),
         }
     }
@@ -266,8 +324,24 @@ impl Fields for ChoiceFields {
     #[inline]
     fn short(key: u64) -> Option<usize> {
         const DELTA: u64 = word(b"delta");
-        (key == DELTA).then_some(Self::DELTA)
+        const INDEX: u64 = word(b"index");
+        match key {
+            DELTA => Some(Self::DELTA),
+            INDEX => Some(Self::INDEX),
+            _ => None,
+        }
     }
+}
+
+/// A choice's `index` when it is a plain non-negative integer literal.
+#[inline(always)]
+fn index_of(raw: &[u8]) -> Option<u64> {
+    if raw.is_empty() || raw.len() > 19 || (raw.len() > 1 && raw[0] == b'0') {
+        return None;
+    }
+    raw.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
 }
 
 struct DeltaFields;
@@ -420,8 +494,10 @@ impl<'a> Skimmer<'a> {
             self.pos += 1;
             return Ok(());
         }
+        let mut position = 0;
         loop {
-            self.choice(out)?;
+            self.choice(out, position)?;
+            position += 1;
             match self.ws() {
                 Some(b',') => self.pos += 1,
                 Some(b']') => {
@@ -433,11 +509,18 @@ impl<'a> Skimmer<'a> {
         }
     }
 
+    /// Reads the choice at `position` in `choices`.
     #[inline(always)]
-    fn choice(&mut self, out: &mut Skim<'a>) -> Result<()> {
+    fn choice(&mut self, out: &mut Skim<'a>, position: u64) -> Result<()> {
         let mut fields = self.open::<ChoiceFields>()?;
+        let mut choice_index = None;
+        let mut finishes = false;
         while let Some(index) = fields.next(self)? {
-            if index == ChoiceFields::DELTA {
+            if index == ChoiceFields::INDEX {
+                // Any value serde would skip is valid here; only a plain
+                // integer names the choice (a repeat: the last one).
+                choice_index = index_of(self.raw_value()?);
+            } else if index == ChoiceFields::DELTA {
                 if !self.null()? {
                     let mut fields = self.open::<DeltaFields>()?;
                     while fields.next(self)?.is_some() {
@@ -451,12 +534,15 @@ impl<'a> Skimmer<'a> {
                 }
             } else if out.finish_reason.is_none() {
                 out.finish_reason = self.optional_str()?;
+                finishes = out.finish_reason.is_some();
             } else if !self.null()? {
                 // Validated like a kept one, but never decoded.
                 self.expect(b'"')?;
                 self.string(true)?;
+                finishes = true;
             }
         }
+        out.choices.note(choice_index.unwrap_or(position), finishes);
         Ok(())
     }
 
@@ -706,7 +792,7 @@ impl<F: Fields> Record<F> {
             s.expect(b':')?;
             if let Some(index) = key {
                 let bit = 1 << index;
-                if self.seen & bit != 0 {
+                if self.seen & bit & !F::EXTRA != 0 {
                     return Err(Invalid);
                 }
                 self.seen |= bit;
@@ -1209,6 +1295,77 @@ mod tests {
             })
         );
         assert_eq!(ok(r#"{"usage":null}"#).usage, None);
+    }
+
+    #[test]
+    fn tracks_each_choice_by_index() {
+        let mut stream = ChoiceSet::default();
+        for (text, open) in [
+            (r#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#, true),
+            (r#"{"choices":[{"index":1,"delta":{"content":"b"}}]}"#, true),
+            (
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                true,
+            ),
+            // A choice's finish stays; its later chunks reopen nothing.
+            (r#"{"choices":[{"index":0,"delta":{}}]}"#, true),
+            (
+                r#"{"choices":[{"delta":{},"finish_reason":"length","index":1}]}"#,
+                false,
+            ),
+        ] {
+            stream.add(ok(text).choices);
+            assert_eq!(stream.open(), open, "{text}");
+        }
+        // Several choices in one chunk; the finish reason read is still
+        // the first, and every finish counts.
+        let got = ok(
+            r#"{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}"#,
+        );
+        assert_eq!(got.finish_reason.as_deref(), Some("stop"));
+        assert!(!got.choices.open());
+        let got = ok(
+            r#"{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"delta":{"content":"x"}}]}"#,
+        );
+        assert!(got.choices.open());
+        // No readable index: known by position (so `n = 1` works as ever).
+        assert!(
+            !ok(r#"{"choices":[{"finish_reason":"stop"}]}"#)
+                .choices
+                .open()
+        );
+        assert!(
+            !ok(r#"{"choices":[{"index":"0","finish_reason":"stop"}]}"#)
+                .choices
+                .open()
+        );
+        assert!(!ok(r#"["c",null,5,null,null,[[{},"stop"]]]"#).choices.open());
+        // Past the bound a choice is not tracked: open until `[DONE]`.
+        assert!(
+            ok(r#"{"choices":[{"index":128,"finish_reason":"stop"}]}"#)
+                .choices
+                .open()
+        );
+        assert!(
+            !ok(r#"{"choices":[{"index":127,"finish_reason":"stop"}]}"#)
+                .choices
+                .open()
+        );
+        // Reading `index` changes nothing serde accepts: any value, repeats.
+        for text in [
+            r#"{"choices":[{"index":1.5,"index":[1,{}],"index":null}]}"#,
+            r#"{"choices":[{"index":-1,"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":99999999999999999999999}]}"#,
+        ] {
+            ok(text);
+        }
+        rejects(r#"{"choices":[{"index":01}]}"#);
+        rejects(r#"["c",null,5,null,null,[[{},"stop",0]]]"#);
+        assert_eq!(index_of(b"18446744073709551615"), None);
+        assert_eq!(
+            index_of(b"1844674407370955161"),
+            Some(1_844_674_407_370_955_161)
+        );
     }
 
     #[test]

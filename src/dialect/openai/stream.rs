@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::skim::{ChunkPrefix, Invalid, Skim, skim, skim_next};
+use super::skim::{ChoiceSet, ChunkPrefix, Invalid, Skim, skim, skim_next};
 use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMode};
 use crate::sse::SseEvent;
 
@@ -13,13 +13,19 @@ pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
 }
 
 /// Reads the data of a `message` or `error` event as [`read_chunk`] does,
-/// resuming after the text it shares with the stream's last valid chunk.
+/// resuming after the text it shares with the stream's last valid chunk,
+/// and adds the choices it carries (and finishes) to the stream's.
 pub(super) fn read_chunk_next<'a>(
     error_event: bool,
     data: &'a [u8],
     prefix: &mut ChunkPrefix,
+    choices: &mut ChoiceSet,
 ) -> Chunk<'a> {
-    chunk_of(error_event, skim_next(data, prefix))
+    let skimmed = skim_next(data, prefix);
+    if let Ok(skim) = &skimmed {
+        choices.add(skim.choices);
+    }
+    chunk_of(error_event, skimmed)
 }
 
 /// What a skim says, as a chunk.
@@ -59,10 +65,15 @@ pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
 }
 
 /// Reads one dispatched event of a chat chunk stream as [`inspect`] does,
-/// resuming after the text it shares with the stream's last chunk.
-pub(super) fn inspect_next<'a>(event: &'a SseEvent, prefix: &mut ChunkPrefix) -> Chunk<'a> {
+/// resuming after the text it shares with the stream's last chunk, and
+/// keeps which choices appeared and finished.
+pub(super) fn inspect_next<'a>(
+    event: &'a SseEvent,
+    prefix: &mut ChunkPrefix,
+    choices: &mut ChoiceSet,
+) -> Chunk<'a> {
     match chunk_data(event) {
-        Ok((error_event, data)) => read_chunk_next(error_event, data, prefix),
+        Ok((error_event, data)) => read_chunk_next(error_event, data, prefix, choices),
         Err(chunk) => chunk,
     }
 }
