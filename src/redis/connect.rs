@@ -25,7 +25,7 @@ pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// `tls-rustls-insecure`.
 pub fn connect(url: &str) -> Result<ConnectionManager, RedisError> {
     ensure_crypto_provider();
-    manager(Client::open(url)?)
+    manager(checked(Client::open(url)?)?)
 }
 
 /// [`connect`] for a `rediss://` URL with the given trust and client
@@ -35,7 +35,21 @@ pub fn connect(url: &str) -> Result<ConnectionManager, RedisError> {
 /// silently.
 pub fn connect_tls(url: &str, tls: TlsCertificates) -> Result<ConnectionManager, RedisError> {
     ensure_crypto_provider();
-    manager(Client::build_with_tls(url, tls)?)
+    manager(checked(Client::build_with_tls(url, tls)?)?)
+}
+
+/// Refuses `rediss://…#insecure` now: redis-rs would only fail on each
+/// connection attempt, a configuration error found request by request.
+fn checked(client: Client) -> Result<Client, RedisError> {
+    if let ::redis::ConnectionAddr::TcpTls { insecure: true, .. } =
+        client.get_connection_info().addr()
+    {
+        return Err(RedisError::from((
+            ::redis::ErrorKind::InvalidClientConfig,
+            "rediss://…#insecure (no certificate check) is not supported; trust the server's CA with connect_tls",
+        )));
+    }
+    Ok(client)
 }
 
 fn manager(client: Client) -> Result<ConnectionManager, RedisError> {
@@ -60,7 +74,7 @@ fn manager(client: Client) -> Result<ConnectionManager, RedisError> {
 pub fn connect_cluster<T: AsRef<str>>(
     urls: &[T],
     tls: Option<TlsCertificates>,
-) -> Result<::redis::cluster_async::ClusterConnection, RedisError> {
+) -> Result<RedisClusterConnection, RedisError> {
     ensure_crypto_provider();
     if urls.is_empty() {
         return Err(RedisError::from((
@@ -79,7 +93,49 @@ pub fn connect_cluster<T: AsRef<str>>(
     let config = ::redis::cluster::ClusterConfig::new()
         .set_connection_timeout(CONNECT_TIMEOUT)
         .set_response_timeout(RESPONSE_TIMEOUT);
-    Ok(client.get_pending_async_connection_with_config(config))
+    Ok(RedisClusterConnection(
+        client.get_pending_async_connection_with_config(config),
+    ))
+}
+
+/// A Redis Cluster connection ([`connect_cluster`]): redis-rs'
+/// [`ClusterConnection`](::redis::cluster_async::ClusterConnection), with
+/// the `Debug` every store needs (the spend, action and rate-limit store
+/// traits require it; redis-rs' type has none). Clones share the
+/// connections to the nodes.
+#[cfg(feature = "redis-cluster")]
+#[derive(Clone)]
+pub struct RedisClusterConnection(pub ::redis::cluster_async::ClusterConnection);
+
+#[cfg(feature = "redis-cluster")]
+impl std::fmt::Debug for RedisClusterConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClusterConnection")
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+impl ::redis::aio::ConnectionLike for RedisClusterConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
 }
 
 /// redis-rs builds its rustls configuration from the process-wide default

@@ -3,8 +3,11 @@
 //!
 //! Every store is generic over the connection: a
 //! [`ConnectionManager`](::redis::aio::ConnectionManager) (multiplexed,
-//! reconnects on its own), a cluster connection (feature `redis-cluster`),
-//! or any [`ConnectionLike`](::redis::aio::ConnectionLike) that is `Clone`.
+//! reconnects on its own; [`connect`], [`connect_tls`] for `rediss://`), a
+//! cluster connection (feature `redis-cluster`: `connect_cluster`), a
+//! Sentinel-managed primary ([`connect_sentinel`]), or any
+//! [`ConnectionLike`](::redis::aio::ConnectionLike) that is `Clone` and
+//! `Debug`.
 //! Each state change is one Lua script, so one atomic round trip, and the
 //! keys of one change share a hash tag, so they live in one cluster slot.
 //!
@@ -64,12 +67,12 @@ use ::redis::RedisError;
 pub use ::redis::{ClientTlsConfig, TlsCertificates};
 pub use action::RedisActionStore;
 #[cfg(feature = "redis-cluster")]
-pub use connect::connect_cluster;
+pub use connect::{RedisClusterConnection, connect_cluster};
 pub use connect::{connect, connect_tls};
-pub use sentinel::{RedisSentinelConnection, connect_sentinel};
 pub use health::{RedisHealthStats, RedisHealthStore, RedisHealthStoreBuilder};
 pub use rate::RedisRateLimits;
 pub use retry_budget::RedisRetryBudget;
+pub use sentinel::{RedisSentinelConnection, connect_sentinel};
 pub use spend::RedisSpendStore;
 
 /// The key prefix every store uses unless told otherwise.
