@@ -7,6 +7,8 @@
 //! `CI=true`, where they fail (`.ci/run` installs them).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
 
+#[path = "../examples/gateway/app.rs"]
+mod app;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 #[path = "support/tls.rs"]
@@ -290,4 +292,144 @@ async fn a_sentinel_for_an_unknown_service_is_an_error_not_a_hang() {
         .await;
     assert!(result.is_err(), "no primary named `other`");
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+// -------------------------------------------------------------- gateway
+
+/// A gateway whose `[state]` is `state`, before one fake provider; posts
+/// one turn as tenant `acme` and returns the status.
+async fn gateway_turn(state: &str) -> Result<u16, String> {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_llm_failover::testing::upstream::FakeUpstream;
+
+    let upstream = FakeUpstream::builder("primary")
+        .tokens(4)
+        .start()
+        .await
+        .unwrap();
+    let config = format!(
+        r#"
+listen = "127.0.0.1:0"
+
+[state]
+tenant_header = "x-tenant"
+tenant_ceiling_usd = 10.0
+{state}
+
+[[providers]]
+name = "primary"
+base_url = "{}"
+
+[[routes]]
+model = "*"
+targets = [
+  {{ provider = "primary", input_per_million = 1000.0, output_per_million = 1000.0 }},
+]
+"#,
+        upstream.base_url()
+    );
+    let config = app::Config::from_toml(&config).map_err(|e| e.to_string())?;
+    let gateway = app::Gateway::from_config(&config).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = json!({
+        "model": "gpt-4o",
+        "stream": false,
+        "messages": [{"role": "user", "content": "hi"}]
+    });
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", running.addr))
+        .header("content-type", "application/json")
+        .header("x-tenant", "acme")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(20), client.request(request))
+        .await
+        .expect("the gateway answers in time")
+        .unwrap();
+    Ok(response.status().as_u16())
+}
+
+/// Whether some node among `servers` holds a spend counter of `acme`.
+async fn spent_on(servers: &[&RedisServer]) -> bool {
+    for server in servers {
+        let mut c = server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg("{tlf:spend:acme}:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_meters_tenants_on_a_cluster() {
+    let Some(cluster) = redis_server::RedisCluster::start("the_gateway_on_a_cluster").await else {
+        return;
+    };
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let state = format!("redis_cluster_urls = [{}]", urls.join(", "));
+    assert_eq!(gateway_turn(&state).await.unwrap(), 200);
+    let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    assert!(spent_on(&nodes).await, "the turn's spend is on the cluster");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_meters_tenants_on_a_sentinel_primary() {
+    let Some(primary) = RedisServer::start("the_gateway_on_sentinel").await else {
+        return;
+    };
+    let Some(sentinel) =
+        RedisServer::start_sentinel("the_gateway_on_sentinel", &primary, "mymaster").await
+    else {
+        return;
+    };
+    let state = format!(
+        "redis_sentinel = {{ urls = [{:?}], service = \"mymaster\" }}",
+        sentinel.url()
+    );
+    assert_eq!(gateway_turn(&state).await.unwrap(), 200);
+    assert!(
+        spent_on(&[&primary]).await,
+        "the turn's spend is on the primary"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_trusts_redis_ca_file_for_rediss() {
+    let Some((server, ca)) = tls_server("the_gateway_over_rediss").await else {
+        return;
+    };
+    let dir = tls::Scratch::new();
+    let ca_file = dir.write("redis-ca.pem", &ca.pem());
+    let state = format!(
+        "redis_url = {:?}\nredis_ca_file = {:?}",
+        server.url(),
+        ca_file.to_string_lossy()
+    );
+    assert_eq!(gateway_turn(&state).await.unwrap(), 200);
+    assert!(
+        spent_on(&[&server]).await,
+        "the turn's spend is on Redis over TLS"
+    );
+}
+
+#[tokio::test]
+async fn the_gateway_takes_one_redis_only() {
+    let state = "redis_url = \"redis://127.0.0.1:1\"\n\
+                 redis_sentinel = { urls = [\"redis://127.0.0.1:2\"], service = \"m\" }";
+    let error = gateway_turn(state).await.unwrap_err();
+    assert!(error.contains("one of redis_url"), "{error}");
 }
