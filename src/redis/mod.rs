@@ -42,11 +42,12 @@
 //! use tower_llm_failover::failover::CooldownPolicy;
 //! use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
 //!
-//! let connection = connect("redis://127.0.0.1:6379")?;
-//! let health = Arc::new(RedisHealthStore::builder(connection.clone())
+//! // The health store's background refresh gets a connection of its own,
+//! // so it never queues ahead of action claims.
+//! let health = Arc::new(RedisHealthStore::builder(connect("redis://127.0.0.1:6379")?)
 //!     .policy(CooldownPolicy::default())
 //!     .start()?);
-//! let actions = Arc::new(RedisActionStore::new(connection));
+//! let actions = Arc::new(RedisActionStore::new(connect("redis://127.0.0.1:6379")?));
 //! # let _ = (health, actions);
 //! # Ok(()) }
 //! ```
