@@ -1,6 +1,8 @@
 //! `[state]`: where the gateway keeps what its replicas share — health,
-//! the retry budget and tenant spend. With `redis_url` every store is on
-//! Redis (feature `redis`); without it, everything is in memory.
+//! the retry budget and tenant spend. With one of `redis_url` (`redis://`
+//! or `rediss://`), `redis_cluster_urls` (feature `redis-cluster`) or
+//! `redis_sentinel` every store is on Redis (feature `redis`); without
+//! them, everything is in memory.
 
 use std::sync::Arc;
 
@@ -17,8 +19,16 @@ use tower_llm_failover::failover::{CooldownPolicy, HealthStore, MemoryHealthStor
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct StateConfig {
-    /// `redis://host:port`: every store on Redis.
+    /// `redis://host:port` or `rediss://host:port` (TLS): every store on
+    /// one Redis.
     pub(crate) redis_url: Option<String>,
+    /// PEM file of the CA(s) to trust for `rediss://` (`redis_url`,
+    /// `redis_cluster_urls`) instead of the platform's roots.
+    pub(crate) redis_ca_file: Option<String>,
+    /// Some nodes of a Redis Cluster: every store on the cluster.
+    pub(crate) redis_cluster_urls: Option<Vec<String>>,
+    /// A Sentinel-managed primary: every store on it.
+    pub(crate) redis_sentinel: Option<SentinelConfig>,
     /// Key prefix in Redis (default `tlf`).
     pub(crate) prefix: Option<String>,
     /// How often a replica fetches the fleet's health view.
@@ -39,8 +49,30 @@ pub(crate) struct StateConfig {
     pub(crate) require_tenant: bool,
 }
 
-/// Health, retry budget and spend store, as one backend builds them.
-type Built = (Arc<dyn HealthStore>, RetryBudget, Arc<dyn SpendStore>);
+/// `[state] redis_sentinel = { urls = [...], service = "mymaster" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+// Read only by the Redis backend; parsed (and refused) without it.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct SentinelConfig {
+    /// The sentinels (`redis://` or `rediss://`; with `rediss://` the
+    /// primary is reached with TLS too).
+    pub(crate) urls: Vec<String>,
+    /// The name the sentinels monitor the primary under.
+    pub(crate) service: String,
+}
+
+/// The per-key rate-limit store, when shared.
+type RateLimits = Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>;
+
+/// Health, retry budget, spend store and shared rate limits, as one
+/// backend builds them.
+type Built = (
+    Arc<dyn HealthStore>,
+    RetryBudget,
+    Arc<dyn SpendStore>,
+    RateLimits,
+);
 
 /// The stores built from `[state]`.
 pub(crate) struct Stores {
@@ -63,18 +95,29 @@ impl Stores {
         retry: RetryBudgetConfig,
     ) -> Result<Self, String> {
         let state = state.cloned().unwrap_or_default();
-        let (health, retry_budget, spend): (
-            Arc<dyn HealthStore>,
-            RetryBudget,
-            Arc<dyn SpendStore>,
-        ) = match &state.redis_url {
-            None => (
-                Arc::new(MemoryHealthStore::new(cooldown)),
-                RetryBudget::new(retry).map_err(|e| format!("budget: {e}"))?,
-                Arc::new(MemorySpendStore::new()),
-            ),
-            Some(url) => on_redis(url, &state, cooldown, retry)?,
-        };
+        let redis = [
+            state.redis_url.is_some(),
+            state.redis_cluster_urls.is_some(),
+            state.redis_sentinel.is_some(),
+        ];
+        let (health, retry_budget, spend, rate_limits): Built =
+            match redis.iter().filter(|set| **set).count() {
+                0 if state.redis_ca_file.is_some() => {
+                    return Err("state.redis_ca_file needs a Redis to trust".to_owned());
+                }
+                0 => (
+                    Arc::new(MemoryHealthStore::new(cooldown)),
+                    RetryBudget::new(retry).map_err(|e| format!("budget: {e}"))?,
+                    Arc::new(MemorySpendStore::new()),
+                    None,
+                ),
+                1 => on_redis(&state, cooldown, retry)?,
+                _ => {
+                    return Err(
+                        "state: one of redis_url, redis_cluster_urls, redis_sentinel".to_owned(),
+                    );
+                }
+            };
         // An alias of `[tenants] trust_header`, read by the identity layer.
         let tenant_header = state.tenant_header.clone();
         // The tenant comes from the client's identity (a key's tenant) or,
@@ -100,7 +143,6 @@ impl Stores {
             }
             None => None,
         };
-        let rate_limits = rate_limits_on(&state)?;
         Ok(Self {
             health,
             retry_budget,
@@ -114,18 +156,111 @@ impl Stores {
 
 #[cfg(feature = "redis")]
 fn on_redis(
-    url: &str,
     state: &StateConfig,
     cooldown: CooldownPolicy,
     retry: RetryBudgetConfig,
 ) -> Result<Built, String> {
+    use tower_llm_failover::redis::{TlsCertificates, connect, connect_sentinel, connect_tls};
+    let tls = match &state.redis_ca_file {
+        Some(path) => Some(TlsCertificates {
+            client_tls: None,
+            root_cert: Some(
+                std::fs::read(path).map_err(|e| format!("state.redis_ca_file {path}: {e}"))?,
+            ),
+        }),
+        None => None,
+    };
+    if let Some(url) = &state.redis_url {
+        let url = url.as_str();
+        return match &tls {
+            Some(tls) => stores_on(
+                || connect_tls(url, tls.clone()).map_err(|e| format!("state.redis_url: {e}")),
+                state,
+                cooldown,
+                retry,
+            ),
+            None => stores_on(
+                || connect(url).map_err(|e| format!("state.redis_url: {e}")),
+                state,
+                cooldown,
+                retry,
+            ),
+        };
+    }
+    if let Some(urls) = &state.redis_cluster_urls {
+        return on_cluster(urls, tls, state, cooldown, retry);
+    }
+    if let Some(sentinel) = &state.redis_sentinel {
+        if tls.is_some() {
+            // redis-rs' SentinelClientBuilder takes a CA for the primary,
+            // but not from a URL list; not wired here.
+            return Err("state.redis_ca_file is not supported with redis_sentinel".to_owned());
+        }
+        return stores_on(
+            || {
+                connect_sentinel(&sentinel.urls, &sentinel.service)
+                    .map_err(|e| format!("state.redis_sentinel: {e}"))
+            },
+            state,
+            cooldown,
+            retry,
+        );
+    }
+    Err("state: no Redis configured".to_owned())
+}
+
+#[cfg(all(feature = "redis", feature = "redis-cluster"))]
+fn on_cluster(
+    urls: &[String],
+    tls: Option<tower_llm_failover::redis::TlsCertificates>,
+    state: &StateConfig,
+    cooldown: CooldownPolicy,
+    retry: RetryBudgetConfig,
+) -> Result<Built, String> {
+    use tower_llm_failover::redis::connect_cluster;
+    stores_on(
+        || connect_cluster(urls, tls.clone()).map_err(|e| format!("state.redis_cluster_urls: {e}")),
+        state,
+        cooldown,
+        retry,
+    )
+}
+
+#[cfg(all(feature = "redis", not(feature = "redis-cluster")))]
+fn on_cluster(
+    _urls: &[String],
+    _tls: Option<tower_llm_failover::redis::TlsCertificates>,
+    _state: &StateConfig,
+    _cooldown: CooldownPolicy,
+    _retry: RetryBudgetConfig,
+) -> Result<Built, String> {
+    Err(
+        "state.redis_cluster_urls: this gateway was built without the `redis-cluster` feature"
+            .to_owned(),
+    )
+}
+
+/// Every store on connections from `connect`. The health store gets a
+/// connection of its own: its refresh (every `health_refresh_ms`, a reply
+/// that grows with the fleet's keys) must not queue ahead of the spend
+/// reservations and rate-limit takes on a request's path. The retry
+/// budget (a background sync) shares the spend store's.
+#[cfg(feature = "redis")]
+fn stores_on<C>(
+    connect: impl Fn() -> Result<C, String>,
+    state: &StateConfig,
+    cooldown: CooldownPolicy,
+    retry: RetryBudgetConfig,
+) -> Result<Built, String>
+where
+    C: ::redis::aio::ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static,
+{
     use std::time::Duration;
     use tower_llm_failover::redis::{
-        DEFAULT_PREFIX, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
+        DEFAULT_PREFIX, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
     };
-    let connection = connect(url).map_err(|e| format!("state.redis_url: {e}"))?;
     let prefix = state.prefix.clone().unwrap_or(DEFAULT_PREFIX.to_owned());
-    let health = RedisHealthStore::builder(connection.clone())
+    let health = RedisHealthStore::builder(connect()?)
         .policy(cooldown)
         .prefix(prefix.clone())
         .refresh_every(Duration::from_millis(
@@ -133,47 +268,30 @@ fn on_redis(
         ))
         .start()
         .map_err(|e| e.to_string())?;
+    let connection = connect()?;
     let retry_budget = RedisRetryBudget::builder(connection.clone(), retry)
         .prefix(prefix.clone())
         .start()
         .map_err(|e| format!("budget: {e}"))?
         .into_retry_budget();
-    let spend = RedisSpendStore::new(connection).prefix(prefix);
+    let spend = RedisSpendStore::new(connection).prefix(prefix.clone());
+    let rate_limits = RedisRateLimits::new(connect()?).prefix(prefix);
     tracing::info!("shared state on Redis");
-    Ok((Arc::new(health), retry_budget, Arc::new(spend)))
-}
-
-/// Per-key rate limits on Redis when `redis_url` is set.
-#[cfg(feature = "redis")]
-fn rate_limits_on(
-    state: &StateConfig,
-) -> Result<Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>, String> {
-    use tower_llm_failover::redis::{DEFAULT_PREFIX, RedisRateLimits, connect};
-    let Some(url) = &state.redis_url else {
-        return Ok(None);
-    };
-    let connection = connect(url).map_err(|e| format!("state.redis_url: {e}"))?;
-    let prefix = state.prefix.clone().unwrap_or(DEFAULT_PREFIX.to_owned());
-    Ok(Some(Arc::new(
-        RedisRateLimits::new(connection).prefix(prefix),
-    )))
-}
-
-#[cfg(not(feature = "redis"))]
-fn rate_limits_on(
-    _state: &StateConfig,
-) -> Result<Option<Arc<dyn tower_llm_failover::limit::RateLimitStore>>, String> {
-    Ok(None)
+    Ok((
+        Arc::new(health),
+        retry_budget,
+        Arc::new(spend),
+        Some(Arc::new(rate_limits)),
+    ))
 }
 
 #[cfg(not(feature = "redis"))]
 fn on_redis(
-    _url: &str,
     _state: &StateConfig,
     _cooldown: CooldownPolicy,
     _retry: RetryBudgetConfig,
 ) -> Result<Built, String> {
-    Err("state.redis_url: this gateway was built without the `redis` feature".to_owned())
+    Err("state: Redis needs a gateway built with the `redis` feature".to_owned())
 }
 
 /// Writes an error answer in a route's dialect: status, class, message, code.

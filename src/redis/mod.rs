@@ -3,8 +3,11 @@
 //!
 //! Every store is generic over the connection: a
 //! [`ConnectionManager`](::redis::aio::ConnectionManager) (multiplexed,
-//! reconnects on its own), a cluster connection (feature `redis-cluster`),
-//! or any [`ConnectionLike`](::redis::aio::ConnectionLike) that is `Clone`.
+//! reconnects on its own; [`connect`], [`connect_tls`] for `rediss://`), a
+//! cluster connection (feature `redis-cluster`: `connect_cluster`), a
+//! Sentinel-managed primary ([`connect_sentinel`]), or any
+//! [`ConnectionLike`](::redis::aio::ConnectionLike) that is `Clone` and
+//! `Debug`.
 //! Each state change is one Lua script, so one atomic round trip, and the
 //! keys of one change share a hash tag, so they live in one cluster slot.
 //!
@@ -39,50 +42,42 @@
 //! use tower_llm_failover::failover::CooldownPolicy;
 //! use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
 //!
-//! let connection = connect("redis://127.0.0.1:6379")?;
-//! let health = Arc::new(RedisHealthStore::builder(connection.clone())
+//! // The health store's background refresh gets a connection of its own,
+//! // so it never queues ahead of action claims.
+//! let health = Arc::new(RedisHealthStore::builder(connect("redis://127.0.0.1:6379")?)
 //!     .policy(CooldownPolicy::default())
 //!     .start()?);
-//! let actions = Arc::new(RedisActionStore::new(connection));
+//! let actions = Arc::new(RedisActionStore::new(connect("redis://127.0.0.1:6379")?));
 //! # let _ = (health, actions);
 //! # Ok(()) }
 //! ```
 
 mod action;
+mod connect;
 mod health;
 mod rate;
 mod retry_budget;
+mod sentinel;
 mod spend;
 
 use std::time::Duration;
 
 use ::redis::RedisError;
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+/// TLS settings of [`connect_tls`] and [`connect_cluster`] (redis-rs').
+pub use ::redis::{ClientTlsConfig, TlsCertificates};
 pub use action::RedisActionStore;
+#[cfg(feature = "redis-cluster")]
+pub use connect::{RedisClusterConnection, connect_cluster};
+pub use connect::{connect, connect_tls};
 pub use health::{RedisHealthStats, RedisHealthStore, RedisHealthStoreBuilder};
 pub use rate::RedisRateLimits;
 pub use retry_budget::RedisRetryBudget;
+pub use sentinel::{RedisSentinelConnection, connect_sentinel};
 pub use spend::RedisSpendStore;
 
 /// The key prefix every store uses unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "tlf";
-
-/// A [`ConnectionManager`] with settings fit for a request path: commands
-/// time out after 1 s and connecting after 1 s, and reconnection retries
-/// back off from 50 ms to 1 s, so a Redis outage turns into quick, typed
-/// errors instead of stalled requests. It connects lazily (on first use),
-/// so a gateway starts while Redis is down; call it inside a Tokio runtime.
-pub fn connect(url: &str) -> Result<ConnectionManager, RedisError> {
-    let client = ::redis::Client::open(url)?;
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(1)))
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_min_delay(Duration::from_millis(50))
-        .set_max_delay(Duration::from_secs(1))
-        .set_number_of_retries(3);
-    ConnectionManager::new_lazy_with_config(client, config)
-}
 
 /// Whether `error` means Redis could not be reached (as opposed to Redis
 /// answering with an error).
@@ -93,6 +88,16 @@ pub(crate) fn is_unavailable(error: &RedisError) -> bool {
         || error.is_timeout()
         || error.is_unrecoverable_error()
         || error.is_cluster_error()
+        // No writable primary there right now (a failover): as good as
+        // unreachable, so each store takes its fallback.
+        || is_demoted(error)
+}
+
+/// Whether `error` says the server is not (or no longer) a primary that
+/// takes writes: `READONLY` from a demoted primary, `MASTERDOWN` from a
+/// replica that lost its primary.
+pub(crate) fn is_demoted(error: &RedisError) -> bool {
+    matches!(error.code(), Some("READONLY" | "MASTERDOWN"))
 }
 
 /// Milliseconds of `d`, saturating.
