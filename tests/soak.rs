@@ -8,7 +8,14 @@
 //! - a clean error before any output.
 //!
 //! Every `data:` line must be JSON, and no upstream may see more attempts
-//! for one request than the budgets allow.
+//! for one request than the budgets allow, nor the fleet more extra
+//! attempts than the retry budget allows. Cooldowns, probes and the retry
+//! budget run at their defaults. Half the streams ask for `n = 2`: each
+//! choice must be whole, or the stream must end with the terminal chunk.
+//! A terminal chunk must carry the stream's own id and the committed
+//! phase, and a terminal chunk on an attempt whose upstream had no fault
+//! is a violation (a spurious cut). Some clients leave mid-answer and some
+//! stop reading; the others must not notice.
 //!
 //! Faults: status before body, in-band error, reset, stall, malformed
 //! chunk, missing `[DONE]`, slow first token, clean EOF. Cut offsets are
@@ -79,27 +86,45 @@ fn token(name: &str, i: usize) -> String {
 }
 
 fn chunk(name: &str, delta: Value, finish: Option<&str>) -> Vec<u8> {
+    chunk_of(name, 0, delta, finish)
+}
+
+fn chunk_of(name: &str, index: usize, delta: Value, finish: Option<&str>) -> Vec<u8> {
     let event = json!({
         "id": format!("chatcmpl-{name}"),
         "object": "chat.completion.chunk",
         "created": 1,
         "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
     });
     format!("data: {event}\n\n").into_bytes()
 }
 
-/// A whole stream, and the offset just after its first content event.
-fn full_stream(name: &str, usage: bool) -> (Vec<u8>, usize) {
-    let mut out = chunk(name, json!({"role": "assistant", "content": ""}), None);
+/// A whole stream of `n` choices (their events interleaved, as OpenAI
+/// sends them), and the offset just after its first content event.
+fn full_stream_n(name: &str, usage: bool, n: usize) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    for c in 0..n {
+        out.extend(chunk_of(
+            name,
+            c,
+            json!({"role": "assistant", "content": ""}),
+            None,
+        ));
+    }
     let mut commit = 0;
     for i in 0..TOKENS {
-        out.extend(chunk(name, json!({"content": token(name, i)}), None));
-        if i == 0 {
-            commit = out.len();
+        for c in 0..n {
+            out.extend(chunk_of(name, c, json!({"content": token(name, i)}), None));
+            if i == 0 && c == 0 {
+                commit = out.len();
+            }
         }
     }
-    out.extend(chunk(name, json!({}), Some("stop")));
+    // Choice 0 finishes first: a cut after it leaves the others unfinished.
+    for c in 0..n {
+        out.extend(chunk_of(name, c, json!({}), Some("stop")));
+    }
     if usage {
         let event = json!({"id": format!("chatcmpl-{name}"), "object": "chat.completion.chunk",
             "created": 1, "model": "m", "choices": [],
@@ -108,6 +133,10 @@ fn full_stream(name: &str, usage: bool) -> (Vec<u8>, usize) {
     }
     out.extend_from_slice(b"data: [DONE]\n\n");
     (out, commit)
+}
+
+fn full_stream(name: &str, usage: bool) -> (Vec<u8>, usize) {
+    full_stream_n(name, usage, 1)
 }
 
 fn full_answer(name: &str) -> Vec<u8> {
@@ -154,10 +183,16 @@ fn pick_offset(rng: &mut fastrand::Rng, bytes: &[u8], commit: usize) -> (usize, 
     }
 }
 
+/// (request id, upstream).
+type Attempted = (String, &'static str);
+
 #[derive(Default)]
 struct Upstreams {
     /// (request id, upstream) → attempts.
     attempts: Mutex<HashMap<(String, &'static str), usize>>,
+    /// (request id, upstream) → the fault of each answer, in order (None:
+    /// none); the last is the one a committed stream came from.
+    faults_seen: Mutex<HashMap<Attempted, Vec<Option<Fault>>>>,
     faults: Mutex<HashMap<(Fault, Option<Offset>), u64>>,
     total_faults: AtomicU64,
 }
@@ -169,8 +204,8 @@ fn error_json(kind: &str) -> Bytes {
 /// One upstream answer, with a random fault (or none).
 fn answer(
     name: &'static str,
-    stream: bool,
-    usage: bool,
+    (stream, usage, n): (bool, bool, usize),
+    id: &str,
     rng: &mut fastrand::Rng,
     stats: &Upstreams,
 ) -> Response<ScriptedBody> {
@@ -190,8 +225,15 @@ fn answer(
     } else {
         "application/json"
     };
+    stats
+        .faults_seen
+        .lock()
+        .unwrap()
+        .entry((id.to_owned(), name))
+        .or_default()
+        .push(fault);
     let (body, commit) = if stream {
-        full_stream(name, usage)
+        full_stream_n(name, usage, n)
     } else {
         let body = full_answer(name);
         let half = body.len() / 2;
@@ -311,14 +353,16 @@ async fn start_upstream(
                         let usage = json["stream_options"]["include_usage"]
                             .as_bool()
                             .unwrap_or(false);
+                        let n = json["n"].as_u64().unwrap_or(1) as usize;
                         *stats
                             .attempts
                             .lock()
                             .unwrap()
-                            .entry((id, name))
+                            .entry((id.clone(), name))
                             .or_default() += 1;
                         let mut rng = { rng.lock().unwrap().fork() };
-                        Ok::<_, Infallible>(answer(name, stream, usage, &mut rng, &stats))
+                        let shape = (stream, usage, n);
+                        Ok::<_, Infallible>(answer(name, shape, &id, &mut rng, &stats))
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -337,14 +381,24 @@ enum Outcome {
     CleanError,
 }
 
-/// What the client's bytes say, or why they break the rule.
+/// What the client's bytes say, or why they break the rule; for a stream
+/// also the upstream whose voice it carries.
 fn judge(stream: bool, status: StatusCode, body: &[u8]) -> Result<Outcome, String> {
+    judge_n(stream, 1, status, body).map(|(outcome, _)| outcome)
+}
+
+fn judge_n(
+    stream: bool,
+    n: usize,
+    status: StatusCode,
+    body: &[u8],
+) -> Result<(Outcome, Option<&'static str>), String> {
     let text = std::str::from_utf8(body).map_err(|e| format!("not UTF-8: {e}"))?;
     if !status.is_success() {
         let json: Value =
             serde_json::from_str(text).map_err(|e| format!("error body not JSON: {e}: {text}"))?;
         if json["error"].is_object() {
-            return Ok(Outcome::CleanError);
+            return Ok((Outcome::CleanError, None));
         }
         return Err(format!("error without an error object: {text}"));
     }
@@ -354,11 +408,11 @@ fn judge(stream: bool, status: StatusCode, body: &[u8]) -> Result<Outcome, Strin
         let content = json["choices"][0]["message"]["content"]
             .as_str()
             .ok_or_else(|| format!("no content: {text}"))?;
-        if UPSTREAMS
+        if let Some(voice) = UPSTREAMS
             .iter()
-            .any(|n| content == (0..TOKENS).map(|i| token(n, i)).collect::<String>())
+            .find(|n| content == (0..TOKENS).map(|i| token(n, i)).collect::<String>())
         {
-            return Ok(Outcome::Complete);
+            return Ok((Outcome::Complete, Some(voice)));
         }
         return Err(format!("not one upstream's whole answer: {content}"));
     }
@@ -372,40 +426,70 @@ fn judge(stream: bool, status: StatusCode, body: &[u8]) -> Result<Outcome, Strin
     if datas.last() != Some(&"[DONE]") {
         return Err(format!("no [DONE] at the end: {text}"));
     }
-    let mut content = String::new();
-    let mut terminal = false;
-    let mut finished = false;
+    let mut contents = vec![String::new(); n];
+    let mut finished = vec![false; n];
+    let mut terminal: Option<Value> = None;
+    let mut ids = std::collections::BTreeSet::new();
     for (i, data) in datas[..datas.len() - 1].iter().enumerate() {
         let json: Value =
             serde_json::from_str(data).map_err(|e| format!("data line not JSON: {e}: {data}"))?;
+        if let Some(id) = json["id"].as_str() {
+            ids.insert(id.to_owned());
+        }
         if json.get("error").is_some() {
             if i != datas.len() - 2 {
                 return Err(format!("terminal chunk not last: {text}"));
             }
-            terminal = true;
+            terminal = Some(json);
+            continue;
         }
-        if json["choices"][0]["finish_reason"] == "stop" {
-            finished = true;
-        }
-        if let Some(c) = json["choices"][0]["delta"]["content"].as_str() {
-            content.push_str(c);
+        for choice in json["choices"].as_array().into_iter().flatten() {
+            let index = choice["index"].as_u64().unwrap_or(0) as usize;
+            if index >= n {
+                return Err(format!("choice {index} of a stream of {n}: {text}"));
+            }
+            if choice["finish_reason"] == "stop" {
+                finished[index] = true;
+            }
+            if let Some(c) = choice["delta"]["content"].as_str() {
+                contents[index].push_str(c);
+            }
         }
     }
-    // One voice: the tokens are a prefix of one upstream's answer.
-    let voice = UPSTREAMS.iter().find(|n| {
-        let whole: String = (0..TOKENS).map(|i| token(n, i)).collect();
-        !content.is_empty() && whole.starts_with(&content)
+    // One voice: every choice's tokens are a prefix of one upstream's
+    // answer, the same upstream for all of them.
+    let whole = |name: &str| (0..TOKENS).map(|i| token(name, i)).collect::<String>();
+    let voice = UPSTREAMS.iter().copied().find(|name| {
+        !contents[0].is_empty() && contents.iter().all(|c| whole(name).starts_with(c.as_str()))
     });
     let Some(voice) = voice else {
-        return Err(format!("SPLICE or foreign tokens: {content:?}"));
+        return Err(format!("SPLICE or foreign tokens: {contents:?}"));
     };
-    let whole: String = (0..TOKENS).map(|i| token(voice, i)).collect();
-    match (terminal, finished && content == whole) {
-        (false, true) => Ok(Outcome::Complete),
-        (true, _) => Ok(Outcome::CutWithTerminal),
-        (false, false) => Err(format!(
+    // The stream speaks with one identity: the voice's, terminal included.
+    let own_id = format!("chatcmpl-{voice}");
+    if ids.iter().any(|id| *id != own_id) {
+        return Err(format!(
+            "foreign identity {ids:?} in {voice}'s stream: {text}"
+        ));
+    }
+    let all_whole = (0..n).all(|c| finished[c] && contents[c] == whole(voice));
+    match terminal {
+        None if all_whole => Ok((Outcome::Complete, Some(voice))),
+        None => Err(format!(
             "neither complete nor ended by a terminal chunk: {text}"
         )),
+        Some(chunk) => {
+            let error = &chunk["error"];
+            if error["phase"] != "committed"
+                || !error["type"].is_string()
+                || error["message"].as_str().is_none_or(str::is_empty)
+            {
+                return Err(format!(
+                    "terminal chunk without its class and phase: {chunk}"
+                ));
+            }
+            Ok((Outcome::CutWithTerminal, Some(voice)))
+        }
     }
 }
 
@@ -457,16 +541,15 @@ first_token_timeout_ms = 400
 idle_timeout_ms = 300
 head_timeout_ms = 1000
 non_streaming_head_timeout_ms = 1000
-retry_percent = 1000.0
 
 [failover]
 max_retries_per_target = {MAX_RETRIES_PER_TARGET}
-cooldown_failures = 1000000000
 shutdown_grace_ms = 1000
 
 [server]
 max_in_flight = 4096
 max_connections = 4096
+write_stall_timeout_ms = 500
 
 {providers}
 "#
@@ -483,14 +566,16 @@ max_connections = 4096
     let outcomes: Arc<Mutex<HashMap<(bool, Outcome), u64>>> = Arc::default();
     let violations: Arc<Mutex<Vec<String>>> = Arc::default();
     let hung = Arc::new(AtomicU64::new(0));
+    let left = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for c in 0..clients {
-        let (stats, next_id, outcomes, violations, hung, url) = (
+        let (stats, next_id, outcomes, violations, hung, left, url) = (
             Arc::clone(&stats),
             Arc::clone(&next_id),
             Arc::clone(&outcomes),
             Arc::clone(&violations),
             Arc::clone(&hung),
+            Arc::clone(&left),
             url.clone(),
         );
         handles.push(tokio::spawn(async move {
@@ -501,12 +586,44 @@ max_connections = 4096
             {
                 let id = format!("r{}", next_id.fetch_add(1, Ordering::Relaxed));
                 let stream = rng.bool();
-                let body = json!({"model": "m", "stream": stream, "user": id,
+                let n = if stream && rng.bool() { 2 } else { 1 };
+                let body = json!({"model": "m", "stream": stream, "n": n, "user": id,
                     "messages": [{"role": "user", "content": "hi"}]});
                 let request = Request::post(&url)
                     .header("content-type", "application/json")
                     .body(Full::new(Bytes::from(body.to_string())))
                     .unwrap();
+                // Most clients read the whole answer; some leave after a
+                // few frames, some stop reading for longer than the
+                // gateway's write-stall timeout.
+                let manner = rng.u8(0..100);
+                if manner >= 80 {
+                    let frames_read = rng.usize(0..6);
+                    let pause = Duration::from_millis(rng.u64(600..900));
+                    let rude = async {
+                        let Ok(response) = client.request(request).await else {
+                            return;
+                        };
+                        let mut body = response.into_body();
+                        if manner >= 90 {
+                            tokio::time::sleep(pause).await;
+                        } else {
+                            for _ in 0..frames_read {
+                                if body.frame().await.is_none() {
+                                    break;
+                                }
+                            }
+                        }
+                    };
+                    if tokio::time::timeout(Duration::from_secs(20), rude)
+                        .await
+                        .is_err()
+                    {
+                        hung.fetch_add(1, Ordering::Relaxed);
+                    }
+                    left.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 let exchange = async {
                     let response = client.request(request).await.map_err(|e| e.to_string())?;
                     let status = response.status();
@@ -526,8 +643,22 @@ max_connections = 4096
                         .lock()
                         .unwrap()
                         .push(format!("{id}: transport: {error}")),
-                    Ok(Ok((status, body))) => match judge(stream, status, &body) {
-                        Ok(outcome) => {
+                    Ok(Ok((status, body))) => match judge_n(stream, n, status, &body) {
+                        Ok((outcome, voice)) => {
+                            // A cut needs a cause: the voice's upstream
+                            // must have had a fault on its last answer.
+                            if outcome == Outcome::CutWithTerminal {
+                                let fault = voice.and_then(|v| {
+                                    let seen = stats.faults_seen.lock().unwrap();
+                                    seen.get(&(id.clone(), v)).and_then(|f| f.last().copied())
+                                });
+                                if fault == Some(None) {
+                                    violations.lock().unwrap().push(format!(
+                                        "{id}: SPURIOUS terminal chunk on a healthy upstream: {}",
+                                        String::from_utf8_lossy(&body)
+                                    ));
+                                }
+                            }
                             *outcomes
                                 .lock()
                                 .unwrap()
@@ -556,14 +687,30 @@ max_connections = 4096
     let mut per_request: HashMap<String, usize> = HashMap::new();
     for ((id, name), n) in stats.attempts.lock().unwrap().iter() {
         *per_request.entry(id.clone()).or_default() += n;
-        if *n > 1 + MAX_RETRIES_PER_TARGET {
-            over_budget.push(format!("{id}: {n} attempts on {name}"));
+        // A turn may come back to a target it skipped as resting for its
+        // one forced probe (when nothing else is left): one more.
+        if *n > 1 + MAX_RETRIES_PER_TARGET + 1 {
+            let seen = stats.faults_seen.lock().unwrap();
+            let mut all: Vec<_> = seen.iter().filter(|((i, _), _)| i == id).collect();
+            all.sort_by_key(|((_, upstream), _)| *upstream);
+            over_budget.push(format!("{id}: {n} attempts on {name}: {all:?}"));
         }
     }
     for (id, n) in &per_request {
         if *n > MAX_ATTEMPTS {
             over_budget.push(format!("{id}: {n} attempts in one turn"));
         }
+    }
+    // The retry budget at its defaults (20 % of first attempts, a reserve
+    // of 10 a second over a 10 s window): the fleet's extra attempts stay
+    // within it.
+    let first_attempts = per_request.len() as f64;
+    let extra_attempts = per_request.values().sum::<usize>() as f64 - first_attempts;
+    let allowed_extra = 0.2 * first_attempts + 10.0 * (elapsed.as_secs_f64() + 10.0);
+    if extra_attempts > allowed_extra {
+        over_budget.push(format!(
+            "{extra_attempts} extra attempts for {first_attempts} turns: over the retry budget's {allowed_extra:.0}"
+        ));
     }
 
     let faults = stats.faults.lock().unwrap().clone();
@@ -593,12 +740,21 @@ max_connections = 4096
     println!("soak: cut offsets: {by_offset:?}");
     println!("soak: outcomes (stream, outcome): {outcomes:?}");
     println!(
-        "soak: splices {splices}, other violations {}, hung {}, over budget {}",
+        "soak: splices {splices}, other violations {}, hung {}, over budget {}, clients that left or stopped reading {}",
         violations.len() - splices,
         hung.load(Ordering::Relaxed),
-        over_budget.len()
+        over_budget.len(),
+        left.load(Ordering::Relaxed)
+    );
+    println!(
+        "soak: attempts {} for {} turns that reached an upstream",
+        per_request.values().sum::<usize>(),
+        per_request.len()
     );
     println!("soak: RSS {rss_before} KiB -> {rss_after} KiB; open fds {fds_before} -> {fds_after}");
+    for line in over_budget.iter().take(5) {
+        println!("soak: over budget: {line}");
+    }
     assert!(
         violations.is_empty(),
         "{} violations, first: {:#?}",
@@ -664,4 +820,39 @@ fn the_judge_catches_splices_cuts_and_broken_lines() {
         ),
         Ok(Outcome::CleanError)
     );
+    // n = 2: choice 0 whole, choice 1 cut, then [DONE]: a silent truncation.
+    let (two, _) = full_stream_n("alpha", false, 2);
+    let two = String::from_utf8(two).unwrap();
+    assert_eq!(
+        judge_n(true, 2, StatusCode::OK, two.as_bytes()).map(|(o, _)| o),
+        Ok(Outcome::Complete)
+    );
+    let cut_at = two
+        .find("alpha:5:é漢🙂|\"},\"finish_reason\":null,\"index\":1")
+        .unwrap();
+    let event_start = two[..cut_at].rfind("data: ").unwrap();
+    let mut truncated = two[..event_start].to_owned();
+    truncated.push_str(&String::from_utf8(chunk_of("alpha", 0, json!({}), Some("stop"))).unwrap());
+    truncated.push_str("data: [DONE]\n\n");
+    assert!(judge_n(true, 2, StatusCode::OK, truncated.as_bytes()).is_err());
+    // A terminal chunk under another stream's identity, or without its
+    // phase, is caught.
+    let head =
+        String::from_utf8(chunk("alpha", json!({"content": token("alpha", 0)}), None)).unwrap();
+    let foreign = format!(
+        "{head}data: {}\n\ndata: [DONE]\n\n",
+        json!({"id": "chatcmpl-beta", "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+            "error": {"message": "m", "type": "server_error", "phase": "committed"}})
+    );
+    assert!(
+        judge(true, StatusCode::OK, foreign.as_bytes())
+            .unwrap_err()
+            .contains("foreign identity")
+    );
+    let phaseless = format!(
+        "{head}data: {}\n\ndata: [DONE]\n\n",
+        json!({"id": "chatcmpl-alpha", "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+            "error": {"message": "m", "type": "server_error"}})
+    );
+    assert!(judge(true, StatusCode::OK, phaseless.as_bytes()).is_err());
 }
