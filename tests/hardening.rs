@@ -8,9 +8,8 @@ mod app;
 
 use std::convert::Infallible;
 use std::future::Ready;
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -456,69 +455,6 @@ fn log_safe_cuts_a_long_value() {
     let long = format!("{exact}\nFORGED{}", "x".repeat(100_000));
     let safe = log_safe(&long).to_string();
     assert_eq!(safe, format!("{exact}…"));
-}
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_model_name_with_a_newline_and_an_escape_is_logged_escaped() {
-    // A global subscriber: tracing caches per-callsite interest, which a
-    // thread-local one cannot rely on while other tests of this binary run
-    // on other threads. Only this test sets it; other tests' lines are
-    // told apart by the model name.
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
-
-    // The target passes the client's model upstream, so the attempt
-    // record's `upstream_model` is the client's text.
-    let primary = FakeProvider::new("primary").then(Reply::status(
-        500,
-        r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#,
-    ));
-    let backup = FakeProvider::new("backup");
-    let failover = Failover::builder()
-        .target(Target::new("primary", primary.clone()))
-        .target(Target::new("backup", backup.clone()))
-        .max_retries_per_target(0)
-        .build();
-    let answer = send(&failover, request(FORGING_MODEL, false)).await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
-
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let attempt_lines: Vec<&str> = log
-        .lines()
-        .filter(|line| line.contains("upstream_model=evil"))
-        .collect();
-    assert_eq!(attempt_lines.len(), 2, "{log}");
-    for line in &attempt_lines {
-        assert!(
-            line.contains(r"upstream_model=evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred"),
-            "{line}"
-        );
-    }
-    assert!(!log.contains('\u{1b}'), "an escape reached the log: {log}");
-    assert!(
-        !log.lines()
-            .any(|line| line.starts_with("INFO tower_llm_failover: FORGED")),
-        "a forged line: {log}"
-    );
 }
 
 // ---------------------------------------------------------------------------

@@ -79,7 +79,11 @@ async fn a_body_that_is_not_complete_within_the_read_timeout_fails() {
         ))
         .service_fn(read_body);
     let (tx, body) = channel_body();
-    let call = tokio::spawn(service.oneshot(Request::new(body)));
+    let started = tokio::time::Instant::now();
+    let call = tokio::spawn(async move {
+        let answer = service.oneshot(Request::new(body)).await;
+        (answer, started.elapsed())
+    });
     // A byte a second: 10 bytes would take 10 s, the limit is 5 s.
     for _ in 0..10 {
         if tx
@@ -91,8 +95,14 @@ async fn a_body_that_is_not_complete_within_the_read_timeout_fails() {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let text = answer_text(call.await.unwrap().unwrap()).await;
+    let (answer, elapsed) = call.await.unwrap();
+    let text = answer_text(answer.unwrap()).await;
     assert_eq!(text, "timeout");
+    assert_eq!(
+        elapsed,
+        Duration::from_secs(5),
+        "fired at the limit, not later"
+    );
     // The reader stopped before the sender finished: the receiver is gone.
     assert!(tx.is_closed());
 }
@@ -105,7 +115,11 @@ async fn a_body_below_the_minimum_rate_fails_after_the_grace_period() {
         ))
         .service_fn(read_body);
     let (tx, body) = channel_body();
-    let call = tokio::spawn(service.oneshot(Request::new(body)));
+    let started = tokio::time::Instant::now();
+    let call = tokio::spawn(async move {
+        let answer = service.oneshot(Request::new(body)).await;
+        (answer, started.elapsed())
+    });
     // A fast start (500 bytes: 5 s of credit at 100 B/s), then a trickle
     // of 10 B/s: the average falls below 100 B/s.
     tx.send(Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 500]))))
@@ -123,8 +137,16 @@ async fn a_body_below_the_minimum_rate_fails_after_the_grace_period() {
         }
         sent += 10;
     }
-    let text = answer_text(call.await.unwrap().unwrap()).await;
+    let (answer, elapsed) = call.await.unwrap();
+    let text = answer_text(answer.unwrap()).await;
     assert_eq!(text, "too slow");
+    // After the byte at 7 s, 570 bytes are due by 2 s + 5.7 s: cut at 7.7 s,
+    // before the next byte.
+    assert_eq!(
+        elapsed,
+        Duration::from_millis(7_700),
+        "cut when the average fell below"
+    );
     assert!(
         sent < 600,
         "cut while the credit of the fast start ran out: {sent}"
@@ -289,15 +311,18 @@ fn chat_request(body: &str) -> String {
 async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway("header_read_timeout_ms = 200", &upstream).await;
+    let started = std::time::Instant::now();
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
     let got = read_to_close(&mut tcp).await;
     assert_eq!(got, "", "closed without an answer");
+    within(started.elapsed(), Duration::from_millis(200));
 }
 
 #[tokio::test]
 async fn headers_trickled_slowly_are_cut_at_the_header_timeout() {
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    let started = std::time::Instant::now();
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
     let request = chat_request(CHAT);
     let head_len = request.find("\r\n\r\n").unwrap();
@@ -321,6 +346,7 @@ async fn headers_trickled_slowly_are_cut_at_the_header_timeout() {
         sent < head_len,
         "the connection was cut before the head was complete ({sent} of {head_len} bytes)"
     );
+    within(started.elapsed(), Duration::from_millis(300));
 }
 
 #[tokio::test]
@@ -331,8 +357,10 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
     tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
         .await
         .unwrap();
+    let started = std::time::Instant::now();
     // The answer comes, then the connection idles and is closed.
     let got = read_to_close(&mut tcp).await;
+    within(started.elapsed(), Duration::from_millis(300));
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     assert!(got.contains("\"ok\""), "{got}");
 }
@@ -368,6 +396,7 @@ async fn trickle_a_body(request: String) -> String {
     tcp.write_all(&request.as_bytes()[..head_len])
         .await
         .unwrap();
+    let started = std::time::Instant::now();
     let body = &request.as_bytes()[head_len..];
     let mut sent = 0;
     let mut answer = Vec::new();
@@ -389,8 +418,19 @@ async fn trickle_a_body(request: String) -> String {
     let answer = String::from_utf8_lossy(&answer);
     assert!(sent < body.len(), "cut before the body was complete");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    within(started.elapsed(), Duration::from_millis(300));
     assert_eq!(upstream.attempts(), 0);
     answer.into_owned()
+}
+
+/// A timeout measured on the wall clock fired no sooner than `limit` and
+/// within a bound: `limit` plus 3 s for a loaded machine's scheduling
+/// (the tests' own pauses are 50 ms steps).
+fn within(elapsed: Duration, limit: Duration) {
+    assert!(
+        elapsed >= limit && elapsed <= limit + Duration::from_secs(3),
+        "fired after {elapsed:?}; the limit is {limit:?}"
+    );
 }
 
 /// Sends a streamed chat request and reads its head (the stream stays open).
