@@ -830,3 +830,36 @@ async fn a_full_store_refuses_new_actions_without_running_them() {
     assert_eq!(payments.calls(), 4);
     assert!(store.len() <= 3);
 }
+
+/// Every action duration configured as `Duration::MAX` reads as "very
+/// long": nothing panics, a duplicate waits for the running effect, the
+/// effect runs once, and its record still answers ten years later.
+#[tokio::test(start_paused = true)]
+async fn duration_max_in_every_setting_means_very_long_not_a_panic() {
+    let payments = Payments::scripted([Script::ApplyAfter(Duration::from_secs(60))]);
+    let store = Arc::new(MemoryStore::new().ttl(Duration::MAX));
+    let layer = ActionExecutorLayer::new(store.clone())
+        .effect_timeout(Duration::MAX)
+        .in_progress_wait(Duration::MAX)
+        .lease_grace(Duration::MAX);
+    let executor = executor_with(&payments, layer);
+    let mut primary = executor.clone();
+    let mut backup = executor.clone();
+    let (a, b) = tokio::join!(submit(&mut primary, charge("pay-max", "primary")), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        submit(&mut backup, charge("pay-max", "backup")).await
+    });
+    let first = a.unwrap();
+    assert_eq!(b.unwrap(), first, "the duplicate waited and got the result");
+    assert_eq!(payments.effects(), 1);
+
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    let mut late = executor.clone();
+    assert_eq!(
+        submit(&mut late, charge("pay-max", "late")).await.unwrap(),
+        first
+    );
+    assert_eq!(store.purge_expired(), 0, "the record has not expired");
+    assert_eq!(payments.effects(), 1);
+    assert_eq!(payments.calls(), 1);
+}

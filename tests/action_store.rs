@@ -449,3 +449,35 @@ async fn public_constructors_build_what_the_store_reports() {
     );
     assert_eq!(StoredError::new("declined").message, "declined");
 }
+
+/// A lease and a time-to-live of `Duration::MAX` mean "very long": no
+/// panic, a running claim stays trusted and a finished record stays.
+#[tokio::test(start_paused = true)]
+async fn duration_max_lease_and_ttl_mean_very_long() {
+    let store = MemoryStore::new().ttl(Duration::MAX);
+    let forever = ClaimRequest::new("a", "charge", Duration::MAX);
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::Acquired {
+            run: RunToken::new(1)
+        }
+    );
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::InProgress {
+            run: RunToken::new(1)
+        },
+        "still trusted, not unknown"
+    );
+    store
+        .complete(&"a".into(), RunToken::new(1), None, json!(1))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    assert_eq!(store.purge_expired(), 0);
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::Succeeded { result: json!(1) }
+    );
+}

@@ -13,6 +13,7 @@ use super::id::ActionId;
 use super::reconcile::Reconciliation;
 use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
 use super::store::{ActionStore, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};
+use crate::time::later;
 
 /// How many attempt ids a record keeps (the most recent ones).
 const MAX_ATTEMPTS_RECORDED: usize = 16;
@@ -74,7 +75,7 @@ impl Entry {
     /// wakes waiting duplicates.
     fn set_state(&mut self, state: ActionState, now: Instant, ttl: Duration) -> Transition {
         let before = self.state.kind();
-        self.expires_at = state.is_finished().then(|| now + ttl);
+        self.expires_at = state.is_finished().then(|| later(now, ttl));
         if !matches!(state, ActionState::Running) {
             self.lease_until = None;
         }
@@ -93,7 +94,7 @@ impl Entry {
         ttl: Duration,
     ) -> Transition {
         self.run = run;
-        self.lease_until = Some(now + lease);
+        self.lease_until = Some(later(now, lease));
         self.set_state(ActionState::Running, now, ttl)
     }
 
@@ -184,7 +185,7 @@ impl MemoryStore {
         if inner.next_sweep.is_none_or(|at| at <= now) {
             Self::sweep(inner, now);
             let period = (self.ttl / 4).max(Duration::from_secs(1));
-            inner.next_sweep = Some(now + period);
+            inner.next_sweep = Some(later(now, period));
         }
     }
 

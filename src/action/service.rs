@@ -17,6 +17,8 @@ use super::state::{RunToken, StoredError, Transition};
 use super::store::{ActionStore, BoxError, Claim, ClaimRequest, Claimed};
 // Names only: `telemetry`'s name modules are constants and import nothing.
 use crate::telemetry::{attr, metric};
+// A leaf: saturating time arithmetic, so a configured `Duration::MAX` never panics.
+use crate::time::later;
 
 /// How many times one call may consult the reconciler: a second unknown
 /// after a resolution means another caller's run is unknown too; stop there.
@@ -122,7 +124,7 @@ where
         lease: config.lease(),
     };
     let store = &*config.store;
-    let wait_until = Instant::now() + config.in_progress_wait;
+    let wait_until = later(Instant::now(), config.in_progress_wait);
     let mut reconciliations = 0;
     let mut claimed = store.claim(&request).await?;
     let mut cause = "claim";
