@@ -863,3 +863,27 @@ async fn duration_max_in_every_setting_means_very_long_not_a_panic() {
     assert_eq!(payments.effects(), 1);
     assert_eq!(payments.calls(), 1);
 }
+
+/// By default a finished action answers resubmissions for 7 days: one six
+/// days late is replayed, not charged again. Past the TTL the record is
+/// gone and the id starts afresh (documented).
+#[tokio::test(start_paused = true)]
+async fn a_late_resubmission_within_the_default_seven_days_is_replayed() {
+    assert_eq!(MemoryStore::DEFAULT_TTL, Duration::from_secs(7 * 86_400));
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let first = submit(&mut executor, charge("pay-late", "a1"))
+        .await
+        .unwrap();
+
+    tokio::time::advance(Duration::from_secs(7 * 86_400 - 60)).await;
+    let late = submit(&mut executor, charge("pay-late", "a2"))
+        .await
+        .unwrap();
+    assert_eq!(late, first);
+    assert_eq!(payments.effects(), 1, "a week-old resubmission is a replay");
+
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(store.get(&"pay-late".into()).await.unwrap().is_none());
+}

@@ -24,7 +24,9 @@ use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
-use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
+use tower_llm_failover::action::{
+    ActionError, ActionExecutorLayer, ActionStore, Claim, ClaimRequest, ToolCall,
+};
 use tower_llm_failover::budget::{
     Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
 };
@@ -112,6 +114,69 @@ async fn two_replicas_run_each_action_once_across_500_submissions() {
             .expect("every submission gets the stored result");
         assert_eq!(value["order"], format!("order-{}", i % 20));
     }
+}
+
+/// A plain connection for looking at what the stores wrote.
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn pttl(url: &str, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut raw(url).await)
+        .await
+        .unwrap()
+}
+
+/// Finished records keep 7 days by default, so a late resubmission is a
+/// replay; a TTL and a lease of `Duration::MAX` mean "very long" (capped at
+/// 100 years for Redis), not a script error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_action_records_keep_a_week_and_duration_max_is_very_long() {
+    let Some(redis) = RedisServer::start("redis_action_records_keep_a_week").await else {
+        return;
+    };
+    let url = redis.url();
+    let store = RedisActionStore::new(connect(&url).unwrap());
+    let request = ClaimRequest::new("week", "send_order", Duration::from_secs(30));
+    let Claim::Acquired { run } = store.claim(&request).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    store
+        .complete(&"week".into(), run, None, json!({"ok": 1}))
+        .await
+        .unwrap();
+    let left = pttl(&url, "{tlf:action:week}").await;
+    let week = 7 * 86_400 * 1000;
+    assert!(left > week - 60_000 && left <= week, "{left} ms");
+
+    let forever = RedisActionStore::new(connect(&url).unwrap()).ttl(Duration::MAX);
+    let request = ClaimRequest::new("forever", "send_order", Duration::MAX);
+    let Claim::Acquired { run } = forever.claim(&request).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    assert_eq!(
+        forever.claim(&request).await.unwrap().claim,
+        Claim::InProgress { run },
+        "a lease of Duration::MAX is trusted"
+    );
+    forever
+        .complete(&"forever".into(), run, None, json!({"ok": 2}))
+        .await
+        .unwrap();
+    assert_eq!(
+        forever.claim(&request).await.unwrap().claim,
+        Claim::Succeeded {
+            result: json!({"ok": 2})
+        }
+    );
+    let left = pttl(&url, "{tlf:action:forever}").await;
+    assert!(left > 99 * 365 * 86_400 * 1000, "{left} ms");
 }
 
 // ---------------------------------------------------------------- gateways

@@ -112,8 +112,13 @@ impl Entry {
 impl MemoryStore {
     /// Default bound on records.
     pub const DEFAULT_MAX_RECORDS: usize = 10_000;
-    /// Default time-to-live of finished records.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(60 * 60);
+    /// Default time-to-live of finished records: 7 days. A resubmission of a
+    /// finished action within it is answered from the record; after it, the
+    /// effect runs again. Pick [`max_records`](Self::max_records) for the
+    /// actions finished in one TTL at peak: live records are never evicted,
+    /// so a store too small for its TTL refuses new claims
+    /// ([`StoreError::Full`]).
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
     /// A store with [`DEFAULT_MAX_RECORDS`](Self::DEFAULT_MAX_RECORDS) and
     /// [`DEFAULT_TTL`](Self::DEFAULT_TTL).
@@ -131,8 +136,12 @@ impl MemoryStore {
         self
     }
 
-    /// Sets how long a finished record is kept, and so how long a duplicate
-    /// call is answered from it.
+    /// Sets how long a finished record is kept (the tombstone), and so how
+    /// long a duplicate call is answered from it instead of running the
+    /// effect again (default [`DEFAULT_TTL`](Self::DEFAULT_TTL), 7 days).
+    /// Set it longer than the longest time an application may resubmit an
+    /// action. `Duration::MAX` keeps finished records for as long as the
+    /// process lives (they still count toward `max_records`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self

@@ -58,7 +58,8 @@
 //!         "required": ["sku", "qty"]
 //!     }
 //! }}]});
-//! let store = Arc::new(MemoryStore::new().max_records(10_000).ttl(Duration::from_secs(3600)));
+//! // Finished records answer resubmissions for 7 days (the default TTL).
+//! let store = Arc::new(MemoryStore::new().max_records(10_000).ttl(MemoryStore::DEFAULT_TTL));
 //!
 //! let mut executor = ServiceBuilder::new()
 //!     .layer(

@@ -17,6 +17,17 @@ use crate::action::{
 /// in-memory store does.
 const MAX_ATTEMPTS_RECORDED: usize = 16;
 
+/// The longest duration the script is given, in milliseconds (100 years).
+/// Lua numbers are doubles (exact to 2^53) and `PEXPIRE` refuses anything
+/// but an integer, so a configured `Duration::MAX` must not reach it as
+/// `u64::MAX`; beyond this it reads as "very long".
+const MAX_SCRIPT_MILLIS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// `d` in whole milliseconds for the script, capped at [`MAX_SCRIPT_MILLIS`].
+fn script_millis(d: Duration) -> u64 {
+    millis(d).min(MAX_SCRIPT_MILLIS)
+}
+
 /// An [`ActionStore`] on Redis: one claim holds across every replica.
 ///
 /// Each method is one Lua script (one atomic round trip) on the action's
@@ -38,17 +49,24 @@ pub struct RedisActionStore<C> {
     script: Script,
 }
 
+impl<C> RedisActionStore<C> {
+    /// Default time-to-live of finished records: 7 days, as
+    /// [`MemoryStore::DEFAULT_TTL`](crate::action::MemoryStore::DEFAULT_TTL).
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+}
+
 impl<C> RedisActionStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// A store over `connection`, with the default prefix and a 1 h
-    /// time-to-live of finished records.
+    /// A store over `connection`, with the default prefix and the default
+    /// time-to-live of finished records ([`DEFAULT_TTL`](Self::DEFAULT_TTL),
+    /// 7 days).
     pub fn new(connection: C) -> Self {
         Self {
             connection,
             prefix: DEFAULT_PREFIX.to_owned(),
-            ttl: Duration::from_secs(3600),
+            ttl: Self::DEFAULT_TTL,
             script: Script::new(include_str!("action.lua")),
         }
     }
@@ -59,7 +77,10 @@ where
         self
     }
 
-    /// How long a finished record is kept (at least 1 ms).
+    /// How long a finished record is kept (the tombstone): a resubmission
+    /// within it is answered from the record, after it the effect runs
+    /// again. At least 1 ms; durations beyond 100 years count as 100 years
+    /// (Redis takes whole milliseconds, and Lua numbers are doubles).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl.max(Duration::from_millis(1));
         self
@@ -85,7 +106,7 @@ where
             .key(record)
             .key(attempts)
             .arg(op)
-            .arg(millis(self.ttl))
+            .arg(script_millis(self.ttl))
             .arg(attempt_id.unwrap_or(""))
             .arg(MAX_ATTEMPTS_RECORDED);
         for arg in args {
@@ -104,7 +125,10 @@ where
         op: &str,
         extra: &[String],
     ) -> Result<Claimed, StoreError> {
-        let mut args = vec![request.tool.clone(), millis(request.lease).to_string()];
+        let mut args = vec![
+            request.tool.clone(),
+            script_millis(request.lease).to_string(),
+        ];
         args.extend_from_slice(extra);
         let reply = self
             .call(&request.action_id, op, request.attempt_id.as_deref(), &args)
