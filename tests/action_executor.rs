@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_failover::action::{
-    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, BoxFuture, Disposition,
-    MemoryStore, Reconciler, Reconciliation, ToolCall, ToolSchemas, UnknownReason, reconcile_fn,
+    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest,
+    BoxFuture, Disposition, MemoryStore, Reconciler, Reconciliation, StoreError, ToolCall,
+    ToolSchemas, UnknownReason, reconcile_fn,
 };
 
 /// What the fake payment system does with the next call.
@@ -816,10 +817,7 @@ async fn a_full_store_refuses_new_actions_without_running_them() {
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            ActionError::Store(tower_llm_failover::action::StoreError::Full { .. })
-        ),
+        matches!(err, ActionError::Store(StoreError::Full { .. })),
         "{err}"
     );
     assert_eq!(payments.calls(), 3);
@@ -886,4 +884,97 @@ async fn a_late_resubmission_within_the_default_seven_days_is_replayed() {
 
     tokio::time::advance(Duration::from_secs(61)).await;
     assert!(store.get(&"pay-late".into()).await.unwrap().is_none());
+}
+
+/// The same action id with other arguments is another effect under a
+/// reused id: refused with a typed error naming the id, neither answered
+/// with the first result nor run; the record keeps the first call's
+/// result and digest. The same arguments spelled otherwise still replay.
+#[tokio::test(start_paused = true)]
+async fn the_same_id_with_other_arguments_is_refused_not_replayed() {
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let first = submit(&mut executor, charge("pay-args", "a1"))
+        .await
+        .unwrap();
+
+    let other = ToolCall::new(
+        "pay-args",
+        "charge_card",
+        json!({ "amount": 999_999, "currency": "eur" }),
+    );
+    let err = submit(&mut executor, other).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::ArgumentsDiffer { ref action_id })
+                if action_id.as_str() == "pay-args"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.action_id().map(ActionId::as_str), Some("pay-args"));
+    assert!(!err.is_retryable());
+    assert_eq!(payments.calls(), 1, "never run");
+
+    let respelled = ToolCall::new(
+        "pay-args",
+        "charge_card",
+        json!({ "currency": "eur", "amount": 4200 }),
+    );
+    assert_eq!(submit(&mut executor, respelled).await.unwrap(), first);
+    assert_eq!(payments.effects(), 1);
+    let record = store.get(&"pay-args".into()).await.unwrap().unwrap();
+    assert_eq!(record.state, ActionState::Succeeded { result: first });
+    assert_eq!(
+        record.arguments,
+        Some(ArgumentsDigest::of(
+            &json!({ "amount": 4200, "currency": "eur" })
+        ))
+    );
+}
+
+/// A duplicate with other arguments is refused at once while the first
+/// runs (it does not wait for a result that is not its own), and after a
+/// retryable failure it does not get the next run either.
+#[tokio::test(start_paused = true)]
+async fn other_arguments_are_refused_while_running_and_after_a_retryable_failure() {
+    let payments = Payments::scripted([
+        Script::ApplyAfter(Duration::from_secs(2)),
+        Script::Refuse { retryable: true },
+    ]);
+    let store = Arc::new(MemoryStore::new());
+    let executor = executor_with(
+        &payments,
+        ActionExecutorLayer::new(store.clone()).in_progress_wait(Duration::from_secs(10)),
+    );
+    let (mut a, mut b) = (executor.clone(), executor.clone());
+    let other = || ToolCall::new("pay-run", "charge_card", json!({ "amount": 1 }));
+    let (first, second) = tokio::join!(submit(&mut a, charge("pay-run", "a")), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = tokio::time::Instant::now();
+        let answer = submit(&mut b, other()).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+        answer
+    });
+    assert!(first.is_ok());
+    assert!(matches!(
+        second,
+        Err(ActionError::Store(StoreError::ArgumentsDiffer { .. }))
+    ));
+
+    let mut c = executor.clone();
+    let failed = submit(&mut c, charge("pay-retry", "a")).await.unwrap_err();
+    assert!(failed.is_retryable());
+    assert!(matches!(
+        submit(
+            &mut c,
+            ToolCall::new("pay-retry", "charge_card", json!({ "amount": 1 }))
+        )
+        .await,
+        Err(ActionError::Store(StoreError::ArgumentsDiffer { .. }))
+    ));
+    assert_eq!(payments.calls(), 2, "the refused calls never ran");
+    assert!(submit(&mut c, charge("pay-retry", "b")).await.is_ok());
+    assert_eq!(payments.effects(), 2);
 }

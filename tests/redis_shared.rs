@@ -25,7 +25,8 @@ use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::action::{
-    ActionError, ActionExecutorLayer, ActionStore, Claim, ClaimRequest, ToolCall,
+    ActionError, ActionExecutorLayer, ActionState, ActionStore, ArgumentsDigest, Claim,
+    ClaimRequest, Reconciliation, StoreError, ToolCall,
 };
 use tower_llm_failover::budget::{
     Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
@@ -177,6 +178,82 @@ async fn redis_action_records_keep_a_week_and_duration_max_is_very_long() {
     );
     let left = pttl(&url, "{tlf:action:forever}").await;
     assert!(left > 99 * 365 * 86_400 * 1000, "{left} ms");
+}
+
+/// On Redis too the same action id with other arguments is refused,
+/// never replayed or run, while the same arguments spelled otherwise
+/// replay; the record keeps the first call's digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_refuses_the_same_action_id_with_other_arguments() {
+    let Some(redis) = RedisServer::start("redis_refuses_other_arguments").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let mut a = executor(&redis.url(), Arc::clone(&effects));
+    let mut b = executor(&redis.url(), Arc::clone(&effects));
+    let call = |args: Value| ToolCall::new("order-args", "send_order", args);
+    let first = a
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "sku": "A", "qty": 1 })))
+        .await
+        .unwrap();
+    let again = b
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "qty": 1, "sku": "A" })))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let err = b
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "sku": "A", "qty": 2 })))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::ArgumentsDiffer { ref action_id })
+                if action_id.as_str() == "order-args"
+        ),
+        "{err}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+
+    let store = RedisActionStore::new(connect(&redis.url()).unwrap());
+    let record = store.get(&"order-args".into()).await.unwrap().unwrap();
+    assert_eq!(
+        record.arguments,
+        Some(ArgumentsDigest::of(&json!({ "sku": "A", "qty": 1 })))
+    );
+    assert_eq!(record.state, ActionState::Succeeded { result: first });
+
+    // A resolution with other arguments is refused as well.
+    let mine = ClaimRequest::new("order-unknown", "send_order", Duration::from_secs(30))
+        .with_arguments(&json!({ "qty": 1 }));
+    let theirs = ClaimRequest::new("order-unknown", "send_order", Duration::from_secs(30))
+        .with_arguments(&json!({ "qty": 5 }));
+    let Claim::Acquired { run } = store.claim(&mine).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    store
+        .mark_unknown(&"order-unknown".into(), run, None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .resolve(&theirs, run, Reconciliation::NotApplied)
+            .await,
+        Err(StoreError::ArgumentsDiffer { .. })
+    ));
+    assert_eq!(
+        store.state(&"order-unknown".into()).await.unwrap(),
+        ActionState::Unknown
+    );
 }
 
 // ---------------------------------------------------------------- gateways

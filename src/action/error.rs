@@ -107,6 +107,7 @@ impl ActionError {
             Self::Store(
                 StoreError::Full { action_id, .. }
                 | StoreError::ToolMismatch { action_id, .. }
+                | StoreError::ArgumentsDiffer { action_id }
                 | StoreError::Conflict { action_id, .. }
                 | StoreError::NotFound { action_id },
             ) => Some(action_id),

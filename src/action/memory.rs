@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
 use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
@@ -44,6 +45,8 @@ struct Inner {
 
 struct Entry {
     tool: String,
+    /// The digest of the arguments of the claim that made the record.
+    arguments: Option<ArgumentsDigest>,
     state: ActionState,
     run: RunToken,
     attempts: Vec<String>,
@@ -106,6 +109,27 @@ impl Entry {
             self.run,
         )
         .with_attempts(self.attempts.clone())
+        .with_arguments_digest(self.arguments)
+    }
+
+    /// Whether `request` may act on this record: the same tool, and the
+    /// same arguments when both sides know them.
+    fn admits(&self, request: &ClaimRequest) -> Result<(), StoreError> {
+        if self.tool != request.tool {
+            return Err(StoreError::ToolMismatch {
+                action_id: request.action_id.clone(),
+                recorded: self.tool.clone(),
+                requested: request.tool.clone(),
+            });
+        }
+        match (self.arguments, request.arguments) {
+            (Some(recorded), Some(requested)) if recorded != requested => {
+                Err(StoreError::ArgumentsDiffer {
+                    action_id: request.action_id.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -222,6 +246,7 @@ impl MemoryStore {
         }
         let mut entry = Entry {
             tool: request.tool.clone(),
+            arguments: request.arguments,
             state: ActionState::NotStarted,
             run: next_run,
             attempts: Vec::new(),
@@ -244,13 +269,7 @@ impl MemoryStore {
         now: Instant,
         ttl: Duration,
     ) -> Result<Claimed, StoreError> {
-        if entry.tool != request.tool {
-            return Err(StoreError::ToolMismatch {
-                action_id: request.action_id.clone(),
-                recorded: entry.tool.clone(),
-                requested: request.tool.clone(),
-            });
-        }
+        entry.admits(request)?;
         entry.note_attempt(request.attempt_id.as_deref());
         let run = entry.run;
         Ok(match &entry.state {
@@ -399,7 +418,7 @@ impl ActionStore for MemoryStore {
                 if entry.is_live(now)
                     && entry.run == run
                     && matches!(entry.state, ActionState::Unknown)
-                    && entry.tool == request.tool =>
+                    && entry.admits(request).is_ok() =>
             {
                 entry.note_attempt(request.attempt_id.as_deref());
                 match answer {

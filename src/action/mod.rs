@@ -96,6 +96,7 @@
 //! # }
 //! ```
 
+mod digest;
 mod disposition;
 mod error;
 mod future;
@@ -108,6 +109,7 @@ mod service;
 mod state;
 mod store;
 
+pub use digest::ArgumentsDigest;
 pub use disposition::{ClassifyEffectError, Disposition, FinalOnError};
 pub use error::{ActionError, UnknownReason};
 pub use future::ResponseFuture;

@@ -7,6 +7,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::digest::ArgumentsDigest;
 use super::disposition::{ClassifyEffectError, Disposition, FinalOnError};
 use super::error::{ActionError, UnknownReason};
 use super::future::ResponseFuture;
@@ -122,6 +123,8 @@ where
         attempt_id: call.attempt_id.clone(),
         tool: call.tool.clone(),
         lease: config.lease(),
+        // The same id with other arguments is another effect: refused.
+        arguments: Some(ArgumentsDigest::of(&call.arguments)),
     };
     let store = &*config.store;
     let wait_until = later(Instant::now(), config.in_progress_wait);

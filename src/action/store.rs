@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
 use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
@@ -36,6 +37,11 @@ pub struct ClaimRequest {
     /// record past its lease turns it `unknown`: its owner vanished, and the
     /// effect may or may not have been applied.
     pub lease: Duration,
+    /// The digest of the call's arguments. A store keeps the first claim's
+    /// and refuses a later claim with another
+    /// ([`StoreError::ArgumentsDiffer`]). `None` (and a record claimed
+    /// without one) checks nothing.
+    pub arguments: Option<ArgumentsDigest>,
 }
 
 impl ClaimRequest {
@@ -47,7 +53,14 @@ impl ClaimRequest {
             attempt_id: None,
             tool: tool.into(),
             lease,
+            arguments: None,
         }
+    }
+
+    /// Binds the claim to these arguments (their [`ArgumentsDigest`]).
+    pub fn with_arguments(mut self, arguments: &Value) -> Self {
+        self.arguments = Some(ArgumentsDigest::of(arguments));
+        self
     }
 
     /// Records which model attempt asks.
@@ -156,6 +169,14 @@ pub enum StoreError {
         recorded: String,
         /// The tool of this call.
         requested: String,
+    },
+    /// The action id was first claimed with other arguments (another
+    /// [`ArgumentsDigest`]). The same id must name the same effect: the
+    /// call is neither answered with the stored result nor run.
+    #[error("action `{action_id}` was claimed with other arguments; refusing to replay or run it")]
+    ArgumentsDiffer {
+        /// The action.
+        action_id: ActionId,
     },
     /// A transition named a run the action is no longer on, or a state it is
     /// no longer in.

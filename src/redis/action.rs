@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
 use crate::action::{
-    ActionId, ActionRecord, ActionState, ActionStore, BoxFuture, Claim, ClaimRequest, Claimed,
-    Reconciliation, RunToken, StateKind, StoreError, StoredError, Transition,
+    ActionId, ActionRecord, ActionState, ActionStore, ArgumentsDigest, BoxFuture, Claim,
+    ClaimRequest, Claimed, Reconciliation, RunToken, StateKind, StoreError, StoredError,
+    Transition,
 };
 
 /// How many attempt ids a record keeps (the most recent ones), as the
@@ -128,6 +129,10 @@ where
         let mut args = vec![
             request.tool.clone(),
             script_millis(request.lease).to_string(),
+            request
+                .arguments
+                .map(|digest| digest.to_string())
+                .unwrap_or_default(),
         ];
         args.extend_from_slice(extra);
         let reply = self
@@ -270,6 +275,11 @@ fn claimed(request: &ClaimRequest, reply: &[String]) -> Result<Claimed, StoreErr
             ActionState::Failed { error, .. } => Claim::Failed { error },
             _ => return Err(unexpected(fields.payload)),
         },
+        "arguments_differ" => {
+            return Err(StoreError::ArgumentsDiffer {
+                action_id: request.action_id.clone(),
+            });
+        }
         "tool_mismatch" => {
             return Err(StoreError::ToolMismatch {
                 action_id: request.action_id.clone(),
@@ -363,12 +373,17 @@ where
             let reply = self.call(action_id, "get", None, &[]).await?;
             match reply.split_first() {
                 Some((tag, _)) if tag == "none" => Ok(None),
-                Some((tag, rest)) if tag == "record" && rest.len() >= 3 => {
+                Some((tag, rest)) if tag == "record" && rest.len() >= 4 => {
                     let state = from_json(&rest[1])?;
                     let run = RunToken::new(rest[2].parse().map_err(|_| unexpected(&rest[2]))?);
+                    let arguments = match rest[3].as_str() {
+                        "" => None,
+                        hex => Some(ArgumentsDigest::from_hex(hex).ok_or_else(|| unexpected(hex))?),
+                    };
                     Ok(Some(
                         ActionRecord::new(action_id.clone(), rest[0].clone(), state, run)
-                            .with_attempts(rest[3..].iter().cloned()),
+                            .with_attempts(rest[4..].iter().cloned())
+                            .with_arguments_digest(arguments),
                     ))
                 }
                 _ => Err(unexpected(&reply.join(","))),
