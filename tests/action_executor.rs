@@ -978,3 +978,50 @@ async fn other_arguments_are_refused_while_running_and_after_a_retryable_failure
     assert!(submit(&mut c, charge("pay-retry", "b")).await.is_ok());
     assert_eq!(payments.effects(), 2);
 }
+
+/// Two tenants whose models both call their first tool `call_0` hold two
+/// actions: each effect runs once per tenant, each tenant gets its own
+/// result (also on resubmission), and an id without a tenant is a third.
+#[tokio::test(start_paused = true)]
+async fn two_tenants_with_the_same_action_id_each_run_once_with_their_own_result() {
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let call = |tenant: &str, amount: u64| {
+        ToolCall::new("call_0", "charge_card", json!({ "amount": amount }))
+            .with_tenant(tenant)
+            .with_attempt_id(format!("{tenant}/attempt"))
+    };
+    let acme = submit(&mut executor, call("acme", 100)).await.unwrap();
+    let globex = submit(&mut executor, call("globex", 200)).await.unwrap();
+    assert_eq!(acme["amount"], 100);
+    assert_eq!(globex["amount"], 200);
+    assert_eq!(payments.effects(), 2, "one effect per tenant");
+
+    assert_eq!(
+        submit(&mut executor, call("acme", 100)).await.unwrap(),
+        acme
+    );
+    assert_eq!(
+        submit(&mut executor, call("globex", 200)).await.unwrap(),
+        globex
+    );
+    assert_eq!(
+        payments.effects(),
+        2,
+        "each resubmission is its tenant's replay"
+    );
+
+    // No tenant ("" too) is a namespace of its own.
+    let plain = ToolCall::new("call_0", "charge_card", json!({ "amount": 300 })).with_tenant("");
+    assert_eq!(plain.action_id.tenant(), None);
+    assert_eq!(submit(&mut executor, plain).await.unwrap()["amount"], 300);
+    assert_eq!(payments.effects(), 3);
+
+    let acme_id = ActionId::new("call_0").with_tenant("acme");
+    let record = store.get(&acme_id).await.unwrap().unwrap();
+    assert_eq!(record.action_id, acme_id);
+    assert_eq!(record.state, ActionState::Succeeded { result: acme });
+    assert_eq!(record.attempts, ["acme/attempt"]);
+    assert_eq!(store.len(), 3);
+}

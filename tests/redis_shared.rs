@@ -25,7 +25,7 @@ use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::action::{
-    ActionError, ActionExecutorLayer, ActionState, ActionStore, ArgumentsDigest, Claim,
+    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
     ClaimRequest, Reconciliation, StoreError, ToolCall,
 };
 use tower_llm_failover::budget::{
@@ -253,6 +253,64 @@ async fn redis_refuses_the_same_action_id_with_other_arguments() {
     assert_eq!(
         store.state(&"order-unknown".into()).await.unwrap(),
         ActionState::Unknown
+    );
+}
+
+/// Two tenants' `call_0` on Redis are two records under two keys: each
+/// effect runs once per tenant and each tenant replays its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keeps_two_tenants_actions_with_one_id_apart() {
+    let Some(redis) = RedisServer::start("redis_keeps_two_tenants_apart").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn ActionStore> =
+        Arc::new(RedisActionStore::new(connect(&redis.url()).unwrap()));
+    let counted = Arc::clone(&effects);
+    let mut executor = tower::ServiceBuilder::new()
+        .layer(ActionExecutorLayer::new(Arc::clone(&store)))
+        .service_fn(move |call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let tenant = call.action_id.tenant().unwrap_or("").to_owned();
+            async move { Ok::<_, BoxError>(json!({ "for": tenant })) }
+        });
+    let call = |tenant: &str| ToolCall::new("call_0", "send_order", json!({})).with_tenant(tenant);
+    for _ in 0..2 {
+        for tenant in ["acme", "globex"] {
+            let answer = executor
+                .ready()
+                .await
+                .unwrap()
+                .call(call(tenant))
+                .await
+                .unwrap();
+            assert_eq!(answer, json!({ "for": tenant }));
+        }
+    }
+    assert_eq!(effects.load(Ordering::SeqCst), 2, "one effect per tenant");
+    let acme = store
+        .get(&ActionId::new("call_0").with_tenant("acme"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(acme.action_id.tenant(), Some("acme"));
+    assert!(store.get(&"call_0".into()).await.unwrap().is_none());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*action*")
+        .query_async(&mut raw(&redis.url()).await)
+        .await
+        .unwrap();
+    let mut records: Vec<_> = keys
+        .into_iter()
+        .filter(|k| !k.ends_with(":attempts"))
+        .collect();
+    records.sort();
+    assert_eq!(
+        records,
+        [
+            "{tlf:taction:4:acme:call_0}",
+            "{tlf:taction:6:globex:call_0}"
+        ]
     );
 }
 

@@ -191,6 +191,7 @@ where
                 count_reconciliation(reconciliation_name(&answer));
                 tracing::info!(
                     action_id = %Escaped(request.action_id.as_str()),
+                    tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
                     attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
                     run = run.get(),
                     answer = reconciliation_name(&answer),
@@ -326,6 +327,7 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
         Some(transition) => trace_transition(request, transition, cause),
         None => tracing::debug!(
             action_id = %Escaped(request.action_id.as_str()),
+            tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
             attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
             tool = %Escaped(&request.tool),
             state = claimed.claim.kind().as_str(),
@@ -340,6 +342,7 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
 fn trace_transition(request: &ClaimRequest, transition: &Transition, cause: &'static str) {
     tracing::info!(
         action_id = %Escaped(request.action_id.as_str()),
+        tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
         attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
         tool = %Escaped(&request.tool),
         run = transition.run.get(),
@@ -378,6 +381,7 @@ fn report(
         Ok(transition) => trace_transition(request, &transition, cause),
         Err(error) => tracing::error!(
             action_id = %Escaped(request.action_id.as_str()),
+            tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
             attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
             tool = %Escaped(&request.tool),
             cause,
@@ -419,6 +423,7 @@ impl Drop for RunGuard {
             }
             Err(_) => tracing::warn!(
                 action_id = %Escaped(request.action_id.as_str()),
+                tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
                 "effect dropped outside a runtime; the record turns unknown when its lease ends"
             ),
         }

@@ -34,7 +34,10 @@ fn script_millis(d: Duration) -> u64 {
 /// Each method is one Lua script (one atomic round trip) on the action's
 /// two keys, `{<prefix>:action:<id>}` (a hash) and
 /// `{<prefix>:action:<id>}:attempts` (a list), which share a hash tag and
-/// so a cluster slot. The transitions are those of the trait's table, the
+/// so a cluster slot. An id in a tenant's namespace
+/// ([`ActionId::with_tenant`]) is under
+/// `{<prefix>:taction:<tenant length>:<tenant>:<id>}` instead, so two
+/// tenants' `call_0` are two records. The transitions are those of the trait's table, the
 /// same as [`MemoryStore`](crate::action::MemoryStore)'s. Finished records
 /// (succeeded, failed) expire after [`ttl`](Self::ttl); running and
 /// unknown ones never do. Leases are measured on the Redis server's clock,
@@ -87,8 +90,19 @@ where
         self
     }
 
+    /// The record's and the attempts' keys. An id without a tenant keeps
+    /// the key it always had; a tenant's id is under `taction:`, with the
+    /// tenant's length first, so no (tenant, id) pair spells another's key.
     fn keys(&self, action_id: &ActionId) -> (String, String) {
-        let record = format!("{{{}:action:{}}}", self.prefix, action_id.as_str());
+        let record = match action_id.tenant() {
+            None => format!("{{{}:action:{}}}", self.prefix, action_id.as_str()),
+            Some(tenant) => format!(
+                "{{{}:taction:{}:{tenant}:{}}}",
+                self.prefix,
+                tenant.len(),
+                action_id.as_str()
+            ),
+        };
         let attempts = format!("{record}:attempts");
         (record, attempts)
     }
