@@ -314,6 +314,97 @@ async fn redis_keeps_two_tenants_actions_with_one_id_apart() {
     );
 }
 
+/// `WAIT 1` with no replica: the claim fails closed (typed, no effect
+/// runs) and is given back; with a replica attached, the same call runs
+/// once and the replica holds the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_no_replica_acknowledged_fails_closed_until_one_does() {
+    let Some(primary) = RedisServer::start("a_claim_no_replica_acknowledged").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn ActionStore> = Arc::new(
+        RedisActionStore::new(connect(&primary.url()).unwrap())
+            .wait_for_replicas(1, Duration::from_millis(100)),
+    );
+    let counted = Arc::clone(&effects);
+    let mut executor = tower::ServiceBuilder::new()
+        .layer(ActionExecutorLayer::new(Arc::clone(&store)))
+        .service_fn(move |_call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(json!({ "order": "placed" })) }
+        });
+    let call = || ToolCall::new("order-wait", "send_order", json!({ "sku": "A" }));
+
+    let err = executor
+        .ready()
+        .await
+        .unwrap()
+        .call(call())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::NotReplicated {
+                ref action_id,
+                acknowledged: 0,
+                wanted: 1,
+            }) if action_id.as_str() == "order-wait"
+        ),
+        "{err}"
+    );
+    assert!(err.is_store_unavailable());
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        0,
+        "no effect without replicas"
+    );
+    // The run was given back: retryable, so the next claim may run it.
+    let plain = RedisActionStore::new(connect(&primary.url()).unwrap());
+    let record = plain.get(&"order-wait".into()).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            record.state,
+            ActionState::Failed {
+                retryable: true,
+                ..
+            }
+        ),
+        "{record:?}"
+    );
+
+    let Some(replica) =
+        RedisServer::start_replica_of("a_claim_no_replica_acknowledged", &primary).await
+    else {
+        return;
+    };
+    eventually("the replica is in sync", || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut raw(&primary.url()).await)
+            .await
+            .unwrap();
+        info.contains("state=online")
+    })
+    .await;
+    let answer = executor.ready().await.unwrap().call(call()).await.unwrap();
+    assert_eq!(answer, json!({ "order": "placed" }));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    // The result was acknowledged by the replica before the call returned.
+    let kind: Option<String> = redis::cmd("HGET")
+        .arg("{tlf:action:order-wait}")
+        .arg("kind")
+        .query_async(&mut raw(&replica.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(kind.as_deref(), Some("succeeded"));
+    // A replay is answered, and runs nothing.
+    let again = executor.ready().await.unwrap().call(call()).await.unwrap();
+    assert_eq!(again, answer);
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
 // ---------------------------------------------------------------- gateways
 
 struct Fleet {

@@ -197,6 +197,22 @@ pub enum StoreError {
         /// The action.
         action_id: ActionId,
     },
+    /// A shared store wrote the change on its primary, but fewer replicas
+    /// than configured acknowledged it in time (Redis `WAIT`; see
+    /// `RedisActionStore::wait_for_replicas`). Fails closed: after a claim,
+    /// the run was given back and no effect ran; the same call may be made
+    /// again.
+    #[error(
+        "action `{action_id}`: {acknowledged} of {wanted} replicas acknowledged the write in time; failing closed"
+    )]
+    NotReplicated {
+        /// The action.
+        action_id: ActionId,
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many were asked for.
+        wanted: u32,
+    },
     /// The backend failed (encoding, a script error, ...).
     #[error("action store backend failed: {0}")]
     Backend(#[source] BoxError),

@@ -14,6 +14,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// More command-line arguments (a replica's `--replicaof`).
+    extra: Vec<String>,
 }
 
 fn in_ci() -> bool {
@@ -35,6 +37,21 @@ impl RedisServer {
     /// Starts a server, or `None` (after a loud message) when the binary
     /// is missing outside CI.
     pub async fn start(test: &str) -> Option<Self> {
+        Self::start_with(test, Vec::new()).await
+    }
+
+    /// Starts a replica of `primary` (`--replicaof`); it answers at once
+    /// and syncs in the background.
+    pub async fn start_replica_of(test: &str, primary: &RedisServer) -> Option<Self> {
+        let extra = vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port.to_string(),
+        ];
+        Self::start_with(test, extra).await
+    }
+
+    async fn start_with(test: &str, extra: Vec<String>) -> Option<Self> {
         let Some(_) = binary() else {
             if in_ci() {
                 panic!(
@@ -62,6 +79,7 @@ impl RedisServer {
             port,
             dir,
             child: None,
+            extra,
         };
         server.restart().await;
         Some(server)
@@ -86,6 +104,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
