@@ -8,10 +8,20 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
+/// How far "never" is: where [`later`] saturates. Thirty years outlives any
+/// process, and stays far from the platform's `Instant` limit.
+pub(crate) const FAR: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
+
 /// `at + duration`, saturating far in the future instead of panicking.
+///
+/// Every configured duration (timeouts, leases, TTLs, waits) that is added
+/// to an instant goes through here, so `Duration::MAX` means "very long",
+/// never a panic.
 pub(crate) fn later(at: Instant, duration: Duration) -> Instant {
     at.checked_add(duration)
-        .unwrap_or_else(|| at + Duration::from_secs(60 * 60 * 24 * 365 * 30))
+        .or_else(|| at.checked_add(FAR))
+        // Unreachable on real clocks; still no panic.
+        .unwrap_or(at)
 }
 
 /// Put in a response's extensions by a body that ends itself at this
@@ -113,6 +123,18 @@ impl Alarm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A huge configured duration saturates far ahead instead of panicking.
+    #[test]
+    fn later_saturates_on_a_huge_duration() {
+        let now = Instant::now();
+        assert_eq!(
+            later(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
+        let far = later(now, Duration::MAX);
+        assert!(far >= now + FAR, "Duration::MAX reads as very long");
+    }
 
     /// Armed once, an alarm answers a poll by the same task from its
     /// state alone, and still fires; a reset arms it again.

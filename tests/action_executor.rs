@@ -11,8 +11,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_failover::action::{
-    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, BoxFuture, Disposition,
-    MemoryStore, Reconciler, Reconciliation, ToolCall, ToolSchemas, UnknownReason, reconcile_fn,
+    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest,
+    BoxFuture, Disposition, MemoryStore, Reconciler, Reconciliation, StoreError, ToolCall,
+    ToolSchemas, UnknownReason, reconcile_fn,
 };
 
 /// What the fake payment system does with the next call.
@@ -816,10 +817,7 @@ async fn a_full_store_refuses_new_actions_without_running_them() {
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            ActionError::Store(tower_llm_failover::action::StoreError::Full { .. })
-        ),
+        matches!(err, ActionError::Store(StoreError::Full { .. })),
         "{err}"
     );
     assert_eq!(payments.calls(), 3);
@@ -829,4 +827,201 @@ async fn a_full_store_refuses_new_actions_without_running_them() {
     assert!(submit(&mut executor, charge("pay-3", "a")).await.is_ok());
     assert_eq!(payments.calls(), 4);
     assert!(store.len() <= 3);
+}
+
+/// Every action duration configured as `Duration::MAX` reads as "very
+/// long": nothing panics, a duplicate waits for the running effect, the
+/// effect runs once, and its record still answers ten years later.
+#[tokio::test(start_paused = true)]
+async fn duration_max_in_every_setting_means_very_long_not_a_panic() {
+    let payments = Payments::scripted([Script::ApplyAfter(Duration::from_secs(60))]);
+    let store = Arc::new(MemoryStore::new().ttl(Duration::MAX));
+    let layer = ActionExecutorLayer::new(store.clone())
+        .effect_timeout(Duration::MAX)
+        .in_progress_wait(Duration::MAX)
+        .lease_grace(Duration::MAX);
+    let executor = executor_with(&payments, layer);
+    let mut primary = executor.clone();
+    let mut backup = executor.clone();
+    let (a, b) = tokio::join!(submit(&mut primary, charge("pay-max", "primary")), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        submit(&mut backup, charge("pay-max", "backup")).await
+    });
+    let first = a.unwrap();
+    assert_eq!(b.unwrap(), first, "the duplicate waited and got the result");
+    assert_eq!(payments.effects(), 1);
+
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    let mut late = executor.clone();
+    assert_eq!(
+        submit(&mut late, charge("pay-max", "late")).await.unwrap(),
+        first
+    );
+    assert_eq!(store.purge_expired(), 0, "the record has not expired");
+    assert_eq!(payments.effects(), 1);
+    assert_eq!(payments.calls(), 1);
+}
+
+/// By default a finished action answers resubmissions for 7 days: one six
+/// days late is replayed, not charged again. Past the TTL the record is
+/// gone and the id starts afresh (documented).
+#[tokio::test(start_paused = true)]
+async fn a_late_resubmission_within_the_default_seven_days_is_replayed() {
+    assert_eq!(MemoryStore::DEFAULT_TTL, Duration::from_secs(7 * 86_400));
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let first = submit(&mut executor, charge("pay-late", "a1"))
+        .await
+        .unwrap();
+
+    tokio::time::advance(Duration::from_secs(7 * 86_400 - 60)).await;
+    let late = submit(&mut executor, charge("pay-late", "a2"))
+        .await
+        .unwrap();
+    assert_eq!(late, first);
+    assert_eq!(payments.effects(), 1, "a week-old resubmission is a replay");
+
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(store.get(&"pay-late".into()).await.unwrap().is_none());
+}
+
+/// The same action id with other arguments is another effect under a
+/// reused id: refused with a typed error naming the id, neither answered
+/// with the first result nor run; the record keeps the first call's
+/// result and digest. The same arguments spelled otherwise still replay.
+#[tokio::test(start_paused = true)]
+async fn the_same_id_with_other_arguments_is_refused_not_replayed() {
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let first = submit(&mut executor, charge("pay-args", "a1"))
+        .await
+        .unwrap();
+
+    let other = ToolCall::new(
+        "pay-args",
+        "charge_card",
+        json!({ "amount": 999_999, "currency": "eur" }),
+    );
+    let err = submit(&mut executor, other).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::ArgumentsDiffer { ref action_id })
+                if action_id.as_str() == "pay-args"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.action_id().map(ActionId::as_str), Some("pay-args"));
+    assert!(!err.is_retryable());
+    assert_eq!(payments.calls(), 1, "never run");
+
+    let respelled = ToolCall::new(
+        "pay-args",
+        "charge_card",
+        json!({ "currency": "eur", "amount": 4200 }),
+    );
+    assert_eq!(submit(&mut executor, respelled).await.unwrap(), first);
+    assert_eq!(payments.effects(), 1);
+    let record = store.get(&"pay-args".into()).await.unwrap().unwrap();
+    assert_eq!(record.state, ActionState::Succeeded { result: first });
+    assert_eq!(
+        record.arguments,
+        Some(ArgumentsDigest::of(
+            &json!({ "amount": 4200, "currency": "eur" })
+        ))
+    );
+}
+
+/// A duplicate with other arguments is refused at once while the first
+/// runs (it does not wait for a result that is not its own), and after a
+/// retryable failure it does not get the next run either.
+#[tokio::test(start_paused = true)]
+async fn other_arguments_are_refused_while_running_and_after_a_retryable_failure() {
+    let payments = Payments::scripted([
+        Script::ApplyAfter(Duration::from_secs(2)),
+        Script::Refuse { retryable: true },
+    ]);
+    let store = Arc::new(MemoryStore::new());
+    let executor = executor_with(
+        &payments,
+        ActionExecutorLayer::new(store.clone()).in_progress_wait(Duration::from_secs(10)),
+    );
+    let (mut a, mut b) = (executor.clone(), executor.clone());
+    let other = || ToolCall::new("pay-run", "charge_card", json!({ "amount": 1 }));
+    let (first, second) = tokio::join!(submit(&mut a, charge("pay-run", "a")), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = tokio::time::Instant::now();
+        let answer = submit(&mut b, other()).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+        answer
+    });
+    assert!(first.is_ok());
+    assert!(matches!(
+        second,
+        Err(ActionError::Store(StoreError::ArgumentsDiffer { .. }))
+    ));
+
+    let mut c = executor.clone();
+    let failed = submit(&mut c, charge("pay-retry", "a")).await.unwrap_err();
+    assert!(failed.is_retryable());
+    assert!(matches!(
+        submit(
+            &mut c,
+            ToolCall::new("pay-retry", "charge_card", json!({ "amount": 1 }))
+        )
+        .await,
+        Err(ActionError::Store(StoreError::ArgumentsDiffer { .. }))
+    ));
+    assert_eq!(payments.calls(), 2, "the refused calls never ran");
+    assert!(submit(&mut c, charge("pay-retry", "b")).await.is_ok());
+    assert_eq!(payments.effects(), 2);
+}
+
+/// Two tenants whose models both call their first tool `call_0` hold two
+/// actions: each effect runs once per tenant, each tenant gets its own
+/// result (also on resubmission), and an id without a tenant is a third.
+#[tokio::test(start_paused = true)]
+async fn two_tenants_with_the_same_action_id_each_run_once_with_their_own_result() {
+    let payments = Payments::scripted([]);
+    let store = Arc::new(MemoryStore::new());
+    let mut executor = executor_with(&payments, ActionExecutorLayer::new(store.clone()));
+    let call = |tenant: &str, amount: u64| {
+        ToolCall::new("call_0", "charge_card", json!({ "amount": amount }))
+            .with_tenant(tenant)
+            .with_attempt_id(format!("{tenant}/attempt"))
+    };
+    let acme = submit(&mut executor, call("acme", 100)).await.unwrap();
+    let globex = submit(&mut executor, call("globex", 200)).await.unwrap();
+    assert_eq!(acme["amount"], 100);
+    assert_eq!(globex["amount"], 200);
+    assert_eq!(payments.effects(), 2, "one effect per tenant");
+
+    assert_eq!(
+        submit(&mut executor, call("acme", 100)).await.unwrap(),
+        acme
+    );
+    assert_eq!(
+        submit(&mut executor, call("globex", 200)).await.unwrap(),
+        globex
+    );
+    assert_eq!(
+        payments.effects(),
+        2,
+        "each resubmission is its tenant's replay"
+    );
+
+    // No tenant ("" too) is a namespace of its own.
+    let plain = ToolCall::new("call_0", "charge_card", json!({ "amount": 300 })).with_tenant("");
+    assert_eq!(plain.action_id.tenant(), None);
+    assert_eq!(submit(&mut executor, plain).await.unwrap()["amount"], 300);
+    assert_eq!(payments.effects(), 3);
+
+    let acme_id = ActionId::new("call_0").with_tenant("acme");
+    let record = store.get(&acme_id).await.unwrap().unwrap();
+    assert_eq!(record.action_id, acme_id);
+    assert_eq!(record.state, ActionState::Succeeded { result: acme });
+    assert_eq!(record.attempts, ["acme/attempt"]);
+    assert_eq!(store.len(), 3);
 }

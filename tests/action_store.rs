@@ -449,3 +449,74 @@ async fn public_constructors_build_what_the_store_reports() {
     );
     assert_eq!(StoredError::new("declined").message, "declined");
 }
+
+/// A lease and a time-to-live of `Duration::MAX` mean "very long": no
+/// panic, a running claim stays trusted and a finished record stays.
+#[tokio::test(start_paused = true)]
+async fn duration_max_lease_and_ttl_mean_very_long() {
+    let store = MemoryStore::new().ttl(Duration::MAX);
+    let forever = ClaimRequest::new("a", "charge", Duration::MAX);
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::Acquired {
+            run: RunToken::new(1)
+        }
+    );
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::InProgress {
+            run: RunToken::new(1)
+        },
+        "still trusted, not unknown"
+    );
+    store
+        .complete(&"a".into(), RunToken::new(1), None, json!(1))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
+    assert_eq!(store.purge_expired(), 0);
+    assert_eq!(
+        store.claim(&forever).await.unwrap().claim,
+        Claim::Succeeded { result: json!(1) }
+    );
+}
+
+/// A claim carrying an arguments digest binds the record to it: a claim
+/// with another digest is refused (and changes nothing), the same digest
+/// or none is answered as before, and a resolution with other arguments
+/// is refused too.
+#[tokio::test(start_paused = true)]
+async fn a_record_is_bound_to_the_arguments_it_was_claimed_with() {
+    let store = MemoryStore::new();
+    let first = request("a").with_arguments(&json!({ "amount": 1, "to": "x" }));
+    let other = request("a").with_arguments(&json!({ "amount": 2, "to": "x" }));
+    let Claim::Acquired { run } = store.claim(&first).await.unwrap().claim else {
+        panic!("fresh")
+    };
+    assert!(matches!(
+        store.claim(&other).await,
+        Err(StoreError::ArgumentsDiffer { ref action_id }) if action_id.as_str() == "a"
+    ));
+    assert_eq!(
+        store.claim(&first).await.unwrap().claim,
+        Claim::InProgress { run }
+    );
+    store.mark_unknown(&"a".into(), run, None).await.unwrap();
+    assert!(matches!(
+        store.resolve(&other, run, Reconciliation::NotApplied).await,
+        Err(StoreError::ArgumentsDiffer { .. })
+    ));
+    assert_eq!(
+        store.state(&"a".into()).await.unwrap(),
+        ActionState::Unknown
+    );
+    let record = store.get(&"a".into()).await.unwrap().unwrap();
+    assert_eq!(record.arguments, first.arguments);
+    assert_eq!(record.attempts, ["attempt-1"]);
+    // A claim without a digest checks nothing (a store used directly).
+    assert_eq!(
+        store.claim(&request("a")).await.unwrap().claim,
+        Claim::Unknown { run }
+    );
+}

@@ -24,7 +24,10 @@ use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
-use tower_llm_failover::action::{ActionError, ActionExecutorLayer, ActionStore, ToolCall};
+use tower_llm_failover::action::{
+    ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
+    ClaimRequest, Reconciliation, StoreError, ToolCall,
+};
 use tower_llm_failover::budget::{
     Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
 };
@@ -112,6 +115,294 @@ async fn two_replicas_run_each_action_once_across_500_submissions() {
             .expect("every submission gets the stored result");
         assert_eq!(value["order"], format!("order-{}", i % 20));
     }
+}
+
+/// A plain connection for looking at what the stores wrote.
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn pttl(url: &str, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut raw(url).await)
+        .await
+        .unwrap()
+}
+
+/// Finished records keep 7 days by default, so a late resubmission is a
+/// replay; a TTL and a lease of `Duration::MAX` mean "very long" (capped at
+/// 100 years for Redis), not a script error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_action_records_keep_a_week_and_duration_max_is_very_long() {
+    let Some(redis) = RedisServer::start("redis_action_records_keep_a_week").await else {
+        return;
+    };
+    let url = redis.url();
+    let store = RedisActionStore::new(connect(&url).unwrap());
+    let request = ClaimRequest::new("week", "send_order", Duration::from_secs(30));
+    let Claim::Acquired { run } = store.claim(&request).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    store
+        .complete(&"week".into(), run, None, json!({"ok": 1}))
+        .await
+        .unwrap();
+    let left = pttl(&url, "{tlf:action:week}").await;
+    let week = 7 * 86_400 * 1000;
+    assert!(left > week - 60_000 && left <= week, "{left} ms");
+
+    let forever = RedisActionStore::new(connect(&url).unwrap()).ttl(Duration::MAX);
+    let request = ClaimRequest::new("forever", "send_order", Duration::MAX);
+    let Claim::Acquired { run } = forever.claim(&request).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    assert_eq!(
+        forever.claim(&request).await.unwrap().claim,
+        Claim::InProgress { run },
+        "a lease of Duration::MAX is trusted"
+    );
+    forever
+        .complete(&"forever".into(), run, None, json!({"ok": 2}))
+        .await
+        .unwrap();
+    assert_eq!(
+        forever.claim(&request).await.unwrap().claim,
+        Claim::Succeeded {
+            result: json!({"ok": 2})
+        }
+    );
+    let left = pttl(&url, "{tlf:action:forever}").await;
+    assert!(left > 99 * 365 * 86_400 * 1000, "{left} ms");
+}
+
+/// On Redis too the same action id with other arguments is refused,
+/// never replayed or run, while the same arguments spelled otherwise
+/// replay; the record keeps the first call's digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_refuses_the_same_action_id_with_other_arguments() {
+    let Some(redis) = RedisServer::start("redis_refuses_other_arguments").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let mut a = executor(&redis.url(), Arc::clone(&effects));
+    let mut b = executor(&redis.url(), Arc::clone(&effects));
+    let call = |args: Value| ToolCall::new("order-args", "send_order", args);
+    let first = a
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "sku": "A", "qty": 1 })))
+        .await
+        .unwrap();
+    let again = b
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "qty": 1, "sku": "A" })))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let err = b
+        .ready()
+        .await
+        .unwrap()
+        .call(call(json!({ "sku": "A", "qty": 2 })))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::ArgumentsDiffer { ref action_id })
+                if action_id.as_str() == "order-args"
+        ),
+        "{err}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+
+    let store = RedisActionStore::new(connect(&redis.url()).unwrap());
+    let record = store.get(&"order-args".into()).await.unwrap().unwrap();
+    assert_eq!(
+        record.arguments,
+        Some(ArgumentsDigest::of(&json!({ "sku": "A", "qty": 1 })))
+    );
+    assert_eq!(record.state, ActionState::Succeeded { result: first });
+
+    // A resolution with other arguments is refused as well.
+    let mine = ClaimRequest::new("order-unknown", "send_order", Duration::from_secs(30))
+        .with_arguments(&json!({ "qty": 1 }));
+    let theirs = ClaimRequest::new("order-unknown", "send_order", Duration::from_secs(30))
+        .with_arguments(&json!({ "qty": 5 }));
+    let Claim::Acquired { run } = store.claim(&mine).await.unwrap().claim else {
+        panic!("fresh action")
+    };
+    store
+        .mark_unknown(&"order-unknown".into(), run, None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .resolve(&theirs, run, Reconciliation::NotApplied)
+            .await,
+        Err(StoreError::ArgumentsDiffer { .. })
+    ));
+    assert_eq!(
+        store.state(&"order-unknown".into()).await.unwrap(),
+        ActionState::Unknown
+    );
+}
+
+/// Two tenants' `call_0` on Redis are two records under two keys: each
+/// effect runs once per tenant and each tenant replays its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keeps_two_tenants_actions_with_one_id_apart() {
+    let Some(redis) = RedisServer::start("redis_keeps_two_tenants_apart").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn ActionStore> =
+        Arc::new(RedisActionStore::new(connect(&redis.url()).unwrap()));
+    let counted = Arc::clone(&effects);
+    let mut executor = tower::ServiceBuilder::new()
+        .layer(ActionExecutorLayer::new(Arc::clone(&store)))
+        .service_fn(move |call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let tenant = call.action_id.tenant().unwrap_or("").to_owned();
+            async move { Ok::<_, BoxError>(json!({ "for": tenant })) }
+        });
+    let call = |tenant: &str| ToolCall::new("call_0", "send_order", json!({})).with_tenant(tenant);
+    for _ in 0..2 {
+        for tenant in ["acme", "globex"] {
+            let answer = executor
+                .ready()
+                .await
+                .unwrap()
+                .call(call(tenant))
+                .await
+                .unwrap();
+            assert_eq!(answer, json!({ "for": tenant }));
+        }
+    }
+    assert_eq!(effects.load(Ordering::SeqCst), 2, "one effect per tenant");
+    let acme = store
+        .get(&ActionId::new("call_0").with_tenant("acme"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(acme.action_id.tenant(), Some("acme"));
+    assert!(store.get(&"call_0".into()).await.unwrap().is_none());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*action*")
+        .query_async(&mut raw(&redis.url()).await)
+        .await
+        .unwrap();
+    let mut records: Vec<_> = keys
+        .into_iter()
+        .filter(|k| !k.ends_with(":attempts"))
+        .collect();
+    records.sort();
+    assert_eq!(
+        records,
+        [
+            "{tlf:taction:4:acme:call_0}",
+            "{tlf:taction:6:globex:call_0}"
+        ]
+    );
+}
+
+/// `WAIT 1` with no replica: the claim fails closed (typed, no effect
+/// runs) and is given back; with a replica attached, the same call runs
+/// once and the replica holds the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_no_replica_acknowledged_fails_closed_until_one_does() {
+    let Some(primary) = RedisServer::start("a_claim_no_replica_acknowledged").await else {
+        return;
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn ActionStore> = Arc::new(
+        RedisActionStore::new(connect(&primary.url()).unwrap())
+            .wait_for_replicas(1, Duration::from_millis(100)),
+    );
+    let counted = Arc::clone(&effects);
+    let mut executor = tower::ServiceBuilder::new()
+        .layer(ActionExecutorLayer::new(Arc::clone(&store)))
+        .service_fn(move |_call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(json!({ "order": "placed" })) }
+        });
+    let call = || ToolCall::new("order-wait", "send_order", json!({ "sku": "A" }));
+
+    let err = executor
+        .ready()
+        .await
+        .unwrap()
+        .call(call())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ActionError::Store(StoreError::NotReplicated {
+                ref action_id,
+                acknowledged: 0,
+                wanted: 1,
+            }) if action_id.as_str() == "order-wait"
+        ),
+        "{err}"
+    );
+    assert!(err.is_store_unavailable());
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        0,
+        "no effect without replicas"
+    );
+    // The run was given back: retryable, so the next claim may run it.
+    let plain = RedisActionStore::new(connect(&primary.url()).unwrap());
+    let record = plain.get(&"order-wait".into()).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            record.state,
+            ActionState::Failed {
+                retryable: true,
+                ..
+            }
+        ),
+        "{record:?}"
+    );
+
+    let Some(replica) =
+        RedisServer::start_replica_of("a_claim_no_replica_acknowledged", &primary).await
+    else {
+        return;
+    };
+    eventually("the replica is in sync", || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut raw(&primary.url()).await)
+            .await
+            .unwrap();
+        info.contains("state=online")
+    })
+    .await;
+    let answer = executor.ready().await.unwrap().call(call()).await.unwrap();
+    assert_eq!(answer, json!({ "order": "placed" }));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    // The result was acknowledged by the replica before the call returned.
+    let kind: Option<String> = redis::cmd("HGET")
+        .arg("{tlf:action:order-wait}")
+        .arg("kind")
+        .query_async(&mut raw(&replica.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(kind.as_deref(), Some("succeeded"));
+    // A replay is answered, and runs nothing.
+    let again = executor.ready().await.unwrap().call(call()).await.unwrap();
+    assert_eq!(again, answer);
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
 // ---------------------------------------------------------------- gateways

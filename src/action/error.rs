@@ -107,6 +107,8 @@ impl ActionError {
             Self::Store(
                 StoreError::Full { action_id, .. }
                 | StoreError::ToolMismatch { action_id, .. }
+                | StoreError::ArgumentsDiffer { action_id }
+                | StoreError::NotReplicated { action_id, .. }
                 | StoreError::Conflict { action_id, .. }
                 | StoreError::NotFound { action_id },
             ) => Some(action_id),
@@ -126,10 +128,15 @@ impl ActionError {
         )
     }
 
-    /// Whether the action store could not be reached: nothing ran, and the
-    /// same call may be made again once the store is back.
+    /// Whether the action store could not be reached, or could not
+    /// replicate the claim to the replicas it must
+    /// ([`StoreError::NotReplicated`]): nothing ran, and the same call may
+    /// be made again once the store is back.
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(self, Self::Store(StoreError::Unavailable(_)))
+        matches!(
+            self,
+            Self::Store(StoreError::Unavailable(_) | StoreError::NotReplicated { .. })
+        )
     }
 
     /// Whether the action's outcome is unknown (it needs reconciliation).

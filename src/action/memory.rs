@@ -9,10 +9,12 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
 use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
 use super::store::{ActionStore, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};
+use crate::time::later;
 
 /// How many attempt ids a record keeps (the most recent ones).
 const MAX_ATTEMPTS_RECORDED: usize = 16;
@@ -43,6 +45,8 @@ struct Inner {
 
 struct Entry {
     tool: String,
+    /// The digest of the arguments of the claim that made the record.
+    arguments: Option<ArgumentsDigest>,
     state: ActionState,
     run: RunToken,
     attempts: Vec<String>,
@@ -74,7 +78,7 @@ impl Entry {
     /// wakes waiting duplicates.
     fn set_state(&mut self, state: ActionState, now: Instant, ttl: Duration) -> Transition {
         let before = self.state.kind();
-        self.expires_at = state.is_finished().then(|| now + ttl);
+        self.expires_at = state.is_finished().then(|| later(now, ttl));
         if !matches!(state, ActionState::Running) {
             self.lease_until = None;
         }
@@ -93,7 +97,7 @@ impl Entry {
         ttl: Duration,
     ) -> Transition {
         self.run = run;
-        self.lease_until = Some(now + lease);
+        self.lease_until = Some(later(now, lease));
         self.set_state(ActionState::Running, now, ttl)
     }
 
@@ -105,14 +109,40 @@ impl Entry {
             self.run,
         )
         .with_attempts(self.attempts.clone())
+        .with_arguments_digest(self.arguments)
+    }
+
+    /// Whether `request` may act on this record: the same tool, and the
+    /// same arguments when both sides know them.
+    fn admits(&self, request: &ClaimRequest) -> Result<(), StoreError> {
+        if self.tool != request.tool {
+            return Err(StoreError::ToolMismatch {
+                action_id: request.action_id.clone(),
+                recorded: self.tool.clone(),
+                requested: request.tool.clone(),
+            });
+        }
+        match (self.arguments, request.arguments) {
+            (Some(recorded), Some(requested)) if recorded != requested => {
+                Err(StoreError::ArgumentsDiffer {
+                    action_id: request.action_id.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
 impl MemoryStore {
     /// Default bound on records.
     pub const DEFAULT_MAX_RECORDS: usize = 10_000;
-    /// Default time-to-live of finished records.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(60 * 60);
+    /// Default time-to-live of finished records: 7 days. A resubmission of a
+    /// finished action within it is answered from the record; after it, the
+    /// effect runs again. Pick [`max_records`](Self::max_records) for the
+    /// actions finished in one TTL at peak: live records are never evicted,
+    /// so a store too small for its TTL refuses new claims
+    /// ([`StoreError::Full`]).
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
     /// A store with [`DEFAULT_MAX_RECORDS`](Self::DEFAULT_MAX_RECORDS) and
     /// [`DEFAULT_TTL`](Self::DEFAULT_TTL).
@@ -130,8 +160,12 @@ impl MemoryStore {
         self
     }
 
-    /// Sets how long a finished record is kept, and so how long a duplicate
-    /// call is answered from it.
+    /// Sets how long a finished record is kept (the tombstone), and so how
+    /// long a duplicate call is answered from it instead of running the
+    /// effect again (default [`DEFAULT_TTL`](Self::DEFAULT_TTL), 7 days).
+    /// Set it longer than the longest time an application may resubmit an
+    /// action. `Duration::MAX` keeps finished records for as long as the
+    /// process lives (they still count toward `max_records`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -184,7 +218,7 @@ impl MemoryStore {
         if inner.next_sweep.is_none_or(|at| at <= now) {
             Self::sweep(inner, now);
             let period = (self.ttl / 4).max(Duration::from_secs(1));
-            inner.next_sweep = Some(now + period);
+            inner.next_sweep = Some(later(now, period));
         }
     }
 
@@ -212,6 +246,7 @@ impl MemoryStore {
         }
         let mut entry = Entry {
             tool: request.tool.clone(),
+            arguments: request.arguments,
             state: ActionState::NotStarted,
             run: next_run,
             attempts: Vec::new(),
@@ -234,13 +269,7 @@ impl MemoryStore {
         now: Instant,
         ttl: Duration,
     ) -> Result<Claimed, StoreError> {
-        if entry.tool != request.tool {
-            return Err(StoreError::ToolMismatch {
-                action_id: request.action_id.clone(),
-                recorded: entry.tool.clone(),
-                requested: request.tool.clone(),
-            });
-        }
+        entry.admits(request)?;
         entry.note_attempt(request.attempt_id.as_deref());
         let run = entry.run;
         Ok(match &entry.state {
@@ -389,7 +418,7 @@ impl ActionStore for MemoryStore {
                 if entry.is_live(now)
                     && entry.run == run
                     && matches!(entry.state, ActionState::Unknown)
-                    && entry.tool == request.tool =>
+                    && entry.admits(request).is_ok() =>
             {
                 entry.note_attempt(request.attempt_id.as_deref());
                 match answer {

@@ -34,6 +34,35 @@
 //! new claims with [`StoreError::Full`]). The trait is shaped so a shared
 //! backend can implement each step with one round trip.
 //!
+//! # What an action id binds
+//!
+//! - **Its arguments.** A claim carries the [`ArgumentsDigest`] (SHA-256 of
+//!   the canonical JSON) of the call's arguments. The same id with the same
+//!   arguments, however spelled, replays; with other arguments it is
+//!   refused with [`StoreError::ArgumentsDiffer`], neither replayed nor run.
+//! - **Its tenant.** Ids are unique per tenant: set the request's tenant on
+//!   each call with [`ToolCall::with_tenant`] (from the request's
+//!   [`ClientId`](crate::identity::ClientId)), so two tenants' `call_0` are
+//!   two actions with their own results. An id without a tenant is in a
+//!   namespace of its own.
+//! - **Its tool.** Another tool under the same id is
+//!   [`StoreError::ToolMismatch`].
+//!
+//! # How long a finished action is remembered
+//!
+//! A finished record (succeeded, failed) is a tombstone kept for the
+//! store's time-to-live, 7 days by default ([`MemoryStore::ttl`],
+//! `RedisActionStore::ttl`). A resubmission within it replays; one after it
+//! runs the effect again. Set it above the longest time your application
+//! may resubmit an action; with [`MemoryStore`], size
+//! [`max_records`](MemoryStore::max_records) for the actions finished in
+//! one TTL. Every duration (TTL, lease, timeouts, waits) saturates:
+//! `Duration::MAX` means "very long", never a panic.
+//!
+//! On Redis, a claim the primary acknowledged can be lost if the primary
+//! dies before replicating it; `RedisActionStore::wait_for_replicas` makes
+//! claims wait for replicas and fail closed without them.
+//!
 //! # Example
 //!
 //! ```
@@ -58,7 +87,8 @@
 //!         "required": ["sku", "qty"]
 //!     }
 //! }}]});
-//! let store = Arc::new(MemoryStore::new().max_records(10_000).ttl(Duration::from_secs(3600)));
+//! // Finished records answer resubmissions for 7 days (the default TTL).
+//! let store = Arc::new(MemoryStore::new().max_records(10_000).ttl(MemoryStore::DEFAULT_TTL));
 //!
 //! let mut executor = ServiceBuilder::new()
 //!     .layer(
@@ -95,6 +125,7 @@
 //! # }
 //! ```
 
+mod digest;
 mod disposition;
 mod error;
 mod future;
@@ -107,6 +138,7 @@ mod service;
 mod state;
 mod store;
 
+pub use digest::ArgumentsDigest;
 pub use disposition::{ClassifyEffectError, Disposition, FinalOnError};
 pub use error::{ActionError, UnknownReason};
 pub use future::ResponseFuture;

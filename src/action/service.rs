@@ -7,6 +7,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::digest::ArgumentsDigest;
 use super::disposition::{ClassifyEffectError, Disposition, FinalOnError};
 use super::error::{ActionError, UnknownReason};
 use super::future::ResponseFuture;
@@ -17,6 +18,8 @@ use super::state::{RunToken, StoredError, Transition};
 use super::store::{ActionStore, BoxError, Claim, ClaimRequest, Claimed};
 // Names only: `telemetry`'s name modules are constants and import nothing.
 use crate::telemetry::{attr, metric};
+// A leaf: saturating time arithmetic, so a configured `Duration::MAX` never panics.
+use crate::time::later;
 
 /// How many times one call may consult the reconciler: a second unknown
 /// after a resolution means another caller's run is unknown too; stop there.
@@ -120,9 +123,11 @@ where
         attempt_id: call.attempt_id.clone(),
         tool: call.tool.clone(),
         lease: config.lease(),
+        // The same id with other arguments is another effect: refused.
+        arguments: Some(ArgumentsDigest::of(&call.arguments)),
     };
     let store = &*config.store;
-    let wait_until = Instant::now() + config.in_progress_wait;
+    let wait_until = later(Instant::now(), config.in_progress_wait);
     let mut reconciliations = 0;
     let mut claimed = store.claim(&request).await?;
     let mut cause = "claim";
@@ -186,6 +191,7 @@ where
                 count_reconciliation(reconciliation_name(&answer));
                 tracing::info!(
                     action_id = %Escaped(request.action_id.as_str()),
+                    tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
                     attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
                     run = run.get(),
                     answer = reconciliation_name(&answer),
@@ -321,6 +327,7 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
         Some(transition) => trace_transition(request, transition, cause),
         None => tracing::debug!(
             action_id = %Escaped(request.action_id.as_str()),
+            tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
             attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
             tool = %Escaped(&request.tool),
             state = claimed.claim.kind().as_str(),
@@ -335,6 +342,7 @@ fn trace_claim(request: &ClaimRequest, claimed: &Claimed, cause: &'static str) {
 fn trace_transition(request: &ClaimRequest, transition: &Transition, cause: &'static str) {
     tracing::info!(
         action_id = %Escaped(request.action_id.as_str()),
+        tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
         attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
         tool = %Escaped(&request.tool),
         run = transition.run.get(),
@@ -373,6 +381,7 @@ fn report(
         Ok(transition) => trace_transition(request, &transition, cause),
         Err(error) => tracing::error!(
             action_id = %Escaped(request.action_id.as_str()),
+            tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
             attempt_id = %Escaped(request.attempt_id.as_deref().unwrap_or("")),
             tool = %Escaped(&request.tool),
             cause,
@@ -414,6 +423,7 @@ impl Drop for RunGuard {
             }
             Err(_) => tracing::warn!(
                 action_id = %Escaped(request.action_id.as_str()),
+                tenant = %Escaped(request.action_id.tenant().unwrap_or("")),
                 "effect dropped outside a runtime; the record turns unknown when its lease ends"
             ),
         }

@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 
 /// Where an action stands, with its stored outcome once it has one.
@@ -174,6 +175,10 @@ pub struct ActionRecord {
     pub run: RunToken,
     /// Model attempts that proposed or ran this action, oldest first (capped).
     pub attempts: Vec<String>,
+    /// The digest of the arguments the action was first claimed with, if
+    /// the claim carried one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<ArgumentsDigest>,
 }
 
 impl ActionRecord {
@@ -191,7 +196,14 @@ impl ActionRecord {
             state,
             run,
             attempts: Vec::new(),
+            arguments: None,
         }
+    }
+
+    /// Sets the digest of the arguments the action was claimed with.
+    pub fn with_arguments_digest(mut self, arguments: Option<ArgumentsDigest>) -> Self {
+        self.arguments = arguments;
+        self
     }
 
     /// Replaces the model attempts that proposed or ran this action

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
 use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
@@ -36,6 +37,11 @@ pub struct ClaimRequest {
     /// record past its lease turns it `unknown`: its owner vanished, and the
     /// effect may or may not have been applied.
     pub lease: Duration,
+    /// The digest of the call's arguments. A store keeps the first claim's
+    /// and refuses a later claim with another
+    /// ([`StoreError::ArgumentsDiffer`]). `None` (and a record claimed
+    /// without one) checks nothing.
+    pub arguments: Option<ArgumentsDigest>,
 }
 
 impl ClaimRequest {
@@ -47,7 +53,14 @@ impl ClaimRequest {
             attempt_id: None,
             tool: tool.into(),
             lease,
+            arguments: None,
         }
+    }
+
+    /// Binds the claim to these arguments (their [`ArgumentsDigest`]).
+    pub fn with_arguments(mut self, arguments: &Value) -> Self {
+        self.arguments = Some(ArgumentsDigest::of(arguments));
+        self
     }
 
     /// Records which model attempt asks.
@@ -157,6 +170,14 @@ pub enum StoreError {
         /// The tool of this call.
         requested: String,
     },
+    /// The action id was first claimed with other arguments (another
+    /// [`ArgumentsDigest`]). The same id must name the same effect: the
+    /// call is neither answered with the stored result nor run.
+    #[error("action `{action_id}` was claimed with other arguments; refusing to replay or run it")]
+    ArgumentsDiffer {
+        /// The action.
+        action_id: ActionId,
+    },
     /// A transition named a run the action is no longer on, or a state it is
     /// no longer in.
     #[error("action `{action_id}` is {found} (run {current}); transition for run {run} refused")]
@@ -175,6 +196,22 @@ pub enum StoreError {
     NotFound {
         /// The action.
         action_id: ActionId,
+    },
+    /// A shared store wrote the change on its primary, but fewer replicas
+    /// than configured acknowledged it in time (Redis `WAIT`; see
+    /// `RedisActionStore::wait_for_replicas`). Fails closed: after a claim,
+    /// the run was given back and no effect ran; the same call may be made
+    /// again.
+    #[error(
+        "action `{action_id}`: {acknowledged} of {wanted} replicas acknowledged the write in time; failing closed"
+    )]
+    NotReplicated {
+        /// The action.
+        action_id: ActionId,
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many were asked for.
+        wanted: u32,
     },
     /// The backend failed (encoding, a script error, ...).
     #[error("action store backend failed: {0}")]

@@ -221,11 +221,7 @@ impl TurnLimits {
 
 /// `start + limit`, or as far as the clock goes when that overflows.
 fn deadline_after(start: Instant, limit: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
-    start
-        .checked_add(limit)
-        .or_else(|| start.checked_add(FAR))
-        .unwrap_or(start)
+    crate::time::later(start, limit)
 }
 
 /// The budget of one turn: deadline, attempts and spend, shared by every hop.

@@ -2,14 +2,16 @@
 -- KEYS[2] its attempts list (same hash tag).
 -- ARGV[1] op: claim | report | resolve | get; ARGV[2] ttl_ms of finished
 -- records; ARGV[3] attempt id ('' for none); ARGV[4] max attempts kept.
---   claim:   ARGV[5] tool, ARGV[6] lease_ms
+--   claim:   ARGV[5] tool, ARGV[6] lease_ms, ARGV[7] arguments digest ('' for none)
 --   report:  ARGV[5] run, ARGV[6] new kind (succeeded|failed|unknown),
 --            ARGV[7] state json, ARGV[8] retryable (0/1)
---   resolve: ARGV[5] tool, ARGV[6] lease_ms, ARGV[7] run,
---            ARGV[8] answer (succeeded|not_applied|still_unknown), ARGV[9] state json
+--   resolve: ARGV[5] tool, ARGV[6] lease_ms, ARGV[7] arguments digest,
+--            ARGV[8] run, ARGV[9] answer (succeeded|not_applied|still_unknown),
+--            ARGV[10] state json
 -- Replies: {tag, before, after, run, payload}; tags: acquired, in_progress,
 -- succeeded, failed, unknown (claims), ok, not_found, conflict (reports),
--- tool_mismatch (payload: the recorded tool), record (get: payload json).
+-- tool_mismatch (payload: the recorded tool), arguments_differ,
+-- record (get: tool, state json, run, arguments digest, attempts...).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rec, attempts = KEYS[1], KEYS[2]
@@ -46,16 +48,25 @@ local function start_run(run, lease)
   return { 'acquired', before, 'running', tostring(run), '' }
 end
 
-local function claim(tool, lease)
+-- The same id with other arguments is another effect: refused. A record
+-- or a claim without a digest checks nothing.
+local function args_differ(args)
+  local recorded = redis.call('HGET', rec, 'args')
+  return args ~= '' and recorded and recorded ~= args
+end
+
+local function claim(tool, lease, args)
   if redis.call('EXISTS', rec) == 0 then
     -- An expired record is gone: a fresh action, run 1.
     redis.call('DEL', attempts)
     redis.call('HSET', rec, 'tool', tool)
+    if args ~= '' then redis.call('HSET', rec, 'args', args) end
     note_attempt()
     return start_run(1, lease)
   end
   local recorded = redis.call('HGET', rec, 'tool')
   if recorded ~= tool then return { 'tool_mismatch', '', '', '0', recorded or '' } end
+  if args_differ(args) then return { 'arguments_differ', '', '', '0', '' } end
   note_attempt()
   local kind = redis.call('HGET', rec, 'kind')
   local run = tonumber(redis.call('HGET', rec, 'run'))
@@ -77,7 +88,7 @@ local function claim(tool, lease)
 end
 
 if op == 'claim' then
-  return claim(ARGV[5], tonumber(ARGV[6]))
+  return claim(ARGV[5], tonumber(ARGV[6]), ARGV[7])
 elseif op == 'report' then
   if redis.call('EXISTS', rec) == 0 then return { 'not_found', '', '', '0', '' } end
   local run = tonumber(redis.call('HGET', rec, 'run'))
@@ -91,28 +102,29 @@ elseif op == 'report' then
   local before = set_state(ARGV[6], ARGV[7], ARGV[8])
   return { 'ok', before, ARGV[6], tostring(run), '' }
 elseif op == 'resolve' then
-  local tool, lease = ARGV[5], tonumber(ARGV[6])
+  local tool, lease, args = ARGV[5], tonumber(ARGV[6]), ARGV[7]
   if redis.call('EXISTS', rec) == 1
-    and tonumber(redis.call('HGET', rec, 'run')) == tonumber(ARGV[7])
+    and tonumber(redis.call('HGET', rec, 'run')) == tonumber(ARGV[8])
     and redis.call('HGET', rec, 'kind') == 'unknown'
-    and redis.call('HGET', rec, 'tool') == tool then
+    and redis.call('HGET', rec, 'tool') == tool
+    and not args_differ(args) then
     note_attempt()
-    local run = tonumber(ARGV[7])
-    if ARGV[8] == 'succeeded' then
-      local before = set_state('succeeded', ARGV[9], '0')
-      return { 'succeeded', before, 'succeeded', tostring(run), ARGV[9] }
-    elseif ARGV[8] == 'still_unknown' then
+    local run = tonumber(ARGV[8])
+    if ARGV[9] == 'succeeded' then
+      local before = set_state('succeeded', ARGV[10], '0')
+      return { 'succeeded', before, 'succeeded', tostring(run), ARGV[10] }
+    elseif ARGV[9] == 'still_unknown' then
       return { 'unknown', '', '', tostring(run), '' }
     end
     return start_run(run + 1, lease)
   end
   -- Moved on (or gone) meanwhile: answer as a claim would now.
-  return claim(tool, lease)
+  return claim(tool, lease, args)
 elseif op == 'get' then
   if redis.call('EXISTS', rec) == 0 then return { 'none', '', '', '0', '' } end
   local list = redis.call('LRANGE', attempts, 0, -1)
-  local h = redis.call('HMGET', rec, 'tool', 'state', 'run')
-  local out = { 'record', h[1] or '', h[2] or '', h[3] or '0' }
+  local h = redis.call('HMGET', rec, 'tool', 'state', 'run', 'args')
+  local out = { 'record', h[1] or '', h[2] or '', h[3] or '0', h[4] or '' }
   for _, a in ipairs(list) do table.insert(out, a) end
   return out
 end

@@ -494,7 +494,10 @@ where
         // The fleet's view first, then one refresh per period: no tick is
         // left over to land after a caller's sync.
         let _ = self.refresh().await;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut tick = tokio::time::interval_at(
+            crate::time::later(tokio::time::Instant::now(), every),
+            every,
+        );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -14,7 +14,7 @@
 //! | store | keys | when Redis is unreachable |
 //! |---|---|---|
 //! | [`RedisHealthStore`] | `{<prefix>:health}:…` (one slot: health state is small) | serves from its local view; transitions are applied locally and logged as not shared |
-//! | [`RedisActionStore`] | `{<prefix>:action:<id>}` per action | fails closed: [`StoreError::Unavailable`](crate::action::StoreError::Unavailable), no effect runs |
+//! | [`RedisActionStore`] | `{<prefix>:action:<id>}` per action (`{<prefix>:taction:<len>:<tenant>:<id>}` in a tenant's namespace) | fails closed: [`StoreError::Unavailable`](crate::action::StoreError::Unavailable), no effect runs |
 //! | [`RedisRetryBudget`] | `{<prefix>:retry}:…` | falls back to a local budget of the same settings |
 //! | [`RedisRateLimits`] | `{<prefix>:rate:<bucket>}` per client bucket | fails closed or open, as the caller decides on [`RateLimitError`](crate::limit::RateLimitError) |
 //! | [`RedisSpendStore`] | `{<prefix>:spend:<tenant>}:<window>` | fails closed, or open when configured ([`SpendStore`](crate::budget::SpendStore)) |

@@ -277,7 +277,10 @@ where
         // Ask Redis at once, then once per period: no tick is left over to
         // land after a caller's sync.
         let _ = self.exchange(false).await;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut tick = tokio::time::interval_at(
+            crate::time::later(tokio::time::Instant::now(), every),
+            every,
+        );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shared = Arc::clone(&self.shared);
         loop {

@@ -94,6 +94,17 @@ impl RedisServer {
         Self::start_with(test, None, Vec::new(), None).await
     }
 
+    /// Starts a replica of `primary` (`--replicaof`); it answers at once
+    /// and syncs in the background.
+    pub async fn start_replica_of(test: &str, primary: &RedisServer) -> Option<Self> {
+        let extra = vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port.to_string(),
+        ];
+        Self::start_with(test, None, extra, None).await
+    }
+
     async fn start_with(
         test: &str,
         config: Option<String>,
