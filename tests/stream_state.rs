@@ -299,8 +299,14 @@ async fn vllm_error_followed_by_done_is_not_success() {
     let terminal = terminal_json(&all[2]);
     assert_eq!(terminal["error"]["type"], "server_error");
     assert_eq!(terminal["error"]["code"], "server_error");
+    // The client reads the class's own message; the provider's stays in
+    // the stream's record.
     assert_eq!(
         terminal["error"]["message"],
+        "the provider failed to answer"
+    );
+    assert_eq!(
+        state.snapshot().failure.unwrap().message,
         "EngineCore encountered an issue"
     );
     assert_eq!(state.status(), StreamStatus::Failed);
