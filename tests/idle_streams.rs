@@ -41,6 +41,10 @@ const TARGET_EXTRA_BYTES_PER_STREAM: u64 = 4 * 1024;
 /// Regression ceiling of the gateway alone: ~40 KiB (debug build,
 /// mimalloc) plus margin.
 const CEILING_BYTES_PER_STREAM: u64 = 48 * 1024;
+/// Regression ceiling of the gateway's cost beyond the pass-through in
+/// CI's debug run (about +5 KiB there), with margin for the allocator's
+/// page-granular RSS.
+const CEILING_EXTRA_BYTES_PER_STREAM: u64 = 8 * 1024;
 
 /// Waits until the parent closes our stdin (it exited or is done).
 async fn until_parent_done() {
@@ -285,4 +289,10 @@ base_url = "{}"
         per_stream <= CEILING_BYTES_PER_STREAM,
         "{per_stream} bytes per idle stream (ceiling {CEILING_BYTES_PER_STREAM})"
     );
+    if let Some(base) = passthrough {
+        assert!(
+            per_stream <= base + CEILING_EXTRA_BYTES_PER_STREAM,
+            "{per_stream} bytes per idle stream against the pass-through's {base} (ceiling +{CEILING_EXTRA_BYTES_PER_STREAM})"
+        );
+    }
 }

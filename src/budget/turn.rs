@@ -278,7 +278,9 @@ struct Inner {
     /// Whose turn it is (the retry budget keeps a share per client).
     client: ClientId,
     /// The tenant the turn's spend is reserved with and settled to.
-    tenant: OnceLock<TenantLedger>,
+    /// Boxed: most turns of a gateway without tenants never set it, and a
+    /// held stream keeps its budget for its life.
+    tenant: OnceLock<Box<TenantLedger>>,
     /// Further accounts it is reserved with and settled to
     /// ([`SpendCeilings`]).
     ceilings: OnceLock<Vec<TenantLedger>>,
@@ -291,7 +293,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let spent = Cost::from_nanos(*self.spent.get_mut());
         let ceilings = self.ceilings.get().into_iter().flatten();
-        for ledger in self.tenant.get().into_iter().chain(ceilings) {
+        let tenant = self.tenant.get().map(|ledger| &**ledger);
+        for ledger in tenant.into_iter().chain(ceilings) {
             ledger.settle_in_background(spent);
         }
     }
@@ -534,7 +537,7 @@ impl TurnBudget {
     pub fn meter_tenant(&self, spend: TenantSpend, tenant: String) -> bool {
         self.inner
             .tenant
-            .set(TenantLedger::new(spend, tenant))
+            .set(Box::new(TenantLedger::new(spend, tenant)))
             .is_ok()
     }
 
@@ -556,7 +559,7 @@ impl TurnBudget {
 
     /// The tenant this turn's spend is metered with, if any.
     pub fn tenant(&self) -> Option<&str> {
-        self.inner.tenant.get().map(TenantLedger::tenant)
+        self.inner.tenant.get().map(|ledger| ledger.tenant())
     }
 
     /// What the turn's attempts reserved with its tenant so far.
@@ -564,7 +567,7 @@ impl TurnBudget {
         self.inner
             .tenant
             .get()
-            .map_or(Cost::ZERO, TenantLedger::reserved)
+            .map_or(Cost::ZERO, |ledger| ledger.reserved())
     }
 
     /// Reserve an attempt's `estimate` with the turn's tenant before it is
@@ -578,7 +581,8 @@ impl TurnBudget {
     /// the others reserved for it is given back when the turn settles).
     pub async fn reserve_tenant(&self, estimate: Cost) -> Result<(), BudgetExhausted> {
         let ceilings = self.inner.ceilings.get().into_iter().flatten();
-        for ledger in self.inner.tenant.get().into_iter().chain(ceilings) {
+        let tenant = self.inner.tenant.get().map(|ledger| &**ledger);
+        for ledger in tenant.into_iter().chain(ceilings) {
             ledger.reserve(estimate).await?;
         }
         Ok(())

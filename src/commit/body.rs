@@ -193,7 +193,7 @@ where
             let Some(inspector) = this.as_mut().project().inspector.as_mut() else {
                 return Poll::Ready(Release::Released);
             };
-            if let Some((failure, output_events)) = inspector.rejected.take() {
+            if let Some((failure, output_events)) = inspector.rejected.take().map(|r| *r) {
                 return Poll::Ready(Release::Failed {
                     failure,
                     output_events,
@@ -236,7 +236,8 @@ struct Inspector<D> {
     /// What the dialect keeps between this stream's events.
     memo: StreamMemo,
     out: VecDeque<Frame<Bytes>>,
-    pending_failure: Option<FailureKind>,
+    /// Boxed: rare, and large beside the rest of a held stream's state.
+    pending_failure: Option<Box<FailureKind>>,
     identity: StreamIdentity,
     output_events: u64,
     /// A finish reason was seen (in any choice): the commit point, even
@@ -255,7 +256,8 @@ struct Inspector<D> {
     /// Set while nothing may be released (before the commit window).
     hold: Option<HoldState>,
     /// A failure before release, for the failover loop to take.
-    rejected: Option<(Classification, u64)>,
+    /// Boxed: rare, and large beside the rest of a held stream's state.
+    rejected: Option<Box<(Classification, u64)>>,
     /// When the first model output arrived (held or not).
     first_output_at: Option<Instant>,
     /// Where frames that go out together are joined. Kept so that, once
@@ -282,9 +284,11 @@ impl<D: Dialect> Inspector<D> {
             state,
             held: VecDeque::new(),
             decided: 0,
-            decisions: Vec::with_capacity(8),
+            // Room for a frame's usual events; a held stream keeps it, so
+            // it is small (it grows once if a frame carries more).
+            decisions: Vec::with_capacity(2),
             memo: StreamMemo::default(),
-            out: VecDeque::with_capacity(4),
+            out: VecDeque::with_capacity(2),
             pending_failure: None,
             identity: StreamIdentity::default(),
             output_events: 0,
@@ -383,7 +387,7 @@ impl<D: Dialect> Inspector<D> {
             if self.output_events > 0 {
                 return self.release();
             }
-            self.pending_failure = Some(FailureKind::HeldOversize);
+            self.pending_failure = Some(Box::new(FailureKind::HeldOversize));
         }
     }
 
@@ -512,9 +516,9 @@ impl<D: Dialect> Inspector<D> {
             self.state.set_status(StreamStatus::Finished);
             return self.end("finished, end marker added");
         }
-        self.pending_failure = Some(FailureKind::Truncated {
+        self.pending_failure = Some(Box::new(FailureKind::Truncated {
             cut_event: truncated.is_some_and(|t| t.had_data),
-        });
+        }));
         self.fail_pending();
     }
 
@@ -522,12 +526,12 @@ impl<D: Dialect> Inspector<D> {
         if self.ended {
             return;
         }
-        self.pending_failure = Some(kind);
+        self.pending_failure = Some(Box::new(kind));
         self.fail_pending();
     }
 
     fn fail_pending(&mut self) {
-        let Some(kind) = self.pending_failure.take() else {
+        let Some(kind) = self.pending_failure.take().map(|kind| *kind) else {
             return;
         };
         let queued: u64 = self
@@ -561,7 +565,7 @@ impl<D: Dialect> Inspector<D> {
                 output_events: self.output_events,
             };
             self.state.set_failure(failure, StreamStatus::Failed);
-            self.rejected = Some((classification, self.output_events));
+            self.rejected = Some(Box::new((classification, self.output_events)));
             self.ended = true;
             return;
         }
@@ -630,7 +634,7 @@ struct Feed<'a, D> {
     state: &'a StreamState,
     decisions: &'a mut Vec<Decision>,
     memo: &'a mut StreamMemo,
-    pending_failure: &'a mut Option<FailureKind>,
+    pending_failure: &'a mut Option<Box<FailureKind>>,
     identity: &'a mut StreamIdentity,
     output_events: &'a mut u64,
     finish_seen: &'a mut bool,
@@ -661,7 +665,7 @@ impl<D: Dialect> Feed<'_, D> {
                 self.malformed(drop_to);
             }
             SseItem::Error(error) => {
-                *self.pending_failure = Some(FailureKind::Oversize(error.to_string()));
+                *self.pending_failure = Some(Box::new(FailureKind::Oversize(error.to_string())));
             }
         }
     }
@@ -709,18 +713,18 @@ impl<D: Dialect> Feed<'_, D> {
             // answer is not an answer (and before commit, another target
             // may give one).
             ChunkKind::Done if *self.output_events == 0 && !*self.finish_seen => {
-                *self.pending_failure = Some(FailureKind::Truncated { cut_event: false });
+                *self.pending_failure = Some(Box::new(FailureKind::Truncated { cut_event: false }));
             }
             ChunkKind::Done => {
                 *self.done = true;
                 self.decisions.push(Decision::Forward(end));
             }
             ChunkKind::Error => {
-                *self.pending_failure = Some(FailureKind::InBand {
+                *self.pending_failure = Some(Box::new(FailureKind::InBand {
                     event: event.event().map(Bytes::copy_from_slice),
                     data: event.data().clone(),
                     facts: self.config.dialect.error_facts(event),
-                });
+                }));
             }
             ChunkKind::Malformed => self.malformed(Some(end)),
         }
@@ -743,7 +747,7 @@ impl<D: Dialect> Feed<'_, D> {
     /// more than the configured number fail the stream.
     fn malformed(&mut self, drop_to: Option<u64>) {
         if self.state.add_malformed() > self.config.max_malformed {
-            *self.pending_failure = Some(FailureKind::TooManyMalformed);
+            *self.pending_failure = Some(Box::new(FailureKind::TooManyMalformed));
         } else if let Some(end) = drop_to {
             self.decisions.push(Decision::Drop(end));
         }

@@ -184,7 +184,9 @@ struct RunInner {
     done: bool,
     /// A failed attempt whose decision (retry or reroute) is not yet
     /// certain: it becomes `stop` if the turn ends before the next attempt.
-    held: Option<AttemptRecord>,
+    /// Boxed: a committed stream keeps this record for its life, and it is
+    /// empty then.
+    held: Option<Box<AttemptRecord>>,
     /// The span of the attempt in progress (or held).
     attempt_span: Option<tracing::Span>,
     /// The turn's span, closed when the turn is concluded.
@@ -305,16 +307,16 @@ impl RunRecord {
     /// next attempt begins ([`begin_attempt`](Self::begin_attempt)), or the
     /// turn ends first and the decision was `stop`.
     pub(crate) fn hold(&self, record: AttemptRecord) {
-        let earlier = self.lock().held.replace(record);
+        let earlier = self.lock().held.replace(Box::new(record));
         if let Some(earlier) = earlier {
-            self.push(earlier);
+            self.push(*earlier);
         }
     }
 
     fn release_held(&self) {
         let held = self.lock().held.take();
         if let Some(record) = held {
-            self.push(record);
+            self.push(*record);
         }
     }
 
@@ -328,6 +330,12 @@ impl RunRecord {
         let mut inner = self.lock();
         if record.decision == Decision::Committed {
             inner.winner = Some(record.target.clone());
+        }
+        // Most turns make one attempt, and a committed stream holds its
+        // record for the stream's life: room for one, not the four a
+        // first push reserves (about 0.9 KiB per held stream).
+        if inner.attempts.capacity() == 0 {
+            inner.attempts.reserve_exact(1);
         }
         inner.attempts.push(record);
     }
@@ -371,7 +379,7 @@ impl RunRecord {
         };
         if let Some(mut record) = held {
             record.decision = Decision::Stop;
-            self.push(record);
+            self.push(*record);
         }
         let mut inner = self.lock();
         inner.done = true;
