@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::endpoint::Endpoint;
+use super::io::CompactConnector;
 use super::proxy::{ProxySetting, UpstreamConnector};
 use super::service::Shared;
 use super::tls::TlsOptions;
@@ -210,7 +210,7 @@ impl UpstreamClientBuilder {
 impl UpstreamClientBuilder {
     /// The connector `build` uses: TCP_NODELAY, the connect timeout, the
     /// proxy tunnel when one applies, rustls with the trust options.
-    fn connector(&self) -> Result<HttpsConnector<UpstreamConnector>, ClientError> {
+    fn connector(&self) -> Result<CompactConnector, ClientError> {
         let mut http = HttpConnector::new();
         // Streams are many small writes: without this, Nagle's algorithm and
         // delayed ACKs hold each stream's tail for ~40 ms.
@@ -222,11 +222,11 @@ impl UpstreamClientBuilder {
             .with_tls_config(self.tls.client_config()?)
             .https_or_http();
         // ALPN offers h2 then http/1.1: a server without HTTP/2 gets 1.1.
-        Ok(if self.http2 {
+        Ok(CompactConnector(if self.http2 {
             builder.enable_all_versions().wrap_connector(tcp)
         } else {
             builder.enable_http1().wrap_connector(tcp)
-        })
+        }))
     }
 }
 
@@ -252,7 +252,7 @@ impl fmt::Debug for UpstreamClientBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper_rustls::MaybeHttpsStream;
+    use crate::client::io::UpstreamIo;
     use tower_service::Service as _;
 
     #[tokio::test]
@@ -265,8 +265,8 @@ mod tests {
         let (stream, accepted) = tokio::join!(connector.call(uri), listener.accept());
         let (_server_side, _) = accepted.unwrap();
         match stream.unwrap() {
-            MaybeHttpsStream::Http(io) => assert!(io.inner().nodelay().unwrap()),
-            MaybeHttpsStream::Https(_) => panic!("plain http base URL went through TLS"),
+            UpstreamIo::Plain(io) => assert!(io.inner().nodelay().unwrap()),
+            UpstreamIo::Tls(_) => panic!("plain http base URL went through TLS"),
         }
     }
 

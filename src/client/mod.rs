@@ -152,6 +152,7 @@ mod endpoint;
 mod error;
 mod future;
 mod headers;
+mod io;
 mod proxy;
 mod service;
 mod tls;

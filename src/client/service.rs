@@ -14,12 +14,11 @@ use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use tower_service::Service;
 
 use super::endpoint::Endpoint;
-use super::proxy::UpstreamConnector;
+use super::io::CompactConnector;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
 use crate::classify::{Classification, FailureClass, Phase, UpstreamError};
 
@@ -50,7 +49,7 @@ pub(crate) struct Shared {
 /// docs](super) for the URL join rule and the header rules.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpsConnector<UpstreamConnector>, UpstreamBody>,
+    client: Client<CompactConnector, UpstreamBody>,
     shared: Arc<Shared>,
 }
 
@@ -63,7 +62,7 @@ impl UpstreamClient {
     }
 
     pub(crate) fn from_parts(
-        client: Client<HttpsConnector<UpstreamConnector>, UpstreamBody>,
+        client: Client<CompactConnector, UpstreamBody>,
         shared: Arc<Shared>,
     ) -> Self {
         Self { client, shared }
