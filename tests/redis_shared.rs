@@ -374,6 +374,15 @@ async fn a_claim_no_replica_acknowledged_fails_closed_until_one_does() {
         "{record:?}"
     );
 
+    // Redis waits 5 s by default before a diskless full sync, to batch
+    // replicas: no wait here, so the replica is in sync at once.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg("0")
+        .query_async(&mut raw(&primary.url()).await)
+        .await
+        .unwrap();
     let Some(replica) =
         RedisServer::start_replica_of("a_claim_no_replica_acknowledged", &primary).await
     else {
