@@ -127,10 +127,15 @@ models = ["gpt-4o", "claude-*"]
         a = sha256_hex("sk-team-a"),
         b = sha256_hex("sk-team-b"),
     );
-    let config = app::Config::from_toml(&config).unwrap();
+    (primary, claude, serve(&config).await)
+}
+
+/// The gateway of `config` (TOML), serving on a free loopback port.
+async fn serve(config: &str) -> app::Running {
+    let config = app::Config::from_toml(config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    (primary, claude, app::serve(gateway, listener))
+    app::serve(gateway, listener)
 }
 
 fn sha256_hex(secret: &str) -> String {
@@ -350,10 +355,7 @@ targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
         primary.base_url(),
         backup.base_url(),
     );
-    let config = app::Config::from_toml(&config).unwrap();
-    let gateway = app::Gateway::from_config(&config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
+    let running = serve(&config).await;
     let addr = running.addr;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     // Which target answered a streamed request of `key`.
@@ -439,10 +441,7 @@ key_sha256 = "{}"
         sha256_hex("sk-a"),
         sha256_hex("sk-b"),
     );
-    let config = app::Config::from_toml(&config).unwrap();
-    let gateway = app::Gateway::from_config(&config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
+    let running = serve(&config).await;
     let addr = running.addr;
     let body = || {
         Some(
