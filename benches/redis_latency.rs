@@ -14,10 +14,8 @@ mod redis_server;
 use std::time::{Duration, Instant};
 
 use tower_llm_failover::action::{ActionStore, ClaimRequest};
-use tower_llm_failover::classify::FailureClass;
-use tower_llm_failover::failover::{
-    Admission, FailureReport, HealthKey, HealthStore, MemoryHealthStore, Scope, SuccessReport,
-};
+use tower_llm_failover::FailureClass;
+use tower_llm_failover::{health::Admission, health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore, health::Scope, health::SuccessReport};
 use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
 
 const N: u32 = 2_000;

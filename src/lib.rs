@@ -21,7 +21,7 @@
 //!    context window, images), or stop explicitly.
 //! 6. An effect is keyed by the application's action id, not the attempt:
 //!    a timeout means "unknown", never "repeat".
-//! 7. Every hop is visible: one run id per turn, one record per attempt,
+//! 7. Every hop is visible: one turn id per turn, one record per attempt,
 //!    with the bytes flushed before the failure.
 //!
 //! Modules, outermost layer first:
@@ -137,22 +137,26 @@ pub mod client;
 pub mod commit;
 pub mod dialect;
 pub mod failover;
-mod failure;
+pub mod health;
 pub mod identity;
 pub mod limit;
-pub mod record;
+pub mod observe;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 pub mod shutdown;
 pub mod sse;
 pub mod stream;
-pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod time;
-mod units;
+mod util;
+mod vocab;
+
+pub use vocab::{
+    Cost, Decision, FailureClass, Phase, StopReason, TurnDeadline, TurnId, TurnOutcome, Usage,
+};
 
 /// The boxed error the crate's bodies and type-erased services use.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

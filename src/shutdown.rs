@@ -5,7 +5,7 @@
 //! must not be cut mid-body (the client would see a broken answer and blame
 //! the network): [`Shutdown::end_streams`] ends every stream inspected with
 //! the signal the way any post-commit failure ends, with the dialect's
-//! terminal event (class [`Shutdown`](crate::classify::FailureClass::Shutdown))
+//! terminal event (class [`Shutdown`](crate::FailureClass::Shutdown))
 //! in the stream's [`TerminalMode`](crate::dialect::TerminalMode). What that
 //! event is belongs to the dialect: for OpenAI chat, a terminal chunk and
 //! `[DONE]`; for Anthropic Messages, an `event: error` and no end marker

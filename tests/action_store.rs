@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use tower_llm_failover::action::{
     ActionRecord, ActionState, ActionStore, Claim, ClaimRequest, Claimed, MemoryStore,
-    Reconciliation, RunToken, StateKind, StoreError, StoredError, Transition,
+    Reconciliation, FenceToken, StateKind, StoreError, StoredError, Transition,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -16,7 +16,7 @@ fn request(id: &str) -> ClaimRequest {
     ClaimRequest::new(id, "charge", LEASE).with_attempt_id("attempt-1")
 }
 
-async fn acquire(store: &MemoryStore, id: &str) -> RunToken {
+async fn acquire(store: &MemoryStore, id: &str) -> FenceToken {
     match store.claim(&request(id)).await.unwrap().claim {
         Claim::Acquired { run } => run,
         other => panic!("expected to acquire {id}, got {other:?}"),
@@ -30,7 +30,7 @@ async fn only_the_first_claim_acquires_and_others_see_running() {
     assert_eq!(
         first.claim,
         Claim::Acquired {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         }
     );
     let t = first.transition.unwrap();
@@ -43,13 +43,13 @@ async fn only_the_first_claim_acquires_and_others_see_running() {
     assert_eq!(
         second.claim,
         Claim::InProgress {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         }
     );
     assert!(second.transition.is_none());
 
     let t = store
-        .complete(&"a".into(), RunToken::new(1), None, json!({"ok": true}))
+        .complete(&"a".into(), FenceToken::new(1), None, json!({"ok": true}))
         .await
         .unwrap();
     assert_eq!(
@@ -73,7 +73,7 @@ async fn records_keep_every_attempt_that_touched_them() {
     store.claim(&backup).await.unwrap();
     let record = store.get(&"a".into()).await.unwrap().unwrap();
     assert_eq!(record.attempts, vec!["attempt-1", "attempt-2"]);
-    assert_eq!(record.run, RunToken::new(1));
+    assert_eq!(record.run, FenceToken::new(1));
     assert_eq!(record.state, ActionState::Running);
 }
 
@@ -93,7 +93,7 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
         .unwrap();
     // A retryable failure: the next claim starts run 2.
     let run2 = acquire(&store, "a").await;
-    assert_eq!(run2, RunToken::new(2));
+    assert_eq!(run2, FenceToken::new(2));
     // The owner of run 1 cannot report over run 2.
     let err = store
         .complete(&"a".into(), run, None, json!(1))
@@ -102,7 +102,7 @@ async fn transitions_name_their_run_and_stale_runs_are_refused() {
     assert!(matches!(
         err,
         StoreError::Conflict { found: StateKind::Running, run: r, current: c, .. }
-            if r == RunToken::new(1) && c == RunToken::new(2)
+            if r == FenceToken::new(1) && c == FenceToken::new(2)
     ));
     assert_eq!(
         err.to_string(),
@@ -193,7 +193,7 @@ async fn a_running_claim_past_its_lease_turns_unknown_not_free() {
     assert_eq!(
         claimed.claim,
         Claim::Unknown {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         }
     );
     let t = claimed.transition.unwrap();
@@ -205,7 +205,7 @@ async fn a_running_claim_past_its_lease_turns_unknown_not_free() {
     assert_eq!(
         store.claim(&request("a")).await.unwrap().claim,
         Claim::Unknown {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         }
     );
 }
@@ -232,7 +232,7 @@ async fn resolution_moves_unknown_on_exactly_once() {
     assert_eq!(
         first.claim,
         Claim::Acquired {
-            run: RunToken::new(2)
+            run: FenceToken::new(2)
         }
     );
     let second = store
@@ -242,7 +242,7 @@ async fn resolution_moves_unknown_on_exactly_once() {
     assert_eq!(
         second.claim,
         Claim::InProgress {
-            run: RunToken::new(2)
+            run: FenceToken::new(2)
         }
     );
 
@@ -309,7 +309,7 @@ async fn finished_records_expire_after_their_ttl() {
     assert_eq!(store.purge_expired(), 1);
     assert!(store.is_empty());
     // A new claim starts afresh.
-    assert_eq!(acquire(&store, "a").await, RunToken::new(1));
+    assert_eq!(acquire(&store, "a").await, FenceToken::new(1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -430,7 +430,7 @@ async fn waiters_wake_on_the_transition() {
 async fn public_constructors_build_what_the_store_reports() {
     let store = MemoryStore::new();
     let claimed = store.claim(&request("a")).await.unwrap();
-    let run = RunToken::new(1);
+    let run = FenceToken::new(1);
     assert_eq!(
         claimed,
         Claimed::changed(
@@ -459,19 +459,19 @@ async fn duration_max_lease_and_ttl_mean_very_long() {
     assert_eq!(
         store.claim(&forever).await.unwrap().claim,
         Claim::Acquired {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         }
     );
     tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;
     assert_eq!(
         store.claim(&forever).await.unwrap().claim,
         Claim::InProgress {
-            run: RunToken::new(1)
+            run: FenceToken::new(1)
         },
         "still trusted, not unknown"
     );
     store
-        .complete(&"a".into(), RunToken::new(1), None, json!(1))
+        .complete(&"a".into(), FenceToken::new(1), None, json!(1))
         .await
         .unwrap();
     tokio::time::advance(Duration::from_secs(10 * 365 * 86_400)).await;

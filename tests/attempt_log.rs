@@ -62,33 +62,33 @@ fn captured() -> &'static Captured {
 }
 
 /// The attempt lines of one turn.
-fn lines_of(run_id: &str) -> Vec<Fields> {
-    all_lines_of(run_id)
+fn lines_of(turn_id: &str) -> Vec<Fields> {
+    all_lines_of(turn_id)
         .into_iter()
         .filter(|l| l["line"] == "tower_llm_failover::attempt")
         .collect()
 }
 
 /// The turn lines of one turn (one, when all is well).
-fn turn_lines_of(run_id: &str) -> Vec<Fields> {
-    all_lines_of(run_id)
+fn turn_lines_of(turn_id: &str) -> Vec<Fields> {
+    all_lines_of(turn_id)
         .into_iter()
         .filter(|l| l["line"] == "tower_llm_failover::turn")
         .collect()
 }
 
-fn all_lines_of(run_id: &str) -> Vec<Fields> {
+fn all_lines_of(turn_id: &str) -> Vec<Fields> {
     captured()
         .0
         .lock()
         .unwrap()
         .iter()
-        .filter(|l| l.get("run_id").map(String::as_str) == Some(run_id))
+        .filter(|l| l.get("run_id").map(String::as_str) == Some(turn_id))
         .cloned()
         .collect()
 }
 
-fn chat(stream: bool, run_id: &str) -> Request<Full<Bytes>> {
+fn chat(stream: bool, turn_id: &str) -> Request<Full<Bytes>> {
     let body = format!(
         r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
     );
@@ -97,7 +97,7 @@ fn chat(stream: bool, run_id: &str) -> Request<Full<Bytes>> {
         .unwrap();
     request
         .extensions_mut()
-        .insert(TurnLimits::new().start_with_run_id(run_id.into()));
+        .insert(TurnLimits::new().start_with_turn_id(turn_id.into()));
     request
 }
 
@@ -164,7 +164,7 @@ async fn an_attempt_cut_short_by_a_cancelled_turn_still_leaves_its_line() {
 #[tokio::test(start_paused = true)]
 async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_stop() {
     captured();
-    use tower_llm_failover::budget::{Cost, Pricing};
+    use tower_llm_failover::{Cost, budget::Pricing};
     use tower_llm_failover::dialect::{Dialect, OpenAiChat};
     use tower_llm_failover::testing::{Step, chunks};
     // Rate limited in-band after its role chunk: a failure the provider
@@ -184,13 +184,13 @@ async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_st
     let (requirements, _) = OpenAiChat.read_request(body).unwrap();
     // The first attempt's estimate fits; after it is charged, the next does
     // not.
-    let one = Pricing::per_million_usd(1_000.0, 0.0).cost(requirements.prompt_tokens, 0);
+    let one = Pricing::per_million_usd(1_000.0, 0.0).cost(requirements.input_tokens, 0);
     let ceiling = Cost::from_nanos(one.as_nanos() + one.as_nanos() / 2);
     let mut request = request;
     request.extensions_mut().insert(
         TurnLimits::new()
             .spend_ceiling(ceiling)
-            .start_with_run_id("spend-turn".into()),
+            .start_with_turn_id("spend-turn".into()),
     );
     let response = failover.oneshot(request).await.unwrap();
     assert_eq!(response.status(), 402);
@@ -213,7 +213,7 @@ async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_st
 async fn a_turn_refused_before_any_attempt_leaves_a_turn_line() {
     captured();
     use tower::ServiceBuilder;
-    use tower_llm_failover::budget::{BudgetLayer, Cost};
+    use tower_llm_failover::{Cost, budget::BudgetLayer};
     let primary = FakeProvider::new("primary").always(Reply::stream("primary", 2));
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
@@ -225,7 +225,7 @@ async fn a_turn_refused_before_any_attempt_leaves_a_turn_line() {
     request.extensions_mut().insert(
         TurnLimits::new()
             .spend_ceiling(Cost::ZERO)
-            .start_with_run_id("refused-turn".into()),
+            .start_with_turn_id("refused-turn".into()),
     );
     let response = gateway.oneshot(request).await.unwrap();
     assert_eq!(response.status(), 402);

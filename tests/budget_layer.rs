@@ -13,11 +13,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tokio::time::{Instant, advance, sleep};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_failover::budget::{
-    BudgetExhausted, BudgetLayer, Cost, DeadlineExceeded, Pricing, ReportedUsage, TurnBudget,
-    TurnLimits,
-};
-use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::{Cost, budget::BudgetExhausted, budget::BudgetLayer, budget::DeadlineExceeded, budget::Pricing, budget::ReportedUsage, budget::TurnBudget, budget::TurnLimits};
+use tower_llm_failover::{FailureClass, Phase};
 
 /// A refused turn's answer: its status and its JSON error body.
 async fn refusal<B>(response: Response<B>) -> (http::StatusCode, serde_json::Value)
@@ -83,7 +80,7 @@ async fn a_fresh_turn_is_made_and_handed_inward_and_outward() {
     // The body carries the same turn, to end it at that turn's deadline.
     assert!(res.body().budget().ptr_eq(&inward));
     assert_eq!(outward.attempts_used(), 1);
-    assert_eq!(outward.run_id().as_str().len(), 16);
+    assert_eq!(outward.turn_id().as_str().len(), 16);
     assert_eq!(
         &res.into_body().collect().await.unwrap().to_bytes()[..],
         b"{}"
@@ -99,7 +96,7 @@ async fn a_turn_in_the_extensions_is_reused_and_never_reset_per_hop() {
     let turn = TurnLimits::new()
         .deadline(Duration::from_secs(10))
         .max_attempts(2)
-        .start_with_run_id("turn-1".into());
+        .start_with_turn_id("turn-1".into());
     let start = Instant::now();
 
     let mut first = request();
@@ -112,7 +109,7 @@ async fn a_turn_in_the_extensions_is_reused_and_never_reset_per_hop() {
     let res = svc.ready().await.unwrap().call(second).await.unwrap();
     let after = TurnBudget::from_extensions(res.extensions()).unwrap();
     assert!(after.ptr_eq(&turn));
-    assert_eq!(after.run_id().as_str(), "turn-1");
+    assert_eq!(after.turn_id().as_str(), "turn-1");
     assert_eq!(after.attempts_used(), 2);
     assert_eq!(after.deadline(), start + Duration::from_secs(10));
     assert_eq!(after.remaining(), Duration::from_secs(6));

@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, advance};
-use tower_llm_failover::budget::{
-    Backoff, BudgetExhausted, Cost, Delay, RetryBudget, RetryBudgetConfig, RetryDelay, TurnLimits,
-};
+use tower_llm_failover::{Cost, budget::Backoff, budget::BudgetExhausted, budget::Delay, budget::RetryBudget, budget::RetryBudgetConfig, budget::RetryDelay, budget::TurnLimits};
 
 #[tokio::test(start_paused = true)]
 async fn attempts_cap_counts_every_hop() {

@@ -7,9 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::classify::{
-    Classification, Classifier, ClassifyLayer, FailureClass, Override, Phase, Recovery,
-};
+use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classifier, classify::ClassifyLayer, classify::Override};
 
 const QUOTA: &[u8] = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
 const BAD: &[u8] = br#"{"error":{"message":"model is loading","type":"invalid_request_error","param":null,"code":null}}"#;

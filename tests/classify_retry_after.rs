@@ -6,10 +6,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_llm_failover::classify::{
-    Classifier, FailureClass, MAX_RETRY_HINT, Recovery, parse_go_duration, parse_retry_after,
-    parse_retry_after_ms, parse_should_retry, retry_delay_in_message, retry_hint_from_headers,
-};
+use tower_llm_failover::{Decision, FailureClass, classify::Classifier, classify::MAX_RETRY_HINT, classify::parse_go_duration, classify::parse_retry_after, classify::parse_retry_after_ms, classify::parse_should_retry, classify::retry_delay_in_message, classify::retry_hint_from_headers};
 
 fn now() -> SystemTime {
     // Whole seconds: HTTP dates have no fractions.

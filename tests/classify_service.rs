@@ -13,9 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_failover::classify::{
-    Classification, Classify, ClassifyLayer, FailureClass, Phase, Recovery, UpstreamError,
-};
+use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classify, classify::ClassifyLayer, classify::UpstreamError};
 
 /// A body that counts how often it is polled.
 struct Counted {

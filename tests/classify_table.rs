@@ -13,9 +13,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::classify::{
-    Classification, Classifier, ClassifyLayer, FailureClass, Phase, Recovery, UpstreamError,
-};
+use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classifier, classify::ClassifyLayer, classify::UpstreamError};
 use tower_llm_failover::dialect::OpenAiChat;
 
 use FailureClass::*;

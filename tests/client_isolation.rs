@@ -17,7 +17,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
-use tower_llm_failover::failover::{CooldownPolicy, Failover, Target};
+use tower_llm_failover::{failover::Failover, failover::Target, health::CooldownPolicy};
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
 use tower_llm_failover::testing::{FakeProvider, Reply};
 
@@ -158,10 +158,8 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
 #[test]
 fn health_gauges_label_only_configured_models() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_llm_failover::classify::FailureClass;
-    use tower_llm_failover::failover::{
-        FailureReport, HealthKey, HealthStore, MemoryHealthStore, Scope,
-    };
+    use tower_llm_failover::FailureClass;
+    use tower_llm_failover::{health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore, health::Scope};
     let store = MemoryHealthStore::new(
         CooldownPolicy::default().failures_within(1, Duration::from_secs(30)),
     );
@@ -183,7 +181,7 @@ fn health_gauges_label_only_configured_models() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        tower_llm_failover::telemetry::record_health_labelled(&store, &|m| m == "gpt-4o");
+        tower_llm_failover::health::record_health_labelled(&store, &|m| m == "gpt-4o");
     });
     let mut models = std::collections::BTreeMap::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {

@@ -10,7 +10,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 
 const LEAKY_500: &str = r#"{"error":{"message":"Internal error for org-Ab12Cd34 in proj_Zz9Yy8 via 10.20.30.40:3128","type":"server_error","param":null,"code":null}}"#;
@@ -39,7 +39,7 @@ async fn an_all_options_spent_answer_names_the_class_not_the_providers_words() {
         .max_retries_per_target(0)
         .build();
     let response = failover.oneshot(request(false)).await.unwrap();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(!leaks(&text), "{text}");

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use tower_llm_failover::dialect::{Chunk, ChunkKind, Dialect, OpenAiChat, Usage};
+use tower_llm_failover::{Usage, dialect::Chunk, dialect::ChunkKind, dialect::Dialect, dialect::OpenAiChat};
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 
 fn events(wire: &str) -> Vec<SseEvent> {

@@ -24,7 +24,7 @@ use tower::ServiceExt;
 use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::AnthropicMessages;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::upstream::FakeUpstream;
 
 const ROUTES: &str = r#"
@@ -380,7 +380,7 @@ async fn through_failover(
     targets: Vec<Target<UpstreamClient>>,
     body: Value,
     headers: &[(&str, &str)],
-) -> (StatusCode, String, RunRecord) {
+) -> (StatusCode, String, TurnRecord) {
     let mut builder = Failover::builder().max_retries_per_target(0);
     for target in targets {
         builder = builder.target(target);
@@ -396,7 +396,7 @@ async fn through_failover(
     tokio::time::timeout(Duration::from_secs(20), async {
         let response = failover.oneshot(request).await.unwrap();
         let status = response.status();
-        let run = response.extensions().get::<RunRecord>().cloned().unwrap();
+        let run = response.extensions().get::<TurnRecord>().cloned().unwrap();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         (status, String::from_utf8(bytes.to_vec()).unwrap(), run)
     })
@@ -486,7 +486,7 @@ async fn records_keep_the_anthropic_rate_limit_headers() {
     // The spend counts Anthropic's usage: input from `message_start`,
     // output from `message_delta`.
     let usage = attempts[1].usage.unwrap();
-    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (1, 8));
+    assert_eq!((usage.input_tokens, usage.output_tokens), (1, 8));
     assert!(!attempts[1].estimated);
 }
 

@@ -9,15 +9,12 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_llm_failover::budget::{Cost, Pricing, RetryBudget, RetryBudgetConfig, TurnLimits};
-use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::{Cost, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig, budget::TurnLimits};
+use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
-use tower_llm_failover::failover::Decision;
-use tower_llm_failover::failover::{
-    Availability, Capabilities, CommitWindow, CooldownPolicy, Failover, FailoverBuilder, Strategy,
-    Target,
-};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::Decision;
+use tower_llm_failover::{failover::Capabilities, failover::CommitWindow, failover::Failover, failover::FailoverBuilder, failover::Strategy, failover::Target, health::Availability, health::CooldownPolicy};
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::chunks;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 
@@ -35,7 +32,7 @@ struct Reply_ {
     status: StatusCode,
     headers: HeaderMap,
     body: String,
-    run: RunRecord,
+    run: TurnRecord,
 }
 
 fn request(stream: bool, extra: serde_json::Value) -> Request<Full<Bytes>> {
@@ -61,7 +58,7 @@ async fn send(failover: &Failover<FakeProvider>, request: Request<Full<Bytes>>) 
     let response = failover.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     Reply_ {
         status,
@@ -812,7 +809,7 @@ async fn upstream_requests_carry_the_targets_model_usage_on_and_no_client_creden
     assert!(reply.body.ends_with("data: [DONE]\n\n"));
     // And counted: the record has the reported usage and its cost.
     let record = &reply.run.attempts()[0];
-    assert_eq!(record.usage.unwrap().prompt_tokens, 12);
+    assert_eq!(record.usage.unwrap().input_tokens, 12);
     assert!(!record.estimated);
     assert_eq!(
         record.cost,

@@ -24,7 +24,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::classify::{Classifier, Phase};
+use tower_llm_failover::{Phase, classify::Classifier};
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;

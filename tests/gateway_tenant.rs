@@ -1,7 +1,7 @@
 //! The gateway example's tenant checks in memory, over 127.0.0.1: a turn
 //! refused by the tenant ceiling, or for naming no tenant when one is
 //! required (`[state] require_tenant`), reaches no provider and still
-//! leaves its one `turn` line, under the run id the response names.
+//! leaves its one `turn` line, under the turn id the response names.
 //!
 //! One test in its own binary: it installs the process-wide subscriber
 //! (tracing caches per-callsite interest, which a thread-local subscriber
@@ -20,7 +20,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_llm_failover::record::RUN_ID_HEADER;
+use tower_llm_failover::observe::TURN_ID_HEADER;
 use tower_llm_failover::testing::upstream::FakeUpstream;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -52,7 +52,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
 
 struct Reply {
     status: StatusCode,
-    run_id: String,
+    turn_id: String,
     body: String,
 }
 
@@ -69,16 +69,16 @@ async fn post(addr: std::net::SocketAddr, tenant: Option<&str>) -> Reply {
         .await
         .unwrap();
     let status = response.status();
-    let run_id = response
+    let turn_id = response
         .headers()
-        .get(RUN_ID_HEADER)
+        .get(TURN_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     Reply {
         status,
-        run_id,
+        turn_id,
         body: String::from_utf8(body.to_vec()).unwrap(),
     }
 }
@@ -113,13 +113,13 @@ base_url = "{}"
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let running = app::serve(gateway, listener);
 
-    let turn_line = |run_id: &str| -> Vec<Fields> {
+    let turn_line = |turn_id: &str| -> Vec<Fields> {
         captured
             .0
             .lock()
             .unwrap()
             .iter()
-            .filter(|l| l.get("run_id").map(String::as_str) == Some(run_id))
+            .filter(|l| l.get("run_id").map(String::as_str) == Some(turn_id))
             .cloned()
             .collect()
     };
@@ -140,8 +140,8 @@ base_url = "{}"
         let reply = post(running.addr, tenant).await;
         assert_eq!(reply.status, status, "{}", reply.body);
         assert!(reply.body.contains(code), "{}", reply.body);
-        assert!(!reply.run_id.is_empty(), "the response names its run");
-        let lines = turn_line(&reply.run_id);
+        assert!(!reply.turn_id.is_empty(), "the response names its run");
+        let lines = turn_line(&reply.turn_id);
         assert_eq!(lines.len(), 1, "one turn line: {lines:?}");
         assert_eq!(lines[0]["outcome"], "stopped_before_output");
         assert_eq!(lines[0]["stop_reason"], reason);

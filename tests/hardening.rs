@@ -20,9 +20,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
-use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::{RunRecord, log_safe};
+use tower_llm_failover::{observe::TurnRecord, util::log_safe};
 use tower_llm_failover::testing::upstream::FakeUpstream;
 use tower_llm_failover::testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
@@ -44,7 +44,7 @@ struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: String,
-    run: RunRecord,
+    run: TurnRecord,
 }
 
 async fn send<S>(failover: &Failover<S>, request: Request<Full<Bytes>>) -> Answer
@@ -63,7 +63,7 @@ where
     let response = failover.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     Answer {
         status,
@@ -439,23 +439,7 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
 
 const FORGING_MODEL: &str = "evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred";
 
-#[test]
-fn log_safe_escapes_control_characters() {
-    let safe = log_safe(FORGING_MODEL).to_string();
-    assert_eq!(safe, r"evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred");
-    assert!(!safe.chars().any(char::is_control));
-    assert_eq!(log_safe("gpt-4o-mini").to_string(), "gpt-4o-mini");
-}
 
-#[test]
-fn log_safe_cuts_a_long_value() {
-    use tower_llm_failover::record::LOG_SAFE_MAX_CHARS;
-    let exact = "m".repeat(LOG_SAFE_MAX_CHARS);
-    assert_eq!(log_safe(&exact).to_string(), exact, "not cut at the limit");
-    let long = format!("{exact}\nFORGED{}", "x".repeat(100_000));
-    let safe = log_safe(&long).to_string();
-    assert_eq!(safe, format!("{exact}…"));
-}
 
 // ---------------------------------------------------------------------------
 // The gateway example's `[failover]` header lists, over loopback.

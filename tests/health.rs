@@ -15,11 +15,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tower::{Service, ServiceExt};
-use tower_llm_failover::classify::FailureClass;
-use tower_llm_failover::failover::{
-    Availability, CooldownPolicy, Failover, FailoverBuilder, FailureReport, HealthKey, HealthStore,
-    KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport, Target,
-};
+use tower_llm_failover::FailureClass;
+use tower_llm_failover::{failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore, health::KeyState, health::MemoryHealthStore, health::Scope, health::ScopeRules, health::SuccessReport};
 use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
 
 const RATE_429: &str = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
@@ -529,7 +526,7 @@ async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
     );
     assert_eq!(
         store.admit(&key, true),
-        tower_llm_failover::failover::Admission::Probe
+        tower_llm_failover::health::Admission::Probe
     );
     // The turn's budget refuses the attempt: the probe slot is given back.
     store.release_probe(&key);
@@ -540,7 +537,7 @@ async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
     );
     assert!(matches!(
         store.admit(&key, false),
-        tower_llm_failover::failover::Admission::Refused(_)
+        tower_llm_failover::health::Admission::Refused(_)
     ));
 }
 
@@ -556,7 +553,7 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     // Every target rests; a turn probes this one early, and it fails again.
     assert_eq!(
         store.admit(&key, true),
-        tower_llm_failover::failover::Admission::Probe
+        tower_llm_failover::health::Admission::Probe
     );
     store.failure(
         &key,
@@ -586,14 +583,14 @@ async fn a_probe_that_never_reports_is_abandoned_exactly_at_the_probe_timeout() 
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
         store.admit(&key, false),
-        tower_llm_failover::failover::Admission::Probe
+        tower_llm_failover::health::Admission::Probe
     );
     // The probe's turn is lost without a report: the key waits for it...
     tokio::time::advance(Duration::from_secs(6)).await;
     assert_eq!(store.availability(&key), Availability::Probing);
     assert!(matches!(
         store.admit(&key, false),
-        tower_llm_failover::failover::Admission::Refused(Availability::Probing)
+        tower_llm_failover::health::Admission::Refused(Availability::Probing)
     ));
     // ...until the probe timeout has passed, then the next request probes.
     tokio::time::advance(Duration::from_secs(1)).await;
@@ -612,7 +609,7 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
         store.admit(&key, false),
-        tower_llm_failover::failover::Admission::Probe
+        tower_llm_failover::health::Admission::Probe
     );
     // A whole answer may carry no time to first output.
     store.success(&key, SuccessReport::Whole { ttft: None });
@@ -625,7 +622,7 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
 // ---- Health that only the provider can cool -------------------------------
 
 use tower_llm_failover::budget::TurnLimits;
-use tower_llm_failover::classify::{Classification, Note, Phase};
+use tower_llm_failover::{Phase, classify::Classification, classify::Note};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::testing::chunks;
 

@@ -11,9 +11,9 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
-use tower_llm_failover::failover::Decision;
+use tower_llm_failover::Decision;
 use tower_llm_failover::failover::{Capabilities, Failover, Target};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::{FakeProvider, Reply};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
@@ -21,7 +21,7 @@ const SERVER_500: &str = r#"{"error":{"message":"The server had an error while p
 struct Answer {
     status: StatusCode,
     body: Bytes,
-    run: RunRecord,
+    run: TurnRecord,
 }
 
 fn chat_body(stream: bool) -> Value {
@@ -44,7 +44,7 @@ fn post(body: &Value) -> Request<Full<Bytes>> {
 async fn send(failover: &Failover<FakeProvider>, request: Request<Full<Bytes>>) -> Answer {
     let response = failover.clone().oneshot(request).await.unwrap();
     let status = response.status();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     Answer { status, body, run }
 }
@@ -141,7 +141,7 @@ fn window_request() -> (Value, u64) {
     let (requirements, _) = OpenAiChat
         .read_request(bytes::Bytes::from(body.to_string()))
         .unwrap();
-    let needed = requirements.prompt_tokens + requirements.max_output_tokens.unwrap();
+    let needed = requirements.input_tokens + requirements.max_output_tokens.unwrap();
     assert!(needed > 100, "the prompt counts too: {requirements:?}");
     (body, needed)
 }

@@ -20,10 +20,10 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 use redis_server::RedisServer;
 use serde_json::json;
-use tower_llm_failover::action::{ActionStore, Claim, ClaimRequest, RunToken};
-use tower_llm_failover::budget::{Cost, RetryBudgetConfig, SpendStore, SpendWindow};
-use tower_llm_failover::classify::FailureClass;
-use tower_llm_failover::failover::{Availability, FailureReport, HealthKey, HealthStore, Scope};
+use tower_llm_failover::action::{ActionStore, Claim, ClaimRequest, FenceToken};
+use tower_llm_failover::{Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow};
+use tower_llm_failover::FailureClass;
+use tower_llm_failover::{health::Availability, health::FailureReport, health::HealthKey, health::HealthStore, health::Scope};
 use tower_llm_failover::limit::{PerMinute, RateDecision, RateLimitStore};
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
@@ -121,7 +121,7 @@ where
     let Claim::Acquired { run } = claimed.claim else {
         panic!("the first claim acquires: {:?}", claimed.claim);
     };
-    assert_eq!(run, RunToken::new(1));
+    assert_eq!(run, FenceToken::new(1));
     assert!(matches!(
         y.claim(&request).await.unwrap().claim,
         Claim::InProgress { .. }

@@ -28,14 +28,9 @@ use tower_llm_failover::action::{
     ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
     ClaimRequest, Reconciliation, StoreError, ToolCall,
 };
-use tower_llm_failover::budget::{
-    Cost, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
-};
-use tower_llm_failover::classify::FailureClass;
-use tower_llm_failover::failover::{
-    Admission, Availability, CooldownPolicy, Failover, FailureReport, HealthKey, HealthStore,
-    Scope, Target,
-};
+use tower_llm_failover::{Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow, budget::TenantRefusal, budget::TenantSpend};
+use tower_llm_failover::FailureClass;
+use tower_llm_failover::{failover::Failover, failover::Target, health::Admission, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore, health::Scope};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
@@ -720,7 +715,7 @@ async fn twenty_concurrent_turns_on_two_replicas_admit_exactly_five_estimates() 
     )
     .unwrap();
     let price = tower_llm_failover::budget::Pricing::per_million_usd(1000.0, 1000.0);
-    let estimate = price.cost(requirements.prompt_tokens, 100);
+    let estimate = price.cost(requirements.input_tokens, 100);
     let ceiling = estimate.as_usd() * 5.0;
     let state = format!("tenant_header = \"x-tenant\"\ntenant_ceiling_usd = {ceiling}\n");
     let f = fleet(&redis, "", "", &state).await;

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect};
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::{RunRecord, StopReason};
+use tower_llm_failover::{StopReason, observe::TurnRecord};
 use tower_llm_failover::shutdown::Shutdown;
 
 /// An upstream that takes the request and never answers its head; counts
@@ -68,13 +68,13 @@ fn post(path: &str, body: &'static str) -> Request<Full<Bytes>> {
 }
 
 /// Status, JSON body and the turn's record of an answer.
-async fn read<B>(response: Response<B>) -> (StatusCode, serde_json::Value, RunRecord)
+async fn read<B>(response: Response<B>) -> (StatusCode, serde_json::Value, TurnRecord)
 where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
     let status = response.status();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, serde_json::from_slice(&body).unwrap(), run)
 }
@@ -127,7 +127,7 @@ async fn a_messages_turn_answers_in_anthropics_shape_and_none_starts_after_the_s
     assert_eq!(
         status,
         AnthropicMessages.error_status(
-            tower_llm_failover::classify::FailureClass::Shutdown,
+            tower_llm_failover::FailureClass::Shutdown,
             StatusCode::SERVICE_UNAVAILABLE
         )
     );

@@ -10,9 +10,9 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{BudgetLayer, TurnBudget};
-use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks, sse_response};
 
@@ -41,7 +41,7 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     let started = Instant::now();
     let response = service.oneshot(request()).await.unwrap();
     let state = response.extensions().get::<StreamState>().unwrap().clone();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let budget = response.extensions().get::<TurnBudget>().unwrap().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let text = std::str::from_utf8(&body).unwrap();
@@ -54,7 +54,7 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     assert_eq!(backup.calls(), 0);
     // One budget for the turn: the failover drew its attempt from it.
     assert_eq!(budget.attempts_used(), 1);
-    assert_eq!(run.run_id(), budget.run_id());
+    assert_eq!(run.turn_id(), budget.turn_id());
     let record = &run.attempts()[0];
     assert_eq!(record.class, Some(FailureClass::Timeout));
     // The terminal chunk is the event that carries the error's finish.

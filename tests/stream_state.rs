@@ -11,7 +11,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::classify::{FailureClass, Phase};
+use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::dialect::TerminalMode;
 use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::chunks::{self, content, done, finish, role};

@@ -20,8 +20,8 @@ use tower::ServiceExt;
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::{RunRecord, StopReason, TurnOutcome};
-use tower_llm_failover::telemetry::{attr, metric, span};
+use tower_llm_failover::{StopReason, TurnOutcome, observe::TurnRecord};
+use tower_llm_failover::{observe::attr, observe::metric, observe::span};
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -152,15 +152,15 @@ fn globals() -> &'static Globals {
     })
 }
 
-/// The closed spans of the turn with `run_id`: the turn, then its attempts
+/// The closed spans of the turn with `turn_id`: the turn, then its attempts
 /// in order.
-fn spans_of(run_id: &str) -> (CapturedSpan, Vec<CapturedSpan>) {
+fn spans_of(turn_id: &str) -> (CapturedSpan, Vec<CapturedSpan>) {
     let spans = globals().capture.spans.lock().unwrap();
     let turn = spans
         .values()
         .find(|s| {
             s.name == span::TURN
-                && s.fields.get(attr::FAILOVER_RUN_ID).map(String::as_str) == Some(run_id)
+                && s.fields.get(attr::FAILOVER_RUN_ID).map(String::as_str) == Some(turn_id)
         })
         .cloned()
         .expect("the turn's span");
@@ -190,7 +190,7 @@ fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-fn chat(stream: bool, run_id: &str) -> Request<Full<Bytes>> {
+fn chat(stream: bool, turn_id: &str) -> Request<Full<Bytes>> {
     let body = format!(
         r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
     );
@@ -199,16 +199,16 @@ fn chat(stream: bool, run_id: &str) -> Request<Full<Bytes>> {
         .unwrap();
     request
         .extensions_mut()
-        .insert(TurnLimits::new().start_with_run_id(run_id.into()));
+        .insert(TurnLimits::new().start_with_turn_id(turn_id.into()));
     request
 }
 
-async fn read<B>(response: Response<B>) -> (RunRecord, String)
+async fn read<B>(response: Response<B>) -> (TurnRecord, String)
 where
     B: http_body::Body,
     B::Error: fmt::Debug,
 {
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (run, String::from_utf8(body.to_vec()).unwrap())
 }
@@ -427,13 +427,13 @@ async fn a_provider_key_echoed_in_an_error_appears_nowhere() {
 #[tokio::test(start_paused = true)]
 async fn the_retry_budget_level_is_a_gauge() {
     use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig};
-    use tower_llm_failover::telemetry::record_retry_budget;
+
     // Recorded synchronously: a recorder of this test's own (a snapshot of
     // the global one, taken by a test in parallel, resets values).
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let level = |budget: &RetryBudget| {
-        metrics::with_local_recorder(&recorder, || record_retry_budget(budget));
+        metrics::with_local_recorder(&recorder, || budget.record_metrics());
         snapshotter
             .snapshot()
             .into_vec()
@@ -456,7 +456,7 @@ async fn the_retry_budget_level_is_a_gauge() {
     // A budget that cannot say its level sets no gauge.
     let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
     let fresh = DebuggingRecorder::new();
-    metrics::with_local_recorder(&fresh, || record_retry_budget(&other));
+    metrics::with_local_recorder(&fresh, || other.record_metrics());
     assert!(
         fresh
             .snapshotter()
@@ -512,7 +512,7 @@ async fn whole_answers_record_their_id_and_finish_reason() {
         .unwrap();
     request
         .extensions_mut()
-        .insert(TurnLimits::new().start_with_run_id("whole-messages-turn".into()));
+        .insert(TurnLimits::new().start_with_turn_id("whole-messages-turn".into()));
     let response = failover.oneshot(request).await.unwrap();
     let (run, body) = read(response).await;
     assert!(body.contains("msg_whole_1"), "{body}");

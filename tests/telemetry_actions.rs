@@ -17,7 +17,7 @@ use tower_llm_failover::action::{
     ActionError, ActionExecutorLayer, Disposition, MemoryStore, Reconciliation, ToolCall,
     reconcile_fn,
 };
-use tower_llm_failover::telemetry::{attr, metric};
+use tower_llm_failover::{observe::attr, observe::metric};
 
 type Executor = tower::util::BoxCloneService<ToolCall, Value, ActionError>;
 

@@ -11,15 +11,12 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, MemorySpendStore, Pricing, Reservation, SpendCheck, SpendError,
-    SpendFuture, SpendStore, SpendWindow, TenantSpend, TurnBudget,
-};
-use tower_llm_failover::classify::{FailureClass, Phase};
-use tower_llm_failover::dialect::{Dialect, OpenAiChat, Usage};
+use tower_llm_failover::{Cost, budget::Budget, budget::BudgetLayer, budget::MemorySpendStore, budget::Pricing, budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture, budget::SpendStore, budget::SpendWindow, budget::TenantSpend, budget::TurnBudget};
+use tower_llm_failover::{FailureClass, Phase};
+use tower_llm_failover::{Usage, dialect::Dialect, dialect::OpenAiChat};
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::identity::ClientId;
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 
 /// Output tokens a request asks for at most: what a whole answer cut
@@ -46,10 +43,10 @@ fn body(stream: bool) -> Bytes {
 }
 
 /// The prompt tokens the dialect estimates for [`body`].
-fn prompt_tokens() -> u64 {
+fn input_tokens() -> u64 {
     let (requirements, _) = OpenAiChat.read_request(body(false)).unwrap();
-    assert!(requirements.prompt_tokens > 0);
-    requirements.prompt_tokens
+    assert!(requirements.input_tokens > 0);
+    requirements.input_tokens
 }
 
 fn request(tenant: &str, stream: bool) -> Request<Full<Bytes>> {
@@ -93,7 +90,7 @@ async fn settled() {
 
 #[tokio::test(start_paused = true)]
 async fn twenty_concurrent_turns_admit_exactly_the_five_estimates_the_ceiling_covers() {
-    let estimate = pricing().cost(prompt_tokens(), MAX_TOKENS);
+    let estimate = pricing().cost(input_tokens(), MAX_TOKENS);
     let store = Arc::new(MemorySpendStore::new());
     let ceiling = Cost::from_nanos(estimate.as_nanos() * 5);
     let spend = TenantSpend::new(store.clone(), SpendWindow::Day, ceiling);
@@ -157,7 +154,7 @@ async fn a_head_timeout_on_a_whole_answer_is_charged_prompt_plus_max_tokens() {
     let service = stack(&spend, &[("primary", &primary), ("backup", &backup)]);
     let response = service.oneshot(request("acme", false)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let budget = TurnBudget::from_extensions(response.extensions()).unwrap();
     response.into_body().collect().await.unwrap();
     let attempts = run.attempts();
@@ -166,7 +163,7 @@ async fn a_head_timeout_on_a_whole_answer_is_charged_prompt_plus_max_tokens() {
         (cut.class, cut.phase),
         (Some(FailureClass::Timeout), Some(Phase::Head))
     );
-    let prompt = prompt_tokens();
+    let prompt = input_tokens();
     assert_eq!(cut.usage, Some(Usage::new(prompt, MAX_TOKENS)));
     let charged = pricing().cost(prompt, MAX_TOKENS);
     assert_eq!(cut.cost, Some(charged));
@@ -205,7 +202,7 @@ async fn refused_and_unsent_requests_are_not_charged() {
     );
     let response = service.oneshot(request("acme", false)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     response.into_body().collect().await.unwrap();
     let attempts = run.attempts();
     assert_eq!(attempts.len(), 3);
@@ -227,7 +224,7 @@ async fn a_client_leaving_mid_stream_is_charged_and_settled() {
     let service = stack(&spend, &[("p", &provider)]);
     let response = service.oneshot(request("acme", true)).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     let mut body = response.into_body();
     // The client reads a little, then leaves.
     body.frame().await.unwrap().unwrap();
@@ -236,9 +233,9 @@ async fn a_client_leaving_mid_stream_is_charged_and_settled() {
     let attempts = run.attempts();
     let left = &attempts[0];
     assert_eq!(left.output_events, 5, "{left:?}");
-    assert_eq!(left.usage, Some(Usage::new(prompt_tokens(), 5)));
+    assert_eq!(left.usage, Some(Usage::new(input_tokens(), 5)));
     assert!(left.estimated);
-    let charged = pricing().cost(prompt_tokens(), 5);
+    let charged = pricing().cost(input_tokens(), 5);
     assert_eq!(left.cost, Some(charged));
     // Reserved at prompt + max_tokens, settled at what was produced.
     assert_eq!(total(&store, "acme").await, charged);
@@ -259,7 +256,7 @@ async fn a_turn_dropped_mid_attempt_is_charged_its_estimate() {
     settled().await;
     assert_eq!(
         total(&store, "acme").await,
-        pricing().cost(prompt_tokens(), MAX_TOKENS)
+        pricing().cost(input_tokens(), MAX_TOKENS)
     );
 }
 
@@ -357,12 +354,12 @@ async fn failing_closed_a_turns_settlement_survives_a_store_outage() {
         .oneshot(request("acme", false))
         .await
         .unwrap();
-    let run = response.extensions().get::<RunRecord>().unwrap().clone();
+    let run = response.extensions().get::<TurnRecord>().unwrap().clone();
     response.into_body().collect().await.unwrap();
     let real = run.attempts()[0].cost.unwrap();
     // Reserved at the estimate while the settlement waits for the store.
     settled().await;
-    let reserved = pricing().cost(prompt_tokens(), MAX_TOKENS);
+    let reserved = pricing().cost(input_tokens(), MAX_TOKENS);
     assert_eq!(total(&store.inner, "acme").await, reserved);
     assert_eq!(spend.pending_settlements(), 1);
     // Four failures, then the store takes it: the total is the real cost.

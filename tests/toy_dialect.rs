@@ -13,13 +13,13 @@ use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
     BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorFacts, ErrorReply,
     RequestError, Requirements, TerminalError, TerminalMode,
 };
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::record::RunRecord;
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::sse::SseEvent;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 
@@ -85,7 +85,7 @@ impl Dialect for LineDialect {
         })?;
         let requirements = Requirements::new(model)
             .stream(stream)
-            .prompt_tokens(prompt.len() as u64 / 4 + 1);
+            .input_tokens(prompt.len() as u64 / 4 + 1);
         let prompt = prompt.to_owned();
         Ok((requirements, LineRequest { stream, prompt }))
     }
@@ -202,7 +202,7 @@ async fn turn(
     primary: &FakeProvider,
     backup: &FakeProvider,
     stream: bool,
-) -> (Response<()>, RunRecord, String) {
+) -> (Response<()>, TurnRecord, String) {
     let failover = Failover::builder()
         .dialect(LineDialect)
         .target(Target::new("primary", primary.clone()))
@@ -217,7 +217,7 @@ async fn turn(
         .await
         .expect("an answer in time")
         .unwrap();
-    let record = response.extensions().get::<RunRecord>().unwrap().clone();
+    let record = response.extensions().get::<TurnRecord>().unwrap().clone();
     let (parts, body) = response.into_parts();
     let bytes = tokio::time::timeout(LIMIT, body.collect())
         .await

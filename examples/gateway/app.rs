@@ -26,17 +26,13 @@ use axum::routing::{get, post};
 use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::budget::{
-    Budget, BudgetLayer, Cost, Pricing, RetryBudget, RetryBudgetConfig,
-};
-use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::{Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig};
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
-use tower_llm_failover::failover::{
-    Capabilities, CommitWindow, CooldownPolicy, Failover, HealthStore, KeyState, Strategy, Target,
-};
+use tower_llm_failover::{failover::Capabilities, failover::CommitWindow, failover::Failover, failover::Strategy, failover::Target, health::CooldownPolicy, health::HealthStore, health::KeyState};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::ReadLimitError;
 use tower_llm_failover::shutdown::Shutdown;
@@ -936,10 +932,10 @@ async fn metrics_text(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -
     };
     // Only model names the operator configured become label values: a
     // client's invented names would be series Prometheus never forgets.
-    tower_llm_failover::telemetry::record_health_labelled(&*gateway.health, &|model| {
+    tower_llm_failover::health::record_health_labelled(&*gateway.health, &|model| {
         gateway.configured_models.contains(model)
     });
-    tower_llm_failover::telemetry::record_retry_budget(&gateway.retry_budget);
+    gateway.retry_budget.record_metrics();
     (
         [(
             header::CONTENT_TYPE,

@@ -35,8 +35,8 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tower_llm_failover::budget::{Cost, SpendCeilings, SpendStore, SpendWindow, TenantSpend};
-use tower_llm_failover::classify::FailureClass;
+use tower_llm_failover::{Cost, budget::SpendCeilings, budget::SpendStore, budget::SpendWindow, budget::TenantSpend};
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::Requirements;
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
 use tower_llm_failover::limit::{
@@ -297,7 +297,7 @@ impl Clients {
         }
         if let Some(rate) = policy.tokens {
             let tokens = requirements
-                .prompt_tokens
+                .input_tokens
                 .saturating_add(requirements.max_output_tokens.unwrap_or(0));
             let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
             self.take(&format!("tpm:{name}"), rate, tokens, "tokens", answer)

@@ -9,11 +9,9 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
-use tower_llm_failover::budget::{
-    Cost, MemorySpendStore, RetryBudget, RetryBudgetConfig, SpendStore, SpendWindow, TenantSpend,
-};
-use tower_llm_failover::classify::FailureClass;
-use tower_llm_failover::failover::{CooldownPolicy, HealthStore, MemoryHealthStore};
+use tower_llm_failover::{Cost, budget::MemorySpendStore, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow, budget::TenantSpend};
+use tower_llm_failover::FailureClass;
+use tower_llm_failover::{health::CooldownPolicy, health::HealthStore, health::MemoryHealthStore};
 
 /// `[state]`.
 #[derive(Debug, Clone, Deserialize, Default)]

@@ -141,7 +141,7 @@ impl Telemetry {
                 recorders.add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
         }
         metrics::set_global_recorder(recorders.build()).map_err(|e| format!("telemetry: {e}"))?;
-        tower_llm_failover::telemetry::describe_metrics();
+        tower_llm_failover::observe::describe_metrics();
         Ok(Self {
             prometheus: handle,
             tracer,

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
-use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
+use super::state::{ActionRecord, ActionState, FenceToken, StateKind, StoredError, Transition};
 use super::store::{ActionStore, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};
 use crate::time::later;
 
@@ -48,7 +48,7 @@ struct Entry {
     /// The digest of the arguments of the claim that made the record.
     arguments: Option<ArgumentsDigest>,
     state: ActionState,
-    run: RunToken,
+    run: FenceToken,
     attempts: Vec<String>,
     /// Set once finished: when the record expires.
     expires_at: Option<Instant>,
@@ -91,7 +91,7 @@ impl Entry {
 
     fn start_run(
         &mut self,
-        run: RunToken,
+        run: FenceToken,
         lease: Duration,
         now: Instant,
         ttl: Duration,
@@ -230,7 +230,7 @@ impl MemoryStore {
     ) -> Result<Claimed, StoreError> {
         self.sweep_if_due(inner, now);
         let ttl = self.ttl;
-        let mut next_run = RunToken::new(1);
+        let mut next_run = FenceToken::new(1);
         if let Some(entry) = inner.records.get_mut(&request.action_id) {
             if entry.is_live(now) {
                 return Self::claim_existing(entry, request, now, ttl);
@@ -304,7 +304,7 @@ impl MemoryStore {
     fn report(
         &self,
         action_id: &ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&str>,
         state: ActionState,
     ) -> Result<Transition, StoreError> {
@@ -364,7 +364,7 @@ impl ActionStore for MemoryStore {
     fn complete<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         result: Value,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
@@ -380,7 +380,7 @@ impl ActionStore for MemoryStore {
     fn fail<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         error: StoredError,
         retryable: bool,
@@ -397,7 +397,7 @@ impl ActionStore for MemoryStore {
     fn mark_unknown<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
         let result = self.report(action_id, run, attempt_id, ActionState::Unknown);
@@ -407,7 +407,7 @@ impl ActionStore for MemoryStore {
     fn resolve<'a>(
         &'a self,
         request: &'a ClaimRequest,
-        run: RunToken,
+        run: FenceToken,
         answer: Reconciliation,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         let now = Instant::now();
@@ -461,7 +461,7 @@ impl ActionStore for MemoryStore {
         Box::pin(std::future::ready(Ok(record)))
     }
 
-    fn changed<'a>(&'a self, action_id: &'a ActionId, run: RunToken) -> BoxFuture<'a, ()> {
+    fn changed<'a>(&'a self, action_id: &'a ActionId, run: FenceToken) -> BoxFuture<'a, ()> {
         let mut inner = self.lock();
         let Some(entry) = inner.records.get_mut(action_id) else {
             return Box::pin(std::future::ready(()));

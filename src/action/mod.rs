@@ -148,5 +148,5 @@ pub use memory::MemoryStore;
 pub use reconcile::{ReconcileFn, Reconciler, Reconciliation, reconcile_fn};
 pub use schema::{SchemaError, ToolSchemas};
 pub use service::ActionExecutor;
-pub use state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
+pub use state::{ActionRecord, ActionState, FenceToken, StateKind, StoredError, Transition};
 pub use store::{ActionStore, BoxFuture, Claim, ClaimRequest, Claimed, StoreError};

@@ -14,10 +14,10 @@ use super::future::ResponseFuture;
 use super::id::{ActionId, ToolCall};
 use super::layer::{ActionExecutorLayer, Config};
 use super::reconcile::Reconciliation;
-use super::state::{RunToken, StoredError, Transition};
+use super::state::{FenceToken, StoredError, Transition};
 use super::store::{ActionStore, BoxError, Claim, ClaimRequest, Claimed};
 // Names only: `telemetry`'s name modules are constants and import nothing.
-use crate::telemetry::{attr, metric};
+use crate::{observe::attr, observe::metric};
 // A leaf: saturating time arithmetic, so a configured `Duration::MAX` never panics.
 use crate::time::later;
 
@@ -221,7 +221,7 @@ async fn run_effect<S, C>(
     classify: &C,
     call: ToolCall,
     request: &ClaimRequest,
-    run: RunToken,
+    run: FenceToken,
 ) -> Result<Value, ActionError>
 where
     S: Service<ToolCall, Response = Value>,
@@ -396,7 +396,7 @@ fn report(
 struct RunGuard {
     store: Arc<dyn ActionStore>,
     request: Option<ClaimRequest>,
-    run: RunToken,
+    run: FenceToken,
 }
 
 impl RunGuard {
@@ -433,7 +433,7 @@ impl Drop for RunGuard {
 /// An application-chosen value (an id, a tool name) made safe for one log
 /// line: control characters, quotes and backslashes escaped as
 /// [`char::escape_debug`] does, so it cannot forge a line. (The same rule
-/// as `record::log_safe`; kept here, since `action` imports nothing of the
+/// as `observe::log_safe`; kept here, since `action` imports nothing of the
 /// rest of the crate but the telemetry names.)
 struct Escaped<'a>(&'a str);
 

@@ -133,9 +133,9 @@ impl fmt::Display for StoredError {
 /// (a fencing token, so a stale owner cannot overwrite a newer outcome).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct RunToken(u64);
+pub struct FenceToken(u64);
 
-impl RunToken {
+impl FenceToken {
     /// The token for run number `run` (the first run is 1).
     pub const fn new(run: u64) -> Self {
         Self(run)
@@ -152,7 +152,7 @@ impl RunToken {
     }
 }
 
-impl fmt::Display for RunToken {
+impl fmt::Display for FenceToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
     }
@@ -172,7 +172,7 @@ pub struct ActionRecord {
     /// Current state and stored outcome.
     pub state: ActionState,
     /// The latest run (how many times the effect was started).
-    pub run: RunToken,
+    pub run: FenceToken,
     /// Model attempts that proposed or ran this action, oldest first (capped).
     pub attempts: Vec<String>,
     /// The digest of the arguments the action was first claimed with, if
@@ -188,7 +188,7 @@ impl ActionRecord {
         action_id: impl Into<ActionId>,
         tool: impl Into<String>,
         state: ActionState,
-        run: RunToken,
+        run: FenceToken,
     ) -> Self {
         Self {
             action_id: action_id.into(),
@@ -229,12 +229,12 @@ pub struct Transition {
     /// The state after the change.
     pub after: StateKind,
     /// The run the action is on after the change.
-    pub run: RunToken,
+    pub run: FenceToken,
 }
 
 impl Transition {
     /// A change from `before` to `after`, leaving the action on run `run`.
-    pub const fn new(before: StateKind, after: StateKind, run: RunToken) -> Self {
+    pub const fn new(before: StateKind, after: StateKind, run: FenceToken) -> Self {
         Self { before, after, run }
     }
 }

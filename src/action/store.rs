@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::digest::ArgumentsDigest;
 use super::id::ActionId;
 use super::reconcile::Reconciliation;
-use super::state::{ActionRecord, ActionState, RunToken, StateKind, StoredError, Transition};
+use super::state::{ActionRecord, ActionState, FenceToken, StateKind, StoredError, Transition};
 
 /// A boxed, `Send` future, so [`ActionStore`] and
 /// [`Reconciler`](super::Reconciler) stay object safe.
@@ -77,12 +77,12 @@ pub enum Claim {
     /// it with `complete`, `fail` or `mark_unknown`.
     Acquired {
         /// The run this caller owns.
-        run: RunToken,
+        run: FenceToken,
     },
     /// Another caller is applying the effect.
     InProgress {
         /// The run in progress.
-        run: RunToken,
+        run: FenceToken,
     },
     /// The effect was applied; here is the stored result.
     Succeeded {
@@ -97,7 +97,7 @@ pub enum Claim {
     /// The effect may or may not have been applied; reconcile before anything else.
     Unknown {
         /// The run whose outcome is unknown.
-        run: RunToken,
+        run: FenceToken,
     },
 }
 
@@ -185,9 +185,9 @@ pub enum StoreError {
         /// The action.
         action_id: ActionId,
         /// The run the transition named.
-        run: RunToken,
+        run: FenceToken,
         /// The action's current run.
-        current: RunToken,
+        current: FenceToken,
         /// The action's current state.
         found: StateKind,
     },
@@ -252,7 +252,7 @@ pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
     fn complete<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         result: Value,
     ) -> BoxFuture<'a, Result<Transition, StoreError>>;
@@ -261,7 +261,7 @@ pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
     fn fail<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         error: StoredError,
         retryable: bool,
@@ -272,7 +272,7 @@ pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
     fn mark_unknown<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Transition, StoreError>>;
 
@@ -285,7 +285,7 @@ pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
     fn resolve<'a>(
         &'a self,
         request: &'a ClaimRequest,
-        run: RunToken,
+        run: FenceToken,
         answer: Reconciliation,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>>;
 
@@ -312,7 +312,7 @@ pub trait ActionStore: fmt::Debug + Send + Sync + 'static {
     /// duplicate can claim again. Spurious wake-ups are fine; callers bound
     /// the wait. The default polls every 20 ms; stores that can notify
     /// (the in-memory one, Redis pub/sub) should override it.
-    fn changed<'a>(&'a self, action_id: &'a ActionId, run: RunToken) -> BoxFuture<'a, ()> {
+    fn changed<'a>(&'a self, action_id: &'a ActionId, run: FenceToken) -> BoxFuture<'a, ()> {
         let _ = (action_id, run);
         Box::pin(tokio::time::sleep(Duration::from_millis(20)))
     }
@@ -328,7 +328,7 @@ impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
     fn complete<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         result: Value,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
@@ -337,7 +337,7 @@ impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
     fn fail<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         error: StoredError,
         retryable: bool,
@@ -347,7 +347,7 @@ impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
     fn mark_unknown<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
         (**self).mark_unknown(action_id, run, attempt_id)
@@ -355,7 +355,7 @@ impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
     fn resolve<'a>(
         &'a self,
         request: &'a ClaimRequest,
-        run: RunToken,
+        run: FenceToken,
         answer: Reconciliation,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         (**self).resolve(request, run, answer)
@@ -372,7 +372,7 @@ impl<T: ActionStore + ?Sized> ActionStore for std::sync::Arc<T> {
     ) -> BoxFuture<'a, Result<ActionState, StoreError>> {
         (**self).state(action_id)
     }
-    fn changed<'a>(&'a self, action_id: &'a ActionId, run: RunToken) -> BoxFuture<'a, ()> {
+    fn changed<'a>(&'a self, action_id: &'a ActionId, run: FenceToken) -> BoxFuture<'a, ()> {
         (**self).changed(action_id, run)
     }
 }

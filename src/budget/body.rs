@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::classify::Phase;
+use crate::Phase;
 
 use super::error::DeadlineExceeded;
 use super::turn::TurnBudget;
@@ -91,7 +91,7 @@ impl<B> BudgetBody<B> {
 impl<B> std::fmt::Debug for BudgetBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BudgetBody")
-            .field("run_id", self.budget.run_id())
+            .field("turn_id", self.budget.turn_id())
             .field("ended", &self.inner.is_none())
             .field("body_bytes", &self.body_bytes)
             .finish_non_exhaustive()
@@ -145,9 +145,9 @@ where
                 } else {
                     Phase::Committed
                 };
-                tracing::debug!(run_id = %crate::record::log_safe(this.budget.run_id()), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
+                tracing::debug!(run_id = %crate::util::log_safe(this.budget.turn_id()), body_bytes = *this.body_bytes, "turn deadline passed mid-stream");
                 return Poll::Ready(Some(Err(Box::new(DeadlineExceeded {
-                    run_id: this.budget.run_id().clone(),
+                    turn_id: this.budget.turn_id().clone(),
                     phase,
                     limit: this.budget.time_limit(),
                     elapsed: this.budget.elapsed(),

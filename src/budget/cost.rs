@@ -1,12 +1,12 @@
 //! Money, prices and reported token usage.
 
-pub use crate::units::Cost;
+use crate::Cost;
 
 /// A target's price per million input (prompt) and output (completion)
 /// tokens, the way providers publish it.
 ///
 /// ```
-/// use tower_llm_failover::budget::{Cost, Pricing};
+/// use tower_llm_failover::{Cost, budget::Pricing};
 ///
 /// // 2.50 USD per million input tokens, 10 USD per million output tokens.
 /// let price = Pricing::per_million_usd(2.50, 10.0);

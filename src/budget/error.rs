@@ -4,21 +4,22 @@ use crate::classify::Note;
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use crate::classify::{Classification, FailureClass, Phase, Recovery};
+use crate::{Decision, FailureClass, Phase, classify::Classification};
 
-use super::turn::{BudgetExhausted, RunId};
+use super::turn::BudgetExhausted;
+use crate::TurnId;
 
 /// The turn's deadline passed while the [`Budget`](super::Budget) service
 /// waited for the response head or streamed the response body.
 ///
 /// Its class is [`FailureClass::Timeout`], and its recovery
-/// [`Recovery::Stop`]: the turn has no time left for another hop.
+/// [`Decision::Stop`]: the turn has no time left for another hop.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "turn {run_id}: deadline of {limit:?} passed in phase {phase} ({elapsed:?} elapsed, {body_bytes} body bytes passed)"
+    "turn {turn_id}: deadline of {limit:?} passed in phase {phase} ({elapsed:?} elapsed, {body_bytes} body bytes passed)"
 )]
 pub struct DeadlineExceeded {
-    pub(crate) run_id: RunId,
+    pub(crate) turn_id: TurnId,
     pub(crate) phase: Phase,
     pub(crate) limit: Duration,
     pub(crate) elapsed: Duration,
@@ -27,8 +28,8 @@ pub struct DeadlineExceeded {
 
 impl DeadlineExceeded {
     /// The turn that ran out of time.
-    pub fn run_id(&self) -> &RunId {
-        &self.run_id
+    pub fn turn_id(&self) -> &TurnId {
+        &self.turn_id
     }
 
     /// Where the deadline passed.
@@ -69,7 +70,7 @@ impl DeadlineExceeded {
         Classification::new(FailureClass::Timeout, self.phase)
             .with_provider_code("turn_deadline_exceeded")
             .with_message(self.to_string())
-            .with_recovery(Recovery::Stop)
+            .with_recovery(Decision::Stop)
             .with_note(Note::TurnDeadline)
     }
 

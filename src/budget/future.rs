@@ -11,7 +11,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep_until};
 
-use crate::classify::{FailureClass, Phase};
+use crate::{FailureClass, Phase};
 use crate::dialect::{Dialect, ErrorReply};
 
 use super::body::BudgetBody;
@@ -129,9 +129,9 @@ where
                     .as_pin_mut()
                     .is_some_and(|sleep| sleep.poll(cx).is_ready())
                 {
-                    tracing::debug!(run_id = %crate::record::log_safe(this.budget.run_id()), "turn deadline passed before the response head");
+                    tracing::debug!(run_id = %crate::util::log_safe(this.budget.turn_id()), "turn deadline passed before the response head");
                     let deadline = DeadlineExceeded {
-                        run_id: this.budget.run_id().clone(),
+                        turn_id: this.budget.turn_id().clone(),
                         phase: Phase::Head,
                         limit: this.budget.time_limit(),
                         elapsed: this.budget.elapsed(),
@@ -223,10 +223,10 @@ fn refused<B, D: Dialect>(
         &ErrorReply::new(class, &message).code(code),
     );
     // The refused turn's line is logged under this id: the client can name it.
-    if let Ok(value) = HeaderValue::from_str(budget.run_id().as_str()) {
+    if let Ok(value) = HeaderValue::from_str(budget.turn_id().as_str()) {
         response
             .headers_mut()
-            .insert(crate::record::RUN_ID_HEADER, value);
+            .insert(crate::observe::TURN_ID_HEADER, value);
     }
     response
 }

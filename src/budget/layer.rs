@@ -6,7 +6,8 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::backoff::Backoff;
-use super::cost::{Cost, Pricing};
+use super::cost::Pricing;
+use crate::Cost;
 use super::retry_budget::RetryBudget;
 use super::service::Budget;
 use super::spend::TenantSpend;

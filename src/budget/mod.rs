@@ -9,7 +9,7 @@
 //!   [`Budget`] service races the response head against it (a 504 in the
 //!   dialect's error shape when it passes first) and wraps the body in a
 //!   [`BudgetBody`] that ends with a boxed [`DeadlineExceeded`] error
-//!   (class [`Timeout`](crate::classify::FailureClass::Timeout)) when it
+//!   (class [`Timeout`](crate::FailureClass::Timeout)) when it
 //!   passes mid-stream, unless a stream inspector inside ended the stream
 //!   first.
 //! - **Attempts**: [`TurnBudget::try_begin_attempt`] claims the next
@@ -31,13 +31,13 @@
 //!
 //! **What is charged.** Every attempt whose request reached the provider:
 //! the usage it reported, else an estimate (marked as such in its
-//! [`AttemptRecord`](crate::record::AttemptRecord)`::estimated`): prompt
+//! [`AttemptRecord`](crate::observe::AttemptRecord)`::estimated`): prompt
 //! tokens plus the output seen. A whole (non-streamed) answer cut before it
 //! came (a head timeout) is charged the request's `max_tokens` (or the
 //! failover layer's `default_output_tokens`), since the provider generates
 //! and bills it all the same; so is an attempt the client left mid-way. An
 //! attempt that never reached the provider (connect, DNS, TLS:
-//! [`Phase::BeforeSend`](crate::classify::Phase::BeforeSend)) and one the
+//! [`Phase::BeforeSend`](crate::Phase::BeforeSend)) and one the
 //! provider refused with an error status (4xx, 5xx) cost nothing:
 //! providers do not bill refused requests.
 //! - **Retry budget** shared across turns ([`RetryBudget`]: tower's
@@ -62,7 +62,7 @@
 //! use http::{Request, Response};
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_llm_failover::budget::{BudgetLayer, Cost, Pricing, ReportedUsage, TurnBudget};
+//! use tower_llm_failover::{Cost, budget::BudgetLayer, budget::Pricing, budget::ReportedUsage, budget::TurnBudget};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -108,7 +108,7 @@ mod turn;
 
 pub use backoff::{Backoff, Delay};
 pub use body::BudgetBody;
-pub use cost::{Cost, Pricing, ReportedUsage};
+pub use cost::{Pricing, ReportedUsage};
 pub use error::DeadlineExceeded;
 pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
@@ -120,4 +120,4 @@ pub use spend::{
     MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCeilings, SpendCheck, SpendError,
     SpendFuture, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
 };
-pub use turn::{BudgetExhausted, RetryDelay, RunId, TurnBudget, TurnLimits};
+pub use turn::{BudgetExhausted, RetryDelay, TurnBudget, TurnLimits};

@@ -267,6 +267,22 @@ impl RetryBudget {
         granted
     }
 
+    /// Sets the retry budget's metrics to its figures so far: the
+    /// deposit and withdrawal counters, and its level gauge when it can
+    /// say ([`level`](Self::level)). Call it before each scrape.
+    pub fn record_metrics(&self) {
+        use crate::observe::{attr, metric};
+        if let Some(level) = self.level() {
+            metrics::gauge!(metric::RETRY_BUDGET_LEVEL).set(level);
+        }
+        let stats = self.stats();
+        metrics::counter!(metric::RETRY_BUDGET_DEPOSITS).absolute(stats.deposits);
+        metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "granted")
+            .absolute(stats.granted);
+        metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "refused")
+            .absolute(stats.refused);
+    }
+
     /// Counts of deposits and withdrawals so far.
     pub fn stats(&self) -> RetryBudgetStats {
         RetryBudgetStats {

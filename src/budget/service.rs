@@ -121,9 +121,9 @@ where
             .check_open()
             .and_then(|()| self.meter_tenant(&budget, &req));
         if let Err(refusal) = refusal {
-            tracing::debug!(run_id = %crate::record::log_safe(budget.run_id()), %refusal, "turn budget refused the call");
+            tracing::debug!(run_id = %crate::util::log_safe(budget.turn_id()), %refusal, "turn budget refused the call");
             // Refused before any attempt: the turn still leaves its line.
-            crate::record::refused_turn(budget.run_id(), refusal.stop_reason());
+            crate::observe::refused_turn(budget.turn_id(), refusal.stop_reason());
             // The inner service stays ready for the next call.
             return ResponseFuture::refused(budget, refusal, self.dialect.clone());
         }

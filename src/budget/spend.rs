@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::cost::Cost;
+use crate::Cost;
 use crate::BoxError;
 use crate::identity::ClientId;
 
@@ -711,7 +711,7 @@ impl TenantLedger {
             if let Err(error) = spend.settle(&tenant, reserved, actual).await {
                 tracing::error!(
                     %error,
-                    tenant = %crate::record::log_safe(&tenant),
+                    tenant = %crate::util::log_safe(&tenant),
                     %reserved,
                     %actual,
                     "a turn's spend could not be settled with its tenant"
@@ -723,7 +723,7 @@ impl TenantLedger {
                 handle.spawn(settle);
             }
             Err(_) => tracing::error!(
-                tenant = %crate::record::log_safe(&self.tenant),
+                tenant = %crate::util::log_safe(&self.tenant),
                 %reserved,
                 %actual,
                 "a turn ended outside a Tokio runtime: its spend could not be settled"

@@ -8,11 +8,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::backoff::{Backoff, Delay};
-use super::cost::Cost;
+use crate::Cost;
 use super::retry_budget::RetryBudget;
 use super::spend::{SpendCeilings, TenantLedger, TenantRefusal, TenantSpend};
 use crate::identity::ClientId;
-pub use crate::units::RunId;
+use crate::TurnId;
 
 /// Why a turn's budget refused another attempt (or spend).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,10 +99,10 @@ impl From<TenantRefusal> for BudgetExhausted {
 }
 
 impl BudgetExhausted {
-    /// The [`StopReason`](crate::record::StopReason) a turn refused for this
+    /// The [`StopReason`](crate::StopReason) a turn refused for this
     /// reason stops with.
-    pub fn stop_reason(&self) -> crate::record::StopReason {
-        use crate::record::StopReason;
+    pub fn stop_reason(&self) -> crate::StopReason {
+        use crate::StopReason;
         match self {
             Self::Deadline { .. } => StopReason::Deadline,
             Self::Attempts { .. } => StopReason::Attempts,
@@ -180,27 +180,27 @@ impl TurnLimits {
         self
     }
 
-    /// Start a turn now, with a random run id, for the anonymous client.
+    /// Start a turn now, with a random turn id, for the anonymous client.
     pub fn start(&self) -> TurnBudget {
-        self.start_with_run_id(RunId::random())
+        self.start_with_turn_id(TurnId::random())
     }
 
-    /// Start a turn now, with a random run id, for `client`: its extra
+    /// Start a turn now, with a random turn id, for `client`: its extra
     /// attempts draw on the client's share of the retry budget.
     pub fn start_for(&self, client: ClientId) -> TurnBudget {
-        self.start_turn(RunId::random(), client)
+        self.start_turn(TurnId::random(), client)
     }
 
-    /// Start a turn now, with the given run id.
-    pub fn start_with_run_id(&self, run_id: RunId) -> TurnBudget {
-        self.start_turn(run_id, ClientId::anonymous())
+    /// Start a turn now, with the given turn id.
+    pub fn start_with_turn_id(&self, turn_id: TurnId) -> TurnBudget {
+        self.start_turn(turn_id, ClientId::anonymous())
     }
 
-    fn start_turn(&self, run_id: RunId, client: ClientId) -> TurnBudget {
+    fn start_turn(&self, turn_id: TurnId, client: ClientId) -> TurnBudget {
         let started = Instant::now();
         TurnBudget {
             inner: Arc::new(Inner {
-                run_id,
+                turn_id,
                 started,
                 deadline: deadline_after(started, self.deadline),
                 limit: self.deadline,
@@ -233,7 +233,7 @@ fn deadline_after(start: Instant, limit: Duration) -> Instant {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_llm_failover::budget::{BudgetExhausted, Cost, TurnLimits};
+/// use tower_llm_failover::{Cost, budget::BudgetExhausted, budget::TurnLimits};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -264,7 +264,7 @@ pub struct TurnBudget {
 }
 
 struct Inner {
-    run_id: RunId,
+    turn_id: TurnId,
     started: Instant,
     deadline: Instant,
     limit: Duration,
@@ -352,9 +352,9 @@ impl TurnBudget {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// The turn's run id.
-    pub fn run_id(&self) -> &RunId {
-        &self.inner.run_id
+    /// The turn's turn id.
+    pub fn turn_id(&self) -> &TurnId {
+        &self.inner.turn_id
     }
 
     /// When the turn started.
@@ -620,7 +620,7 @@ impl fmt::Debug for TurnBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (spent, estimated) = self.spent();
         f.debug_struct("TurnBudget")
-            .field("run_id", &self.inner.run_id)
+            .field("turn_id", &self.inner.turn_id)
             .field("time_limit", &self.inner.limit)
             .field("remaining", &self.remaining())
             .field("attempts_used", &self.attempts_used())
@@ -639,15 +639,15 @@ mod tests {
 
     #[test]
     fn run_ids_are_16_hex_and_distinct() {
-        let a = RunId::random();
-        let b = RunId::random();
+        let a = TurnId::random();
+        let b = TurnId::random();
         assert_eq!(a.as_str().len(), 16);
         assert!(a.as_str().chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
         let mut r1 = fastrand::Rng::with_seed(3);
         let mut r2 = fastrand::Rng::with_seed(3);
-        assert_eq!(RunId::from_rng(&mut r1), RunId::from_rng(&mut r2));
-        assert_eq!(RunId::from("req-7").to_string(), "req-7");
+        assert_eq!(TurnId::from_rng(&mut r1), TurnId::from_rng(&mut r2));
+        assert_eq!(TurnId::from("req-7").to_string(), "req-7");
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use http::StatusCode;
 
 use super::sanitize::{sanitize_code, sanitize_message};
 
-pub use crate::failure::{FailureClass, Phase};
+use crate::{Decision, FailureClass, Phase};
 
 impl FailureClass {
     /// The default recovery for this class: the data a failover policy reads
@@ -26,23 +26,23 @@ impl FailureClass {
     ///
     /// A classification in [`Phase::Committed`] can never move: whatever the
     /// recovery says, the failover layer ends the committed stream instead.
-    pub fn default_recovery(self) -> Recovery {
+    pub fn default_recovery(self) -> Decision {
         match self {
             Self::InvalidRequest | Self::ContentFiltered | Self::Cancelled | Self::Shutdown => {
-                Recovery::Stop
+                Decision::Stop
             }
             Self::RateLimited
             | Self::Overloaded
             | Self::ServerError
             | Self::Timeout
-            | Self::Connect => Recovery::RetrySame,
+            | Self::Connect => Decision::RetrySame,
             Self::QuotaExhausted
             | Self::Auth
             | Self::PermissionDenied
             | Self::ModelNotFound
             | Self::PayloadTooLarge
             | Self::InvalidResponse
-            | Self::ContextLengthExceeded => Recovery::Reroute,
+            | Self::ContextLengthExceeded => Decision::Reroute,
         }
     }
 }
@@ -186,34 +186,6 @@ impl fmt::Display for Note {
     }
 }
 
-/// What a failover policy should do about a failure, absent overrides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Recovery {
-    /// Try the same target again (after the retry hint or a backoff).
-    RetrySame,
-    /// Move to another eligible target.
-    Reroute,
-    /// Return the failure to the client; no other provider would do better.
-    Stop,
-}
-
-impl Recovery {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RetrySame => "retry_same",
-            Self::Reroute => "reroute",
-            Self::Stop => "stop",
-        }
-    }
-}
-
-impl fmt::Display for Recovery {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Retry hints a provider gave with a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -248,7 +220,7 @@ pub struct Classification {
     /// A bounded, sanitized message (never carries a credential).
     pub message: String,
     /// The default recovery for this failure.
-    pub recovery: Recovery,
+    pub recovery: Decision,
     /// The provider's `param` (which request field was wrong), when it named one.
     pub param: Option<String>,
     /// A fixed machine-readable note on how this classification was reached
@@ -362,7 +334,7 @@ impl Classification {
     }
 
     /// Sets the recovery.
-    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+    pub fn with_recovery(mut self, recovery: Decision) -> Self {
         self.recovery = recovery;
         self
     }

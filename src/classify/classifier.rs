@@ -12,7 +12,8 @@ use serde_json::value::RawValue;
 use super::body::{self, ErrorBody, Shape};
 use super::retry_after::{ratelimit_reset_hint, retry_delay_in_message, retry_hint_from_headers};
 use super::sanitize::sanitize_code;
-use super::{Classification, FailureClass, Override, Phase, Recovery, RetryHint, rules, transport};
+use super::{Classification, Override, RetryHint, rules, transport};
+use crate::{Decision, FailureClass, Phase};
 
 /// The default cap on an error body read by [`ClassifyLayer`](super::ClassifyLayer): 64 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -267,7 +268,7 @@ impl Classifier {
         dialect: &D,
         provider: Option<&str>,
         body: &[u8],
-    ) -> Result<(Option<crate::dialect::Usage>, Option<String>), Classification> {
+    ) -> Result<(Option<crate::Usage>, Option<String>), Classification> {
         self.validate_answer(dialect, provider, body)
             .map(|(usage, model, _)| (usage, model))
     }
@@ -281,7 +282,7 @@ impl Classifier {
         body: &[u8],
     ) -> Result<
         (
-            Option<crate::dialect::Usage>,
+            Option<crate::Usage>,
             Option<String>,
             crate::dialect::AnswerFacts,
         ),
@@ -399,13 +400,13 @@ impl Classifier {
         {
             c = c.with_class(class);
         }
-        if c.recovery == Recovery::RetrySame {
+        if c.recovery == Decision::RetrySame {
             let too_long = matches!(
                 (c.retry.after, self.config.max_retry_wait),
                 (Some(after), Some(max)) if after > max
             );
             if c.retry.should_retry == Some(false) || too_long {
-                c.recovery = Recovery::Reroute;
+                c.recovery = Decision::Reroute;
             }
         }
         if let Some(recovery) = rules

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::sanitize::sanitize_message;
-use super::{Classification, FailureClass, Phase};
+use super::Classification;
+use crate::{FailureClass, Phase};
 
 /// A failed upstream call, classified.
 ///

@@ -40,7 +40,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_llm_failover::classify::{ClassifyLayer, FailureClass, Phase, Recovery};
+//! use tower_llm_failover::{Decision, FailureClass, Phase, classify::ClassifyLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -109,7 +109,7 @@ mod service;
 mod tower_http;
 mod transport;
 
-pub use self::class::{Classification, FailureClass, Note, Phase, Recovery, RetryHint};
+pub use self::class::{Classification, Note, RetryHint};
 pub use self::classifier::{
     Classifier, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_RETRY_WAIT,
 };

@@ -3,7 +3,7 @@
 
 use http::StatusCode;
 
-use super::{FailureClass, Recovery};
+use crate::{Decision, FailureClass};
 
 /// One override rule: a match (status, provider code, provider name and/or
 /// class; every criterion given must hold) and an effect (a new class, a new
@@ -11,15 +11,15 @@ use super::{FailureClass, Recovery};
 ///
 /// ```
 /// use http::StatusCode;
-/// use tower_llm_failover::classify::{Classifier, FailureClass, Override, Recovery};
+/// use tower_llm_failover::{Decision, FailureClass, classify::Classifier, classify::Override};
 ///
 /// let classifier = Classifier::new()
 ///     // A self-hosted proxy answers 400 when the model is still loading.
 ///     .with_override(Override::for_status(StatusCode::BAD_REQUEST).and_provider("local").class(FailureClass::Overloaded))
 ///     // Never move on a content filter, even after a policy change upstream.
-///     .with_override(Override::for_code("content_filter").recovery(Recovery::Stop))
+///     .with_override(Override::for_code("content_filter").recovery(Decision::Stop))
 ///     // This provider's timeouts are not worth waiting for.
-///     .with_override(Override::for_provider("slow-cloud").and_class(FailureClass::Timeout).recovery(Recovery::Reroute));
+///     .with_override(Override::for_provider("slow-cloud").and_class(FailureClass::Timeout).recovery(Decision::Reroute));
 /// # let _ = classifier;
 /// ```
 ///
@@ -34,7 +34,7 @@ pub struct Override {
     provider: Option<String>,
     class_is: Option<FailureClass>,
     set_class: Option<FailureClass>,
-    set_recovery: Option<Recovery>,
+    set_recovery: Option<Decision>,
 }
 
 impl Override {
@@ -107,7 +107,7 @@ impl Override {
     }
 
     /// Effect: recover from matching failures with `recovery`.
-    pub fn recovery(mut self, recovery: Recovery) -> Self {
+    pub fn recovery(mut self, recovery: Decision) -> Self {
         self.set_recovery = Some(recovery);
         self
     }
@@ -116,7 +116,7 @@ impl Override {
         self.set_class
     }
 
-    pub(crate) fn new_recovery(&self) -> Option<Recovery> {
+    pub(crate) fn new_recovery(&self) -> Option<Decision> {
         self.set_recovery
     }
 

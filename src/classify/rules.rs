@@ -22,7 +22,7 @@
 //! in-band, with no status, do they pick between `InvalidRequest` and
 //! `ServerError`.
 
-use super::FailureClass::{self, *};
+use crate::FailureClass::{self, *};
 use super::body::ErrorBody;
 
 /// OpenAI codes meaning "retrying does not restore access" (row 2).

@@ -5,7 +5,8 @@ use bytes::Buf;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{Classifier, ClassifyLayer, Phase, ResponseFuture, UpstreamError};
+use super::{Classifier, ClassifyLayer, ResponseFuture, UpstreamError};
+use crate::Phase;
 
 /// The boxed error type inner services' errors are converted through.
 pub(crate) use crate::BoxError;

@@ -11,7 +11,8 @@ use tower_http::classify::{
     ClassifiedResponse, ClassifyResponse, NeverClassifyEos, SharedClassifier,
 };
 
-use super::{Classification, Classifier, FailureClass, Phase, UpstreamError};
+use super::{Classification, Classifier, UpstreamError};
+use crate::{FailureClass, Phase};
 
 /// A tower-http [`ClassifyResponse`] backed by a [`Classifier`], so that
 /// tower-http's `TraceLayer` (`TraceLayer::new(adapter.into_make_classifier())`)
@@ -20,7 +21,7 @@ use super::{Classification, Classifier, FailureClass, Phase, UpstreamError};
 /// ```
 /// use http::{Response, StatusCode};
 /// use tower_http::classify::{ClassifiedResponse, ClassifyResponse};
-/// use tower_llm_failover::classify::{FailureClass, TowerHttpClassifier};
+/// use tower_llm_failover::{FailureClass, classify::TowerHttpClassifier};
 ///
 /// let adapter = TowerHttpClassifier::new().provider("anthropic");
 /// let response = Response::builder().status(529).body(()).unwrap();

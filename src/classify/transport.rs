@@ -6,7 +6,8 @@ use std::error::Error;
 use std::io;
 
 use super::error::UpstreamError;
-use super::{Classification, FailureClass, Phase};
+use super::Classification;
+use crate::{FailureClass, Phase};
 
 /// Deepest chain walked; error chains are short, this only bounds a cycle.
 const MAX_DEPTH: usize = 32;

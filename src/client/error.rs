@@ -135,7 +135,7 @@ impl Error for SendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::{Classification, Classifier, FailureClass, Phase};
+    use crate::{FailureClass, Phase, classify::Classification, classify::Classifier};
 
     #[test]
     fn an_unsendable_request_keeps_its_own_classification() {

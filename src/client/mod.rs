@@ -118,7 +118,7 @@
 //! use http::Request;
 //! use http_body_util::Full;
 //! use tower::ServiceExt;
-//! use tower_llm_failover::classify::{Classifier, FailureClass, Phase};
+//! use tower_llm_failover::{FailureClass, Phase, classify::Classifier};
 //! use tower_llm_failover::client::{Auth, UpstreamClient};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

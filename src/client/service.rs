@@ -20,7 +20,7 @@ use tower_service::Service;
 use super::endpoint::Endpoint;
 use super::io::CompactConnector;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
-use crate::classify::{Classification, FailureClass, Phase, UpstreamError};
+use crate::{FailureClass, Phase, classify::Classification, classify::UpstreamError};
 
 use crate::BoxError;
 

@@ -17,7 +17,7 @@ use crate::time::Alarm;
 use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
-use crate::classify::{Classification, Phase};
+use crate::{Phase, classify::Classification};
 use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, StreamMemo, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 
@@ -778,7 +778,7 @@ impl<D> Inspector<D> {
         tracing::info!(bytes_sent, %phase, "client went away; stream cancelled");
         self.state.set_failure(
             StreamFailure {
-                class: crate::classify::FailureClass::Cancelled,
+                class: crate::FailureClass::Cancelled,
                 phase,
                 message: "the client went away before the stream ended".to_owned(),
                 provider_code: None,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::budget::DeadlineExceeded;
-use crate::classify::{Classification, Classifier, Phase};
+use crate::{Phase, classify::Classification, classify::Classifier};
 
 #[derive(Debug)]
 pub(crate) enum FailureKind {
@@ -64,7 +64,7 @@ pub(crate) fn classify(
         }
         FailureKind::Deadline => Classification::timeout(phase, "the rest of the stream")
             .with_message("the turn's deadline passed mid-stream")
-            .with_recovery(crate::classify::Recovery::Stop)
+            .with_recovery(crate::Decision::Stop)
             .with_note(Note::TurnDeadline),
         FailureKind::Truncated { cut_event: true } => Classification::truncated(phase)
             .with_message("the upstream stream ended in the middle of an event"),
@@ -81,10 +81,10 @@ pub(crate) fn classify(
             .with_message(format!("the upstream stream is malformed: {error}")),
         // A silent upstream is never waited on twice within one turn.
         FailureKind::FirstOutput => Classification::timeout(phase, "the first output")
-            .with_recovery(crate::classify::Recovery::Reroute),
+            .with_recovery(crate::Decision::Reroute),
         FailureKind::HeldOversize => Classification::oversize(phase, "held-back preamble"),
         FailureKind::Shutdown => {
-            Classification::new(crate::classify::FailureClass::Shutdown, phase)
+            Classification::new(crate::FailureClass::Shutdown, phase)
                 .with_message("the gateway is shutting down")
         }
     };

@@ -3,8 +3,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::time::Instant;
 
-use crate::classify::{FailureClass, Phase};
-use crate::dialect::Usage;
+use crate::{FailureClass, Phase};
+use crate::Usage;
 
 /// Where a stream is (its [`Phase`]: preamble or committed) or how it
 /// ended. Failover is legal only in [`StreamStatus::Preamble`].
@@ -241,8 +241,8 @@ impl StreamState {
         let mut details = self.details();
         let merged = match details.usage {
             Some(seen) => Usage::new(
-                seen.prompt_tokens.max(usage.prompt_tokens),
-                seen.completion_tokens.max(usage.completion_tokens),
+                seen.input_tokens.max(usage.input_tokens),
+                seen.output_tokens.max(usage.output_tokens),
             ),
             None => usage,
         };

@@ -48,7 +48,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::failure::{FailureClass, Phase};
+use crate::{FailureClass, Phase, Usage};
 use crate::sse::SseEvent;
 
 pub use anthropic::{AnthropicMessages, MessagesRequest};
@@ -74,26 +74,6 @@ pub enum ChunkKind {
     Error,
     /// The event's payload does not parse.
     Malformed,
-}
-
-/// Token usage a provider reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct Usage {
-    /// Input (prompt) tokens.
-    pub prompt_tokens: u64,
-    /// Output (completion) tokens.
-    pub completion_tokens: u64,
-}
-
-impl Usage {
-    /// Usage of `prompt_tokens` in and `completion_tokens` out.
-    pub fn new(prompt_tokens: u64, completion_tokens: u64) -> Self {
-        Self {
-            prompt_tokens,
-            completion_tokens,
-        }
-    }
 }
 
 /// The identity of a stream's chunks, borrowed from one event.

@@ -36,7 +36,7 @@ pub struct Requirements {
     /// Estimated prompt tokens (about four bytes of text per token, plus a
     /// few tokens per message); an estimate for eligibility and spend, not
     /// a tokenizer's count.
-    pub prompt_tokens: u64,
+    pub input_tokens: u64,
     /// `max_completion_tokens` or `max_tokens`.
     pub max_output_tokens: Option<u64>,
 }
@@ -92,9 +92,9 @@ impl Requirements {
         self
     }
 
-    /// Sets [`prompt_tokens`](Self::prompt_tokens).
-    pub fn prompt_tokens(mut self, tokens: u64) -> Self {
-        self.prompt_tokens = tokens;
+    /// Sets [`input_tokens`](Self::input_tokens).
+    pub fn input_tokens(mut self, tokens: u64) -> Self {
+        self.input_tokens = tokens;
         self
     }
 

@@ -15,17 +15,17 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::FailoverBody;
-use super::decision::Decision;
-use super::health::{FailureReport, SuccessReport};
+use crate::Decision;
+use crate::health::{FailureReport, SuccessReport};
 use super::later;
 use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
 use crate::BoxError;
 use crate::budget::TurnBudget;
-use crate::classify::{Classification, Classify, FailureClass, Phase, RateLimitHeaders};
+use crate::{FailureClass, Phase, classify::Classification, classify::Classify, classify::RateLimitHeaders};
 use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState, StreamStatus};
-use crate::dialect::{Dialect, Usage};
-use crate::record::RunRecord;
+use crate::{Usage, dialect::Dialect};
+use crate::observe::TurnRecord;
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B, D> {
@@ -52,7 +52,7 @@ pub(crate) struct AttemptPlan {
     pub(crate) start: AttemptStart,
     pub(crate) stream: bool,
     pub(crate) strip_usage: bool,
-    pub(crate) prompt_tokens: u64,
+    pub(crate) input_tokens: u64,
     /// The first-output timeout of this request on this target.
     pub(crate) first_output: Duration,
     /// The client a failure is counted for ([`FailureReport::witness`]).
@@ -102,7 +102,7 @@ pub(crate) async fn run<S, D, B>(
     plan: AttemptPlan,
     request: Request<Full<Bytes>>,
     budget: &TurnBudget,
-    run: &RunRecord,
+    run: &TurnRecord,
 ) -> Outcome<B, D>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
@@ -122,7 +122,7 @@ where
             return failed(
                 head_deadline.timed_out(
                     Classification::timeout(Phase::Head, "the response head")
-                        .with_recovery(crate::classify::Recovery::Reroute),
+                        .with_recovery(crate::Decision::Reroute),
                 ),
                 0,
             );
@@ -233,7 +233,7 @@ async fn receive_whole<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
-    run: &RunRecord,
+    run: &TurnRecord,
     response: Response<B>,
 ) -> Outcome<B, D>
 where
@@ -267,7 +267,7 @@ where
             // A body gone silent: never waited on again within this turn.
             return failed(
                 Classification::timeout(Phase::Preamble, "the next frame of the response body")
-                    .with_recovery(crate::classify::Recovery::Reroute),
+                    .with_recovery(crate::Decision::Reroute),
                 0,
             );
         }
@@ -292,7 +292,7 @@ where
             Err(failure) => return failed(failure.with_status(status), 0),
         };
     // No usage reported: about four bytes of answer per token.
-    let estimate = Usage::new(plan.prompt_tokens, (bytes.len() as u64).div_ceil(4));
+    let estimate = Usage::new(plan.input_tokens, (bytes.len() as u64).div_ceil(4));
     let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
     let mut record = plan.start.record(Decision::Committed);
     record.response_model = response_model;
@@ -327,7 +327,7 @@ async fn hold_until_commit<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
-    run: &RunRecord,
+    run: &TurnRecord,
     response: Response<B>,
 ) -> Outcome<B, D>
 where
@@ -392,7 +392,7 @@ fn on_stream_end<S, D>(
     shared: &Shared<S, D>,
     plan: &AttemptPlan,
     budget: &TurnBudget,
-    run: &RunRecord,
+    run: &TurnRecord,
 ) -> OnEnd {
     let target = &shared.targets[plan.index];
     let run = run.clone();
@@ -402,13 +402,13 @@ fn on_stream_end<S, D>(
     let client_named = target.passes_client_model();
     let budget = budget.clone();
     let pricing = target.pricing;
-    let prompt_tokens = plan.prompt_tokens;
+    let input_tokens = plan.input_tokens;
     let witness = plan.witness.clone();
     let started = plan.start.clock;
     let target_name = Arc::clone(&target.name);
     Box::new(move |snapshot: &StreamSnapshot| {
         // No usage reported: one output event is about one token.
-        let estimate = Usage::new(prompt_tokens, snapshot.output_events);
+        let estimate = Usage::new(input_tokens, snapshot.output_events);
         let charge = Charge::to_turn(&budget, pricing, snapshot.usage, estimate);
         // A provider that fails after commit is unwell all the same (not
         // when the client left or the turn's deadline passed).
@@ -421,7 +421,7 @@ fn on_stream_end<S, D>(
                 let scope = scopes.scope(failure.class, failure.note, client_named);
                 let report = FailureReport::new(failure.class, scope).witness(witness.clone());
                 if health.failure(&key, report).is_some() {
-                    crate::telemetry::cooldown_started(key.provider(), scope.as_str());
+                    crate::observe::cooldown_started(key.provider(), scope.as_str());
                 }
             }
             Some(_) => {}
@@ -429,7 +429,7 @@ fn on_stream_end<S, D>(
         if snapshot.status == StreamStatus::Failed
             && let Some(failure) = &snapshot.failure
         {
-            crate::telemetry::terminal_chunk_sent(&target_name, failure.class.as_str());
+            crate::observe::terminal_chunk_sent(&target_name, failure.class.as_str());
         }
         run.finish_last(|record| {
             record.duration = started.elapsed();

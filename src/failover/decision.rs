@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use crate::budget::{RetryDelay, TurnBudget};
-use crate::classify::{Classification, FailureClass, Note, Recovery};
+use crate::{Decision, FailureClass, classify::Classification, classify::Note};
 
-/// What the failover layer decided after an attempt.
+/// What the failover layer does next: a [`Decision`] with the wait it
+/// takes before retrying the same target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Step {
     /// Try the same target again after this wait.
     RetrySame {
         /// The wait before the next attempt.
@@ -17,18 +18,15 @@ pub enum Decision {
     Reroute,
     /// Stop the turn and answer the client with this failure.
     Stop,
-    /// The attempt committed: its answer went to the client.
-    Committed,
 }
 
-impl Decision {
-    /// A stable snake_case name.
-    pub fn as_str(&self) -> &'static str {
+impl Step {
+    /// The recorded decision.
+    pub(crate) fn decision(self) -> Decision {
         match self {
-            Self::RetrySame { .. } => "retry_same",
-            Self::Reroute => "reroute",
-            Self::Stop => "stop",
-            Self::Committed => "committed",
+            Self::RetrySame { .. } => Decision::RetrySame,
+            Self::Reroute => Decision::Reroute,
+            Self::Stop => Decision::Stop,
         }
     }
 }
@@ -42,35 +40,35 @@ pub(super) fn decide(
     cooldown: Option<Duration>,
     // With another target left: the longest wait worth taking here.
     others_left: Option<Duration>,
-) -> Decision {
+) -> Step {
     match failure.recovery {
-        Recovery::Stop => Decision::Stop,
-        Recovery::Reroute => Decision::Reroute,
+        Decision::Stop | Decision::Committed => Step::Stop,
+        Decision::Reroute => Step::Reroute,
         // An overloaded provider with no hint of when it recovers: another
         // provider answers sooner than a backoff on this one.
-        Recovery::RetrySame
+        Decision::RetrySame
             if failure.class == FailureClass::Overloaded
                 && failure.retry.after.is_none()
                 && others_left.is_some() =>
         {
-            Decision::Reroute
+            Step::Reroute
         }
         // Our own head and first-output timeouts: a silent upstream is not
         // waited on twice in one turn.
-        Recovery::RetrySame if failure.note == Some(Note::GatewayTimeout) => Decision::Reroute,
-        Recovery::RetrySame if retries_here >= max_retries => Decision::Reroute,
-        Recovery::RetrySame => match budget.retry_delay(retries_here, failure.retry.after) {
+        Decision::RetrySame if failure.note == Some(Note::GatewayTimeout) => Step::Reroute,
+        Decision::RetrySame if retries_here >= max_retries => Step::Reroute,
+        Decision::RetrySame => match budget.retry_delay(retries_here, failure.retry.after) {
             // The failure just cooled the target down for longer than the
             // wait: retrying it would only find it resting.
-            RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Decision::Reroute,
+            RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Step::Reroute,
             // Another target answers sooner than a long wait on this one.
             RetryDelay::Wait(after) if others_left.is_some_and(|max| after > max) => {
-                Decision::Reroute
+                Step::Reroute
             }
-            RetryDelay::Wait(after) => Decision::RetrySame { after },
+            RetryDelay::Wait(after) => Step::RetrySame { after },
             // A wait past the deadline or longer than any we honour is not
             // taken: reroute now (or stop if nothing is left).
-            RetryDelay::HintTooLong { .. } | RetryDelay::PastDeadline { .. } => Decision::Reroute,
+            RetryDelay::HintTooLong { .. } | RetryDelay::PastDeadline { .. } => Step::Reroute,
         },
     }
 }

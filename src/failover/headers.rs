@@ -270,7 +270,7 @@ impl HeaderPolicy {
             .collect();
         if kept.len() < betas.len() {
             tracing::debug!(
-                asked = %crate::record::log_safe(text),
+                asked = %crate::util::log_safe(text),
                 "anthropic-beta values outside the allow-list dropped"
             );
         }

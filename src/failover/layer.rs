@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::health::MemoryHealthStore;
+use crate::health::MemoryHealthStore;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
 use crate::dialect::{DefaultDialect, Dialect};

@@ -5,12 +5,12 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::decision::Decision;
-use crate::budget::{Cost, Pricing, TurnBudget};
-use crate::classify::{FailureClass, Phase};
+use crate::Decision;
+use crate::{Cost, budget::Pricing, budget::TurnBudget};
+use crate::{FailureClass, Phase};
 use crate::commit::StreamState;
-use crate::dialect::Usage;
-use crate::record::{AttemptRecord, RunRecord};
+use crate::Usage;
+use crate::{observe::AttemptRecord, observe::TurnRecord};
 
 /// Who made an attempt and when: what every record of it starts from.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ impl AttemptStart {
 /// leaves its record: cancelled, in the preamble, nothing flushed, and
 /// charged an estimate (the provider goes on with a request it took).
 pub(super) struct InFlight<'a> {
-    run: &'a RunRecord,
+    run: &'a TurnRecord,
     start: Option<AttemptStart>,
     unfinished: Unfinished<'a>,
 }
@@ -67,7 +67,7 @@ pub(super) struct InFlight<'a> {
 pub(super) struct Unfinished<'a> {
     pub(super) budget: &'a TurnBudget,
     pub(super) pricing: Option<Pricing>,
-    pub(super) prompt_tokens: u64,
+    pub(super) input_tokens: u64,
     /// Output assumed for an answer cut before it came (a whole answer's
     /// `max_tokens`; zero for a stream, whose output is counted).
     pub(super) output_if_cut: u64,
@@ -76,7 +76,7 @@ pub(super) struct Unfinished<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    pub(super) fn new(run: &'a RunRecord, start: AttemptStart, unfinished: Unfinished<'a>) -> Self {
+    pub(super) fn new(run: &'a TurnRecord, start: AttemptStart, unfinished: Unfinished<'a>) -> Self {
         Self {
             run,
             start: Some(start),
@@ -97,7 +97,7 @@ impl Drop for InFlight<'_> {
             let output_events = u.state.output_events();
             // Whether the request got out is not known here: a cancelled
             // attempt is assumed to have reached the provider.
-            let estimate = Usage::new(u.prompt_tokens, output_events.max(u.output_if_cut));
+            let estimate = Usage::new(u.input_tokens, output_events.max(u.output_if_cut));
             let charge = Charge::to_turn(u.budget, u.pricing, None, estimate);
             let mut record = start.record(Decision::Stop);
             record.class = Some(FailureClass::Cancelled);
@@ -132,7 +132,7 @@ impl Charge {
             Some(usage) => (usage, false),
             None => (estimate, true),
         };
-        let cost = pricing.map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
+        let cost = pricing.map(|p| p.cost(usage.input_tokens, usage.output_tokens));
         if let Some(cost) = cost {
             budget.record_spend(cost, estimated);
         }

@@ -23,7 +23,7 @@
 //!   OpenAI-shaped error naming the first failure and the attempt count.
 //! - Passive health in a [`HealthStore`] shared by the whole gateway (see
 //!   [Health](#health) below).
-//! - Every attempt is recorded ([`RunRecord`](crate::record::RunRecord) in
+//! - Every attempt is recorded ([`TurnRecord`](crate::observe::TurnRecord) in
 //!   the response extensions, summary headers, one tracing event each).
 //!
 //! Each target's service is wrapped in a
@@ -76,49 +76,9 @@
 //!
 //! # Health
 //!
-//! Health is keyed by what failed: a [`HealthKey`] is (provider credential,
-//! upstream model), and the failure's class picks the scope it is charged
-//! to ([`ScopeRules`], overridable per class):
-//!
-//! | scope | classes | what cools down |
-//! |---|---|---|
-//! | account | quota exhausted (billing), auth, permission | every model behind that credential |
-//! | model | rate limit, overloaded, 5xx, connect, timeout, stream faults (invalid response), `model_not_found` for a model the operator configured (logged as an error), and a per-model quota or a 403 for a model the client named | that (provider, upstream model) |
-//! | request | bad request, content filter, context length, payload too large, cancelled, `model_not_found` for a model the client named, a timeout the turn's own deadline caused, and an answer over the gateway's own size caps | nothing |
-//!
-//! A failure cools a provider only for what it says about the provider:
-//!
-//! - a wait the turn's deadline cut short, or an answer (a whole body, an
-//!   event, a held preamble) over one of our own caps, is the request's;
-//! - a model the client named and the provider does not know goes back to
-//!   the client as the provider's 404: it never cools anything, and it is
-//!   never answered by another model; its per-model quota or a 403 cools
-//!   that model, never the credential;
-//! - timeouts and stream faults count once per client
-//!   ([`ClientId`](crate::identity::ClientId)) within the failure window, so
-//!   one client's slow prompts never cool a model for everyone; anonymous
-//!   requests each count as a client of their own;
-//! - the provider's own signals (`retry-after`, 429/529, 5xx, connect
-//!   errors, resets) count every time.
-//!
-//! A hintless model-scope rest doubles per failed probe only up to
-//! [`CooldownPolicy::max_probe_interval`] (30 s): a recovered provider is
-//! used again within that, however long its outage. Only the provider's
-//! hint or an account failure rests a key longer.
-//!
-//! One [`HealthStore`] ([`MemoryHealthStore`] by default) serves every route
-//! and every `Failover` that is given it
-//! ([`FailoverBuilder::health`]): a provider used by two routes has one
-//! health state. When a key cools is the [`CooldownPolicy`]'s: account
-//! failures at once; a provider's retry hint at once (capped); otherwise
-//! only after 3 failures inside 30 s — one transient failure never cools
-//! anything. After a cooldown one request probes the key.
-//!
-//! A turn never refuses while it can still try: when every eligible target
-//! rests, the one whose rest ends first is probed, and its success clears
-//! its cooldown. Only when that probe fails (or the operator chose
-//! [`FailoverBuilder::refuse_when_cooling`]) is the answer 503
-//! `no_available_target`.
+//! Health lives in [`health`](crate::health): one [`HealthStore`](crate::health::HealthStore)
+//! serves every route and every `Failover` that is given it
+//! ([`FailoverBuilder::health`]).
 //!
 //! # Example
 //!
@@ -163,7 +123,6 @@ mod attempt;
 mod body;
 mod decision;
 mod headers;
-mod health;
 mod layer;
 mod ledger;
 mod reply;
@@ -179,16 +138,10 @@ pub use body::FailoverBody;
 
 pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
-pub use decision::Decision;
 pub use headers::{
     DEFAULT_ANTHROPIC_BETAS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy,
 };
 #[cfg(feature = "redis")]
-pub(crate) use health::SharedState;
-pub use health::{
-    Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
-    KeyState, MemoryHealthStore, Scope, ScopeRules, SuccessReport,
-};
 pub use layer::FailoverLayer;
 pub use select::{Candidate, Selector, Strategy};
 pub use service::{Failover, FailoverBuilder, ResponseFuture};

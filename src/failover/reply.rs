@@ -11,14 +11,14 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::body::FailoverBody;
 use crate::budget::{BudgetExhausted, TurnBudget};
-use crate::classify::{Classification, FailureClass};
+use crate::{FailureClass, classify::Classification};
 use crate::dialect::{Dialect, ErrorReply};
-use crate::record::RunRecord;
+use crate::observe::TurnRecord;
 
 /// Headers and extensions every answer of a turn carries.
 pub(super) fn finish<B, D>(
     mut response: Response<FailoverBody<B, D>>,
-    run: &RunRecord,
+    run: &TurnRecord,
     budget: &TurnBudget,
 ) -> Response<FailoverBody<B, D>> {
     for (name, value) in run.summary_headers() {

@@ -1,7 +1,7 @@
 //! The targets a turn skipped because they rest, and the one probe it may
 //! send to them when nothing else is left.
 
-use super::health::Availability;
+use crate::health::Availability;
 use super::target::Target;
 
 /// Targets a turn skipped because they rest, and the one probe it may send

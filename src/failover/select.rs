@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::budget::Cost;
+use crate::Cost;
 
 /// One eligible, admissible target as a [`Selector`] sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

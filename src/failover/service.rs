@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::body::FailoverBody;
 use super::headers::HeaderPolicy;
-use super::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
+use crate::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::shared::{Shared, Timeouts};
 use super::target::Target;
@@ -78,7 +78,7 @@ impl<S, D> Failover<S, D> {
 
     /// The health key of the target named `name` when a client asks for
     /// `client_model`: its provider and the model it sends upstream.
-    pub fn health_key(&self, name: &str, client_model: &str) -> Option<super::HealthKey> {
+    pub fn health_key(&self, name: &str, client_model: &str) -> Option<crate::health::HealthKey> {
         let target = self.shared.targets.iter().find(|t| &*t.name == name)?;
         Some(target.health_key(client_model))
     }
@@ -446,7 +446,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                     .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(self.cooldown))),
                 scopes: self.scopes,
                 refuse_when_cooling: self.refuse_when_cooling,
-                meters: Arc::new(crate::telemetry::Meters::new(
+                meters: Arc::new(crate::observe::Meters::new(
                     targets.iter().map(|t| (&t.name, &t.provider)),
                 )),
                 targets,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::headers::HeaderPolicy;
-use super::health::{HealthStore, ScopeRules};
+use crate::health::{HealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
 use crate::budget::TurnLimits;
@@ -29,7 +29,7 @@ pub(crate) struct Shared<S, D> {
     pub(crate) dialect: D,
     pub(crate) targets: Vec<Target<Classify<S>>>,
     /// The targets' metric handles, registered once.
-    pub(crate) meters: Arc<crate::telemetry::Meters>,
+    pub(crate) meters: Arc<crate::observe::Meters>,
     pub(crate) health: Arc<dyn HealthStore>,
     pub(crate) scopes: ScopeRules,
     pub(crate) refuse_when_cooling: bool,

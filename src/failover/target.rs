@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
-use crate::budget::{Cost, Pricing};
+use crate::{Cost, budget::Pricing};
 use crate::classify::{Classifier, Classify, ClassifyLayer};
 
 use crate::dialect::{Requirements, ResponseFormat};
@@ -155,7 +155,7 @@ impl Capabilities {
         }
         if let Some(window) = self.context_window {
             let needed = requirements
-                .prompt_tokens
+                .input_tokens
                 .saturating_add(requirements.max_output_tokens.unwrap_or(0));
             if needed > window {
                 missing.push(format!("context window of {needed} tokens (has {window})"));
@@ -312,11 +312,11 @@ impl<S> Target<S> {
     /// The health key of this target for a client's `model`: its provider
     /// and the model it sends upstream (marked as client-named for a
     /// pass-through target).
-    pub fn health_key(&self, client_model: &str) -> super::HealthKey {
+    pub fn health_key(&self, client_model: &str) -> crate::health::HealthKey {
         let provider = Arc::clone(&self.provider);
         match &self.model {
-            Some(model) => super::HealthKey::model(provider, model.as_str()),
-            None => super::HealthKey::client_model(provider, client_model),
+            Some(model) => crate::health::HealthKey::model(provider, model.as_str()),
+            None => crate::health::HealthKey::client_model(provider, client_model),
         }
     }
 

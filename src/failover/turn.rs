@@ -14,8 +14,8 @@ use tracing::Instrument;
 
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
-use super::decision::{Decision, decide};
-use super::health::{Admitted, FailureReport, Scope};
+use super::decision::{Step, decide};
+use crate::health::{Admitted, FailureReport, Scope};
 use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
 use super::reply;
 use super::resting::Resting;
@@ -23,13 +23,13 @@ use super::select::{Candidate, Selector};
 use super::shared::Shared;
 use super::upstream;
 use crate::BoxError;
-use crate::budget::{BudgetExhausted, Cost, TurnBudget};
-use crate::classify::{Classification, FailureClass, Recovery};
+use crate::{Cost, budget::BudgetExhausted, budget::TurnBudget};
+use crate::{Decision, FailureClass, classify::Classification};
 use crate::commit::StreamState;
-use crate::dialect::{Dialect, ErrorReply, ParsedRequest, Requirements, Usage};
+use crate::{Usage, dialect::Dialect, dialect::ErrorReply, dialect::ParsedRequest, dialect::Requirements};
 use crate::identity::ClientId;
-use crate::record::{RunRecord, StopReason, log_safe};
-use crate::telemetry;
+use crate::{StopReason, observe::TurnRecord, util::log_safe};
+use crate::observe;
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -52,7 +52,7 @@ where
             .limits
             .start_for(crate::identity::ClientId::of(&parts.extensions))
     });
-    let run = RunRecord::new(budget.run_id().clone()).with_meters(Arc::clone(&shared.meters));
+    let run = TurnRecord::new(budget.turn_id().clone()).with_meters(Arc::clone(&shared.meters));
     // Dropped before it answers (the client left): the turn still leaves
     // its line, as cancelled.
     let unanswered = Unanswered(&run);
@@ -65,7 +65,7 @@ where
     // conventions' `chat {model}` (an OpenTelemetry bridge ignores a name
     // recorded after the span started).
     let model = parsed.as_ref().ok().map(|(r, _)| r.model.as_str());
-    let span = telemetry::turn_span(budget.run_id().as_str(), model);
+    let span = observe::turn_span(budget.turn_id().as_str(), model);
     run.set_turn_span(span.clone());
     let response = answer(&shared, parts, parsed, &budget, &run)
         .instrument(span)
@@ -80,7 +80,7 @@ where
 type Read<D, B> = Result<(Requirements, <D as Dialect>::Request), Response<FailoverBody<B, D>>>;
 
 /// Concludes a turn dropped before it answered.
-struct Unanswered<'a>(&'a RunRecord);
+struct Unanswered<'a>(&'a TurnRecord);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
@@ -95,7 +95,7 @@ async fn answer<S, D, ResBody>(
     parts: http::request::Parts,
     parsed: Read<D, ResBody>,
     budget: &TurnBudget,
-    run: &RunRecord,
+    run: &TurnRecord,
 ) -> Response<FailoverBody<ResBody, D>>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -196,7 +196,7 @@ struct Turn<'a, S, D: Dialect> {
     shared: &'a Shared<S, D>,
     parts: &'a http::request::Parts,
     budget: &'a TurnBudget,
-    run: &'a RunRecord,
+    run: &'a TurnRecord,
     requirements: Requirements,
     request: D::Request,
     /// Output tokens assumed for spend checks.
@@ -268,14 +268,14 @@ where
                 start: start.clone(),
                 stream: self.requirements.stream,
                 strip_usage: self.requirements.stream && !self.requirements.include_usage,
-                prompt_tokens: self.requirements.prompt_tokens,
+                input_tokens: self.requirements.input_tokens,
                 first_output: target
                     .first_output_for(self.requirements.reasoning)
                     .unwrap_or(self.shared.timeouts.first_output),
                 witness: self.witness.clone(),
                 state: state.clone(),
             };
-            let span = telemetry::attempt_span(
+            let span = observe::attempt_span(
                 number,
                 &start.target,
                 &start.provider,
@@ -287,7 +287,7 @@ where
             let unfinished = Unfinished {
                 budget: self.budget,
                 pricing: target.pricing,
-                prompt_tokens: self.requirements.prompt_tokens,
+                input_tokens: self.requirements.input_tokens,
                 output_if_cut: self.output_if_cut(),
                 state,
             };
@@ -337,7 +337,7 @@ where
                 candidates.push(Candidate {
                     index,
                     estimated_cost: target
-                        .estimate(self.requirements.prompt_tokens, self.output_tokens),
+                        .estimate(self.requirements.input_tokens, self.output_tokens),
                     time_to_first_output: shared
                         .health
                         .time_to_first_output(&target.health_key(&self.requirements.model)),
@@ -410,7 +410,7 @@ where
     /// sent.
     async fn begin_attempt(&mut self, index: usize) -> Result<u32, Early<ResBody, D>> {
         let target = &self.shared.targets[index];
-        let estimate = target.estimate(self.requirements.prompt_tokens, self.output_tokens);
+        let estimate = target.estimate(self.requirements.input_tokens, self.output_tokens);
         if let Some(estimate) = estimate
             && let Err(refusal) = self.budget.check_spend(estimate)
         {
@@ -475,7 +475,7 @@ where
         } else {
             attempt.output_events
         };
-        Some(Usage::new(self.requirements.prompt_tokens, output))
+        Some(Usage::new(self.requirements.input_tokens, output))
     }
 
     /// Records a failed attempt, updates health, and decides what follows.
@@ -509,21 +509,21 @@ where
                 .witness(self.witness.clone()),
         );
         if cooldown.is_some() {
-            telemetry::cooldown_started(&target.provider, scope.as_str());
+            observe::cooldown_started(&target.provider, scope.as_str());
         }
         // Every attempt the provider processed is paid for: its estimated
         // cost counts.
         let charge = self
             .failed_charge(&attempt, &failure)
             .map(|estimate| Charge::to_turn(self.budget, target.pricing, None, estimate));
-        let decision = if client_named_unknown_model {
-            Decision::Stop
+        let step = if client_named_unknown_model {
+            Step::Stop
         } else {
             self.decide(attempt.index, &failure, cooldown)
         };
         // Every failure here is before commit: nothing reached the client
         // (bytes_flushed stays 0).
-        let mut record = attempt.start.record(decision);
+        let mut record = attempt.start.record(step.decision());
         record.class = Some(failure.class);
         record.phase = Some(failure.phase);
         record.status = failure.status.map(|s| s.as_u16());
@@ -533,11 +533,11 @@ where
         if let Some(charge) = charge {
             charge.fill(&mut record);
         }
-        let request_error = failure.recovery == Recovery::Stop || client_named_unknown_model;
-        match decision {
+        let request_error = failure.recovery == Decision::Stop || client_named_unknown_model;
+        match step {
             // Certain only once the next attempt begins: the turn may still
             // stop first (spend ceiling, retry budget, nothing admitted).
-            Decision::RetrySame { .. } | Decision::Reroute => self.run.hold(record),
+            Step::RetrySame { .. } | Step::Reroute => self.run.hold(record),
             _ => {
                 self.run.push(record);
                 self.run.stop(if request_error {
@@ -551,13 +551,13 @@ where
             .first_failure
             .get_or_insert_with(|| (Arc::clone(&target.name), failure.clone()))
             .clone();
-        match decision {
+        match step {
             // A request error: the provider's own message and status, never
             // sent elsewhere.
-            Decision::Stop if request_error => {
+            Step::Stop if request_error => {
                 Next::Stop(reply::classified(&shared.dialect, &failure))
             }
-            Decision::Stop => {
+            Step::Stop => {
                 let note = if failure.class == FailureClass::ContextLengthExceeded {
                     "no target with a larger context window remains".to_owned()
                 } else {
@@ -571,12 +571,12 @@ where
                     self.resting.only_probes_tried(),
                 ))
             }
-            Decision::RetrySame { after } => {
+            Step::RetrySame { after } => {
                 self.retries_here += 1;
                 tokio::time::sleep(after).await;
                 Next::Continue
             }
-            Decision::Reroute | Decision::Committed => Next::Continue,
+            Step::Reroute => Next::Continue,
         }
     }
 
@@ -588,8 +588,8 @@ where
         index: usize,
         failure: &Classification,
         cooldown: Option<std::time::Duration>,
-    ) -> Decision {
-        let decision = decide(
+    ) -> Step {
+        let step = decide(
             failure,
             self.retries_here,
             self.shared.max_retries_per_target,
@@ -597,8 +597,8 @@ where
             cooldown,
             (self.queue.len() > 1).then_some(self.shared.max_same_target_wait),
         );
-        if decision != Decision::Reroute {
-            return decision;
+        if step != Step::Reroute {
+            return step;
         }
         self.queue.pop_front();
         self.retries_here = 0;
@@ -606,9 +606,9 @@ where
             self.keep_larger_windows(index);
         }
         if self.queue.is_empty() && !self.resting.can_probe() {
-            Decision::Stop
+            Step::Stop
         } else {
-            Decision::Reroute
+            Step::Reroute
         }
     }
 

@@ -8,7 +8,7 @@ use tower_service::Service;
 use super::ClientId;
 use super::future::ResponseFuture;
 use super::layer::IdentityLayer;
-use crate::classify::FailureClass;
+use crate::FailureClass;
 use crate::dialect::{Dialect, ErrorReply};
 
 /// The Anthropic SDK's credential header (the OpenAI SDK's is

@@ -53,7 +53,7 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
-use crate::classify::FailureClass;
+use crate::FailureClass;
 use crate::dialect::{Dialect, ErrorReply};
 
 /// How a request body must arrive (see [`ReadLimitLayer`]).

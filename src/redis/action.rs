@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
 use crate::action::{
     ActionId, ActionRecord, ActionState, ActionStore, ArgumentsDigest, BoxFuture, Claim,
-    ClaimRequest, Claimed, Reconciliation, RunToken, StateKind, StoreError, StoredError,
+    ClaimRequest, Claimed, Reconciliation, FenceToken, StateKind, StoreError, StoredError,
     Transition,
 };
 
@@ -276,7 +276,7 @@ where
     /// failed-retryable, so the next claim takes the next run, and no
     /// effect ran. Best effort: if this fails too, the record stays
     /// running, turns unknown past its lease and is reconciled.
-    async fn give_back(&self, request: &ClaimRequest, run: RunToken) {
+    async fn give_back(&self, request: &ClaimRequest, run: FenceToken) {
         let state = ActionState::Failed {
             error: StoredError::new("claim not acknowledged by enough replicas; not run"),
             retryable: true,
@@ -300,7 +300,7 @@ where
     async fn report(
         &self,
         action_id: &ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&str>,
         state: ActionState,
         replicate: bool,
@@ -394,7 +394,7 @@ struct Fields<'a> {
     tag: &'a str,
     before: &'a str,
     after: &'a str,
-    run: RunToken,
+    run: FenceToken,
     payload: &'a str,
 }
 
@@ -407,7 +407,7 @@ impl<'a> Fields<'a> {
             tag,
             before,
             after,
-            run: RunToken::new(run.parse().map_err(|_| unexpected(run))?),
+            run: FenceToken::new(run.parse().map_err(|_| unexpected(run))?),
             payload,
         })
     }
@@ -473,7 +473,7 @@ where
     fn complete<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         result: Value,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
@@ -489,7 +489,7 @@ where
     fn fail<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
         error: StoredError,
         retryable: bool,
@@ -506,7 +506,7 @@ where
     fn mark_unknown<'a>(
         &'a self,
         action_id: &'a ActionId,
-        run: RunToken,
+        run: FenceToken,
         attempt_id: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Transition, StoreError>> {
         Box::pin(self.report(action_id, run, attempt_id, ActionState::Unknown, true))
@@ -515,7 +515,7 @@ where
     fn resolve<'a>(
         &'a self,
         request: &'a ClaimRequest,
-        run: RunToken,
+        run: FenceToken,
         answer: Reconciliation,
     ) -> BoxFuture<'a, Result<Claimed, StoreError>> {
         Box::pin(async move {
@@ -541,7 +541,7 @@ where
                 Some((tag, _)) if tag == "none" => Ok(None),
                 Some((tag, rest)) if tag == "record" && rest.len() >= 4 => {
                     let state = from_json(&rest[1])?;
-                    let run = RunToken::new(rest[2].parse().map_err(|_| unexpected(&rest[2]))?);
+                    let run = FenceToken::new(rest[2].parse().map_err(|_| unexpected(&rest[2]))?);
                     let arguments = match rest[3].as_str() {
                         "" => None,
                         hex => Some(ArgumentsDigest::from_hex(hex).ok_or_else(|| unexpected(hex))?),

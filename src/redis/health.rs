@@ -11,12 +11,9 @@ use ::redis::{RedisError, Script};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
-use crate::classify::FailureClass;
-use crate::failover::SharedState;
-use crate::failover::{
-    Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
-    MemoryHealthStore, Scope, SuccessReport,
-};
+use crate::FailureClass;
+use crate::health::FleetState;
+use crate::{health::Admission, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthSnapshot, health::HealthStore, health::MemoryHealthStore, health::Scope, health::SuccessReport};
 
 /// Transitions waiting to be shipped; past this, new ones are applied
 /// locally only (and counted in [`RedisHealthStats::dropped`]).
@@ -444,7 +441,7 @@ fn parse_member(member: &str) -> Option<HealthKey> {
 }
 
 /// One entry of a script's reply: member, then five state fields.
-fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
+fn parse_state(fields: &[String]) -> Option<(HealthKey, FleetState)> {
     let [member, left, probe_left, streak, cooldowns, class] = fields else {
         return None;
     };
@@ -454,7 +451,7 @@ fn parse_state(fields: &[String]) -> Option<(HealthKey, SharedState)> {
     };
     Some((
         parse_member(member)?,
-        SharedState {
+        FleetState {
             cooling_left: ms(left)?,
             probe_left: ms(probe_left)?,
             streak: streak.parse().ok()?,
@@ -622,7 +619,7 @@ where
                     )
                     && charged_scope != "none"
                 {
-                    crate::telemetry::cooldown_started(key.provider(), charged_scope);
+                    crate::observe::cooldown_started(key.provider(), charged_scope);
                 }
                 // The fleet's state of the touched keys (after the version
                 // and the cooldown).
@@ -658,7 +655,7 @@ where
             }
         };
         self.recovered();
-        let mut seen: HashMap<HealthKey, SharedState> = HashMap::new();
+        let mut seen: HashMap<HealthKey, FleetState> = HashMap::new();
         for fields in entries.chunks(6) {
             if let Some((key, state)) = parse_state(fields) {
                 // Configured first: a key also named by a client stays one

@@ -39,7 +39,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use tower_llm_failover::failover::CooldownPolicy;
+//! use tower_llm_failover::health::CooldownPolicy;
 //! use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
 //!
 //! // The health store's background refresh gets a connection of its own,

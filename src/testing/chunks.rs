@@ -52,14 +52,14 @@ pub fn finish(model: &str, reason: &str) -> Bytes {
 }
 
 /// The usage chunk (`choices: []`).
-pub fn usage(model: &str, prompt_tokens: u64, completion_tokens: u64) -> Bytes {
+pub fn usage(model: &str, input_tokens: u64, output_tokens: u64) -> Bytes {
     chunk(
         model,
         "[]",
         Some(serde_json::json!({
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens
+            "prompt_tokens": input_tokens,
+            "completion_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens
         })),
     )
 }

@@ -22,7 +22,7 @@ pub(super) struct MessagesAsk {
     pub(super) model: String,
     pub(super) stream: bool,
     pub(super) tools: bool,
-    pub(super) prompt_tokens: u64,
+    pub(super) input_tokens: u64,
 }
 
 impl MessagesAsk {
@@ -49,7 +49,7 @@ impl MessagesAsk {
                 .get("tools")
                 .and_then(Value::as_array)
                 .is_some_and(|t| !t.is_empty()),
-            prompt_tokens: u64::try_from(words.max(1)).unwrap_or(u64::MAX),
+            input_tokens: u64::try_from(words.max(1)).unwrap_or(u64::MAX),
         })
     }
 }
@@ -168,7 +168,7 @@ pub(super) fn stream_steps(
         &json!({"type": "message_start", "message": {
             "id": MESSAGE_ID, "type": "message", "role": "assistant", "content": [],
             "model": ask.model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": ask.prompt_tokens, "output_tokens": 1}}}),
+            "usage": {"input_tokens": ask.input_tokens, "output_tokens": 1}}}),
     )));
     let block = if ask.tools {
         json!({"type": "tool_use", "id": "toolu_fake", "name": TOOL_NAME, "input": {}})
@@ -266,7 +266,7 @@ pub(super) fn message_steps(
         json!({
             "id": MESSAGE_ID, "type": "message", "role": "assistant", "model": ask.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": null,
-            "usage": {"input_tokens": ask.prompt_tokens, "output_tokens": tokens}
+            "usage": {"input_tokens": ask.input_tokens, "output_tokens": tokens}
         })
         .to_string(),
     );

@@ -1109,7 +1109,7 @@ struct Ask {
     model: String,
     stream: bool,
     include_usage: bool,
-    prompt_tokens: u64,
+    input_tokens: u64,
 }
 
 impl Ask {
@@ -1136,7 +1136,7 @@ impl Ask {
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
                 == Some(true),
-            prompt_tokens: u64::try_from(words.max(1)).unwrap_or(u64::MAX),
+            input_tokens: u64::try_from(words.max(1)).unwrap_or(u64::MAX),
         })
     }
 }
@@ -1455,7 +1455,7 @@ fn stream_steps(
     if ask.include_usage {
         steps.push_back(Step::Data(chunks::usage(
             model,
-            ask.prompt_tokens,
+            ask.input_tokens,
             u64::try_from(tokens).unwrap_or(u64::MAX),
         )));
     }
@@ -1474,14 +1474,14 @@ fn completion_steps(
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
     let text: String = (0..tokens).map(|i| token_text(name, i)).collect();
-    let completion_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+    let output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
     let full = Bytes::from(
         json!({
             "id": chunks::ID, "object": "chat.completion", "created": 1, "model": ask.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": ask.prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": ask.prompt_tokens.saturating_add(completion_tokens)}
+            "usage": {"prompt_tokens": ask.input_tokens, "completion_tokens": output_tokens,
+                      "total_tokens": ask.input_tokens.saturating_add(output_tokens)}
         })
         .to_string(),
     );

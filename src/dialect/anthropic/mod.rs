@@ -15,7 +15,7 @@ use super::{
     AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
     TerminalError, TerminalMode,
 };
-use crate::failure::FailureClass;
+use crate::FailureClass;
 use crate::sse::SseEvent;
 
 /// Anthropic's status for an overloaded API, which its SDKs raise as
@@ -125,8 +125,8 @@ impl Dialect for AnthropicMessages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::{BodyFault, ChunkKind, Usage};
-    use crate::failure::Phase;
+    use crate::{Usage, dialect::BodyFault, dialect::ChunkKind};
+    use crate::Phase;
     use crate::sse::{SseItem, SseScanner};
 
     /// (event name, kind, finish reason, usage) of every event.

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::dialect::{AnswerFacts, BodyCheck, BodyFault, ErrorReply, Usage};
-use crate::failure::FailureClass;
+use crate::{Usage, dialect::AnswerFacts, dialect::BodyCheck, dialect::BodyFault, dialect::ErrorReply};
+use crate::FailureClass;
 
 /// The Anthropic error `type` of a failure class.
 ///

@@ -216,7 +216,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         image_input: tally.images,
         document_input: tally.documents,
         reasoning,
-        prompt_tokens: tally.text_bytes.div_ceil(4),
+        input_tokens: tally.text_bytes.div_ceil(4),
         max_output_tokens: max_tokens,
     };
     let request = MessagesRequest {
@@ -280,7 +280,7 @@ mod tests {
         assert!(r.image_input && r.document_input);
         assert!(!r.parallel_tool_calls, "disable_parallel_tool_use");
         assert_eq!(r.max_output_tokens, Some(1024));
-        assert!(r.prompt_tokens > 10);
+        assert!(r.input_tokens > 10);
 
         let (r, _) = read_json(serde_json::json!({
             "model": "m", "max_tokens": 5, "thinking": {"type": "disabled"},

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::reply::error_type;
-use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMode, Usage};
+use crate::{Usage, dialect::Chunk, dialect::ChunkIdentity, dialect::ChunkKind, dialect::TerminalError, dialect::TerminalMode};
 use crate::sse::SseEvent;
 
 /// The end of a successful stream.
@@ -293,8 +293,8 @@ mod tests {
     #[test]
     fn the_quiet_terminal_claims_no_output_token_count() {
         let error = TerminalError::new(
-            crate::failure::FailureClass::Overloaded,
-            crate::failure::Phase::Committed,
+            crate::FailureClass::Overloaded,
+            crate::Phase::Committed,
             "Overloaded",
         )
         .sent(1234, 40);

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, Usage};
+use crate::{Usage, dialect::Chunk, dialect::ChunkIdentity, dialect::ChunkKind};
 
 /// The fields of a chunk this dialect reads; everything else is skipped
 /// without allocating.
@@ -30,10 +30,10 @@ struct RawChunk<'a> {
 
 #[derive(Deserialize)]
 struct RawUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
+    #[serde(default, rename = "prompt_tokens")]
+    input_tokens: Option<u64>,
+    #[serde(default, rename = "completion_tokens")]
+    output_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -149,8 +149,8 @@ pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
         kind,
         finish_reason: raw.choices.finish_reason,
         usage: raw.usage.map(|u| Usage {
-            prompt_tokens: u.prompt_tokens.unwrap_or(0),
-            completion_tokens: u.completion_tokens.unwrap_or(0),
+            input_tokens: u.input_tokens.unwrap_or(0),
+            output_tokens: u.output_tokens.unwrap_or(0),
         }),
         identity: ChunkIdentity {
             id: raw.id,

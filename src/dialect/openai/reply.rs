@@ -6,8 +6,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::dialect::{AnswerFacts, BodyCheck, BodyFault, ErrorReply, Usage};
-use crate::failure::FailureClass;
+use crate::{Usage, dialect::AnswerFacts, dialect::BodyCheck, dialect::BodyFault, dialect::ErrorReply};
+use crate::FailureClass;
 
 /// The OpenAI error `type` of a failure class.
 pub(super) fn error_type(class: FailureClass) -> &'static str {
@@ -105,10 +105,10 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     }
     #[derive(Deserialize)]
     struct RawUsage {
-        #[serde(default)]
-        prompt_tokens: u64,
-        #[serde(default)]
-        completion_tokens: u64,
+        #[serde(default, rename = "prompt_tokens")]
+        input_tokens: u64,
+        #[serde(default, rename = "completion_tokens")]
+        output_tokens: u64,
     }
     let invalid = |fault: BodyFault, message: &str| {
         let check = BodyCheck::Invalid {
@@ -143,8 +143,8 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         Some(Choices::First { finish_reason }) => {
             let check = BodyCheck::Valid {
                 usage: completion.usage.map(|u| Usage {
-                    prompt_tokens: u.prompt_tokens,
-                    completion_tokens: u.completion_tokens,
+                    input_tokens: u.input_tokens,
+                    output_tokens: u.output_tokens,
                 }),
                 model: completion.model,
             };
@@ -339,8 +339,8 @@ mod tests {
             (
                 BodyCheck::Valid {
                     usage: Some(Usage {
-                        prompt_tokens: 3,
-                        completion_tokens: 2
+                        input_tokens: 3,
+                        output_tokens: 2
                     }),
                     model: Some("m".to_owned())
                 },

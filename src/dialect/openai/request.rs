@@ -196,7 +196,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         image_input,
         document_input: false,
         reasoning: asks_for_reasoning(top.reasoning_effort, top.reasoning),
-        prompt_tokens: text_bytes.div_ceil(4),
+        input_tokens: text_bytes.div_ceil(4),
         max_output_tokens,
     };
     let request = ChatRequest {
@@ -344,7 +344,7 @@ mod tests {
         assert!(r.tools && r.parallel_tool_calls && r.stream && r.include_usage && r.image_input);
         assert_eq!(r.response_format, Some(ResponseFormat::JsonSchema));
         assert_eq!(r.max_output_tokens, Some(100));
-        assert!(r.prompt_tokens > 10);
+        assert!(r.input_tokens > 10);
     }
 
     #[test]

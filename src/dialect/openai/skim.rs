@@ -31,7 +31,7 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use crate::dialect::Usage;
+use crate::Usage;
 
 /// The text is not JSON, or not a chunk of the expected types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -476,9 +476,9 @@ impl<'a> Skimmer<'a> {
         while let Some(index) = fields.next(self)? {
             let count = self.optional_u64()?.unwrap_or(0);
             if index == UsageFields::PROMPT_TOKENS {
-                usage.prompt_tokens = count;
+                usage.input_tokens = count;
             } else {
-                usage.completion_tokens = count;
+                usage.output_tokens = count;
             }
         }
         Ok(Some(usage))
@@ -1133,7 +1133,7 @@ impl Nesting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::Usage;
+    use crate::Usage;
 
     fn ok(text: &str) -> Skim<'_> {
         skim(text.as_bytes()).unwrap_or_else(|_| panic!("rejected {text}"))
@@ -1182,8 +1182,8 @@ mod tests {
         assert_eq!(
             usage.usage,
             Some(Usage {
-                prompt_tokens: 9,
-                completion_tokens: 2
+                input_tokens: 9,
+                output_tokens: 2
             })
         );
         let content = skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
@@ -1290,8 +1290,8 @@ mod tests {
         assert_eq!(
             got.usage,
             Some(Usage {
-                prompt_tokens: 3,
-                completion_tokens: 0
+                input_tokens: 3,
+                output_tokens: 0
             })
         );
         assert_eq!(ok(r#"{"usage":null}"#).usage, None);
@@ -1376,8 +1376,8 @@ mod tests {
         assert_eq!(
             got.usage,
             Some(Usage {
-                prompt_tokens: 1,
-                completion_tokens: 2
+                input_tokens: 1,
+                output_tokens: 2
             })
         );
         assert!(got.output);
@@ -1400,8 +1400,8 @@ mod tests {
         assert_eq!(
             ok(r#"{"usage":{"completion_tokens":18446744073709551615}}"#).usage,
             Some(Usage {
-                prompt_tokens: 0,
-                completion_tokens: u64::MAX
+                input_tokens: 0,
+                output_tokens: u64::MAX
             })
         );
         for text in [

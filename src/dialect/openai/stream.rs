@@ -185,7 +185,7 @@ pub(super) fn terminal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::Usage;
+    use crate::Usage;
     use crate::sse::{SseItem, SseScanner};
 
     fn inspect_all(wire: &'static str) -> Vec<(ChunkKind, Option<String>, Option<Usage>)> {
@@ -307,8 +307,8 @@ mod tests {
         assert_eq!(
             got[0].2,
             Some(Usage {
-                prompt_tokens: 12,
-                completion_tokens: 40
+                input_tokens: 12,
+                output_tokens: 40
             })
         );
     }
@@ -321,8 +321,8 @@ mod tests {
             created: Some(7),
         };
         let error = TerminalError::new(
-            crate::failure::FailureClass::RateLimited,
-            crate::failure::Phase::Committed,
+            crate::FailureClass::RateLimited,
+            crate::Phase::Committed,
             "Rate limit \"reached\"",
         )
         .sent(400, 40);

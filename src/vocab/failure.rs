@@ -1,7 +1,4 @@
-//! The failure vocabulary every part shares: what kind of failure
-//! ([`FailureClass`]) and where it landed ([`Phase`]). Published through
-//! [`classify`](crate::classify); the wire dialects speak it without
-//! depending on classification.
+//! What kind of failure ([`FailureClass`]) and where it landed ([`Phase`]).
 
 use std::fmt;
 

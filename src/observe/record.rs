@@ -1,34 +1,23 @@
-//! Run and attempt records: every hop of a turn stays visible.
-//!
-//! A turn has one run id and one [`AttemptRecord`] per upstream attempt:
-//! target, upstream model, start and duration, the class and phase of the
-//! failure, the bytes flushed to the client before it (always 0 before
-//! commit), output events, usage and cost, and the [`Decision`] taken.
-//! "429 after 0 bytes" and "429 after 40 bytes" are different facts and the
-//! records keep them apart.
-//!
-//! The failover layer puts a [`RunRecord`] handle in the response
-//! extensions. For a stream it is completed when the stream ends, so read it
-//! after the body is done (or watch it live).
+//! Turn and attempt records.
 
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
-pub use crate::classify::RateLimitHeaders;
-use crate::classify::{FailureClass, Phase};
-use crate::dialect::Usage;
-use crate::failover::Decision;
-use crate::units::{Cost, RunId};
+pub(crate) use crate::classify::RateLimitHeaders;
+use crate::{FailureClass, Phase};
+use crate::Usage;
+use crate::Decision;
+use crate::util::log_safe;
+use crate::{Cost, StopReason, TurnId, TurnOutcome};
 
 /// Response header with the number of upstream attempts the turn made.
 pub const ATTEMPTS_HEADER: &str = "x-failover-attempts";
 /// Response header with the name of the target that answered.
 pub const TARGET_HEADER: &str = "x-failover-target";
-/// Response header with the turn's run id.
-pub const RUN_ID_HEADER: &str = "x-failover-run-id";
+/// Response header with the turn's turn id.
+pub const TURN_ID_HEADER: &str = "x-failover-run-id";
 
 /// One upstream attempt of a turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,94 +80,8 @@ impl AttemptRecord {
     }
 }
 
-/// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TurnOutcome {
-    /// The first attempt answered.
-    FirstTry,
-    /// An answer came after one or more hops (retries or reroutes).
-    AfterHop,
-    /// An answer was committed, then failed (ended with a terminal event)
-    /// or was cut short by the client.
-    EndedAfterCommit,
-    /// No model output reached the client: the turn answered with an error.
-    StoppedBeforeOutput,
-}
-
-impl TurnOutcome {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::FirstTry => "first_try",
-            Self::AfterHop => "after_hop",
-            Self::EndedAfterCommit => "ended_after_commit",
-            Self::StoppedBeforeOutput => "stopped_before_output",
-        }
-    }
-}
-
-/// Why a turn stopped without a whole answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StopReason {
-    /// The gateway could not serve the request (unreadable body, no
-    /// compatible target).
-    InvalidRequest,
-    /// The provider refused the request itself (a request error): it is
-    /// never sent elsewhere.
-    RequestError,
-    /// Every option was tried and failed.
-    Exhausted,
-    /// Every target was cooling down.
-    NoAvailableTarget,
-    /// The turn's deadline passed.
-    Deadline,
-    /// The turn's attempts were used up.
-    Attempts,
-    /// The next attempt would have passed the spend ceiling.
-    SpendCeiling,
-    /// The retry budget shared across turns refused another attempt.
-    RetryBudget,
-    /// The client went away (or an outer layer answered first).
-    Cancelled,
-    /// A committed stream failed and was ended with a terminal event.
-    StreamFailed,
-    /// The gateway shut down before the turn answered.
-    Shutdown,
-    /// The tenant's spend reached its ceiling for the window
-    /// ([`TenantSpend`](crate::budget::TenantSpend)).
-    TenantCeiling,
-    /// The request named no tenant, and one is required.
-    TenantRequired,
-    /// The tenant's spend could not be read and the check fails closed.
-    SpendStoreUnavailable,
-}
-
-impl StopReason {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => "invalid_request",
-            Self::RequestError => "request_error",
-            Self::Exhausted => "exhausted",
-            Self::NoAvailableTarget => "no_available_target",
-            Self::Deadline => "deadline",
-            Self::Attempts => "attempts",
-            Self::SpendCeiling => "spend_ceiling",
-            Self::RetryBudget => "retry_budget",
-            Self::Cancelled => "cancelled",
-            Self::StreamFailed => "stream_failed",
-            Self::Shutdown => "shutdown",
-            Self::TenantCeiling => "tenant_ceiling",
-            Self::TenantRequired => "tenant_required",
-            Self::SpendStoreUnavailable => "spend_store_unavailable",
-        }
-    }
-}
-
 #[derive(Debug, Default)]
-struct RunInner {
+struct TurnInner {
     attempts: Vec<AttemptRecord>,
     winner: Option<Arc<str>>,
     done: bool,
@@ -195,7 +98,7 @@ struct RunInner {
     outcome: Option<TurnOutcome>,
 }
 
-/// A turn's record: its run id and attempts. Cheap to clone; shared with the
+/// A turn's record: its turn id and attempts. Cheap to clone; shared with the
 /// stream that is still running.
 ///
 /// Each attempt is logged once, when its decision is final (a committed
@@ -203,19 +106,19 @@ struct RunInner {
 /// turn once, when it is over, as a `tower_llm_failover::turn` event with
 /// its [`TurnOutcome`] and [`StopReason`].
 #[derive(Debug, Clone)]
-pub struct RunRecord {
-    run_id: RunId,
+pub struct TurnRecord {
+    turn_id: TurnId,
     started: tokio::time::Instant,
-    inner: Arc<Mutex<RunInner>>,
+    inner: Arc<Mutex<TurnInner>>,
     /// The failover stack's metric handles, reused turn after turn.
-    meters: Option<Arc<crate::telemetry::Meters>>,
+    meters: Option<Arc<crate::observe::Meters>>,
 }
 
-impl RunRecord {
-    /// An empty record for `run_id`.
-    pub fn new(run_id: RunId) -> Self {
+impl TurnRecord {
+    /// An empty record for `turn_id`.
+    pub fn new(turn_id: TurnId) -> Self {
         Self {
-            run_id,
+            turn_id,
             started: tokio::time::Instant::now(),
             inner: Arc::default(),
             meters: None,
@@ -224,21 +127,21 @@ impl RunRecord {
 
     /// The record of a turn of a failover stack whose metric handles are
     /// `meters`.
-    pub(crate) fn with_meters(mut self, meters: Arc<crate::telemetry::Meters>) -> Self {
+    pub(crate) fn with_meters(mut self, meters: Arc<crate::observe::Meters>) -> Self {
         self.meters = Some(meters);
         self
     }
 
-    fn meters(&self) -> Option<&crate::telemetry::Meters> {
+    fn meters(&self) -> Option<&crate::observe::Meters> {
         self.meters.as_deref()
     }
 
-    /// The turn's run id.
-    pub fn run_id(&self) -> &RunId {
-        &self.run_id
+    /// The turn's turn id.
+    pub fn turn_id(&self) -> &TurnId {
+        &self.turn_id
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, RunInner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TurnInner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -299,7 +202,7 @@ impl RunRecord {
     /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
         let span = self.lock().attempt_span.take();
-        emit(self.run_id.as_str(), &record, span.as_ref(), self.meters());
+        emit(self.turn_id.as_str(), &record, span.as_ref(), self.meters());
         self.push_quietly(record);
     }
 
@@ -347,7 +250,7 @@ impl RunRecord {
         let span = inner.attempt_span.take();
         if let Some(last) = inner.attempts.last_mut() {
             update(last);
-            emit(self.run_id.as_str(), last, span.as_ref(), self.meters());
+            emit(self.turn_id.as_str(), last, span.as_ref(), self.meters());
         }
         drop(inner);
         self.conclude();
@@ -417,7 +320,7 @@ impl RunRecord {
         drop(attempt_span);
         tracing::info!(
             target: "tower_llm_failover::turn",
-            run_id = %log_safe(self.run_id.as_str()),
+            run_id = %log_safe(self.turn_id.as_str()),
             attempts,
             outcome = outcome.as_str(),
             stop_reason = reason.map(StopReason::as_str),
@@ -425,7 +328,7 @@ impl RunRecord {
             duration_ms = self.started.elapsed().as_millis() as u64,
             "turn"
         );
-        crate::telemetry::turn_ended(
+        crate::observe::turn_ended(
             &TurnFacts {
                 span: span.as_ref(),
                 attempts,
@@ -438,7 +341,7 @@ impl RunRecord {
         );
     }
 
-    /// The summary headers: attempt count, winning target, run id.
+    /// The summary headers: attempt count, winning target, turn id.
     pub fn summary_headers(&self) -> Vec<(&'static str, HeaderValue)> {
         let inner = self.lock();
         let count = inner.attempts.len() + usize::from(inner.held.is_some());
@@ -448,8 +351,8 @@ impl RunRecord {
         {
             headers.push((TARGET_HEADER, value));
         }
-        if let Ok(value) = HeaderValue::from_str(self.run_id.as_str()) {
-            headers.push((RUN_ID_HEADER, value));
+        if let Ok(value) = HeaderValue::from_str(self.turn_id.as_str()) {
+            headers.push((TURN_ID_HEADER, value));
         }
         headers
     }
@@ -468,24 +371,24 @@ pub(crate) struct TurnFacts<'a> {
 /// A turn refused before the failover layer ran (by a budget layer, or an
 /// admission check such as a tenant ceiling, in front): its one `turn`
 /// line and its metrics, with no attempts.
-pub fn refused_turn(run_id: &RunId, reason: StopReason) {
-    let run = RunRecord::new(run_id.clone());
+pub(crate) fn refused_turn(turn_id: &TurnId, reason: StopReason) {
+    let run = TurnRecord::new(turn_id.clone());
     run.stop(reason);
     run.conclude();
 }
 
 /// One tracing event per attempt (a committed stream's when it ends), the
 /// same facts on the attempt's span, and the attempt's metrics.
-/// The run id and the model may be the client's, so they are escaped.
+/// The turn id and the model may be the client's, so they are escaped.
 fn emit(
-    run_id: &str,
+    turn_id: &str,
     r: &AttemptRecord,
     span: Option<&tracing::Span>,
-    meters: Option<&crate::telemetry::Meters>,
+    meters: Option<&crate::observe::Meters>,
 ) {
     tracing::info!(
         target: "tower_llm_failover::attempt",
-        run_id = %log_safe(run_id),
+        run_id = %log_safe(turn_id),
         attempt = r.attempt,
         target = %log_safe(&r.target),
         provider = %log_safe(&r.provider),
@@ -496,79 +399,13 @@ fn emit(
         bytes_flushed = r.bytes_flushed,
         output_events = r.output_events,
         duration_ms = r.duration.as_millis() as u64,
-        input_tokens = r.usage.map(|u| u.prompt_tokens),
-        output_tokens = r.usage.map(|u| u.completion_tokens),
+        input_tokens = r.usage.map(|u| u.input_tokens),
+        output_tokens = r.usage.map(|u| u.output_tokens),
         cost_usd = r.cost.map(Cost::as_usd),
         estimated = r.estimated,
         decision = r.decision.as_str(),
         "attempt"
     );
-    crate::telemetry::attempt_ended(r, span, meters);
+    crate::observe::attempt_ended(r, span, meters);
 }
 
-/// A value made safe for one log line: its [`Display`](fmt::Display) text
-/// with control characters (newlines, ANSI escapes), quotes and
-/// backslashes escaped as Rust's [`char::escape_debug`] does, so a
-/// client-chosen value (a model name, an id) can never forge a line or
-/// restyle a terminal. A value longer than [`LOG_SAFE_MAX_CHARS`]
-/// characters is cut there and marked `…`, so a client cannot inflate
-/// every line and span either. Nothing is allocated.
-///
-/// ```
-/// use tower_llm_failover::record::log_safe;
-///
-/// let model = "gpt-x\nINFO forged \u{1b}[31mred";
-/// assert_eq!(log_safe(model).to_string(), r"gpt-x\nINFO forged \u{1b}[31mred");
-/// let long = "m".repeat(10_000);
-/// assert_eq!(log_safe(&long).to_string().chars().count(), 257);
-/// ```
-pub fn log_safe<T: fmt::Display>(value: T) -> LogSafe<T> {
-    LogSafe(value)
-}
-
-/// A value escaped for a log line: see [`log_safe`].
-#[derive(Debug, Clone, Copy)]
-pub struct LogSafe<T>(T);
-
-/// The most characters of a value [`log_safe`] writes (before escaping).
-pub const LOG_SAFE_MAX_CHARS: usize = 256;
-
-impl<T: fmt::Display> fmt::Display for LogSafe<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use fmt::Write as _;
-        let mut escaping = Escaping {
-            out: f,
-            left: LOG_SAFE_MAX_CHARS,
-            cut: false,
-        };
-        write!(escaping, "{}", self.0)?;
-        if escaping.cut {
-            escaping.out.write_char('…')?;
-        }
-        Ok(())
-    }
-}
-
-/// Writes through to a formatter, escaping as it goes, up to `left`
-/// characters of the value.
-struct Escaping<'a, 'b> {
-    out: &'a mut fmt::Formatter<'b>,
-    left: usize,
-    cut: bool,
-}
-
-impl fmt::Write for Escaping<'_, '_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        for c in s.chars() {
-            if self.left == 0 {
-                self.cut = true;
-                return Ok(());
-            }
-            self.left -= 1;
-            for e in c.escape_debug() {
-                self.out.write_char(e)?;
-            }
-        }
-        Ok(())
-    }
-}

@@ -1,196 +1,132 @@
-//! Telemetry: OpenTelemetry GenAI spans through `tracing`, and metrics
-//! through the [`metrics`] facade. The library ties in no exporter: the
-//! application installs a `tracing` subscriber (with
-//! `tracing-opentelemetry` for OTLP) and a `metrics` recorder (Prometheus,
-//! OTLP, or both).
-//!
-//! Every name is one of this module's constants ([`span`], [`attr`],
-//! [`metric`]), so a dashboard and the code agree on it.
-//!
-//! # Spans
-//!
-//! | span | fields |
-//! |---|---|
-//! | [`span::TURN`] (one per turn) | `gen_ai.operation.name` = `chat`, `gen_ai.request.model` (the client's, escaped), `gen_ai.provider.name` (of the target that answered, once one did), `failover.run_id`, and when the turn ends `failover.attempts`, `failover.outcome`, `failover.stop_reason`, `error.type` |
-//! | [`span::ATTEMPT`] (a child per upstream attempt) | at the start `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` (the model sent upstream), `failover.target`, `failover.attempt`; when the attempt's decision is final `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `error.type`, `failover.class`, `failover.phase` (`preamble` or `committed`), `failover.bytes_flushed`, `failover.output_events`, `failover.decision`, `failover.cost_usd`, `failover.cost_estimated`, `http.response.status_code` |
-//!
-//! Both carry `otel.name` = `chat {model}` (the conventions' span name) and
-//! the attempt `otel.kind` = `client`, which `tracing-opentelemetry` reads.
-//! The turn span starts once the request is read (reading it is not an
-//! operation on a model), so its name carries the client's model from the
-//! start; a request that cannot be read leaves a turn span named `chat`.
-//! A committed stream's attempt span (and its turn's) stays open until the
-//! stream ends, so its figures are the final ones; an attempt that is
-//! retried or rerouted ends when the next attempt begins, the moment its
-//! decision is certain.
-//!
-//! # Metrics
-//!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | [`metric::OPERATION_DURATION`] (s) | histogram | `gen_ai.operation.name`, `gen_ai.provider.name`, `failover.target`, `error.type` (failed attempts) |
-//! | [`metric::TOKEN_USAGE`] (`{token}`) | histogram | the above and `gen_ai.token.type` (`input`, `output`); reported usage only |
-//! | [`metric::TIME_TO_FIRST_TOKEN`] (s) | histogram | `gen_ai.operation.name`, `gen_ai.provider.name`, `failover.target` |
-//! | [`metric::ATTEMPTS`] | counter | `failover.target`, `failover.class` (`none` on success), `failover.phase` (`preamble`, `committed`), `failover.decision` |
-//! | [`metric::TURNS`] | counter | `failover.outcome` (`first_try`, `after_hop`, `ended_after_commit`, `stopped_before_output`), `failover.stop_reason` |
-//! | [`metric::TERMINAL_CHUNKS`] | counter | `failover.target`, `failover.class` |
-//! | [`metric::REROUTES`] | counter | `failover.target` (the one left) |
-//! | [`metric::COOLDOWNS`] | counter | `failover.scope` (`account`, `model`), `gen_ai.provider.name` |
-//! | [`metric::HEALTH_STATE`] | gauge, 1 for the key's state, 0 for the others | `gen_ai.provider.name`, `gen_ai.request.model` (`*` for an account key), `failover.scope`, `failover.state` |
-//! | [`metric::RETRY_BUDGET_DEPOSITS`], [`metric::RETRY_BUDGET_WITHDRAWALS`] | counter | `failover.result` (`granted`, `refused`) on withdrawals |
-//! | [`metric::RETRY_BUDGET_LEVEL`] | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`], e.g. the Redis one, cannot say: no gauge) | none |
-//! | [`metric::BYTES_FLUSHED_BEFORE_FAILURE`] (By) | histogram | `failover.phase`, `failover.target` |
-//! | [`metric::ATTEMPTS_PER_TURN`] | histogram | `failover.outcome` |
-//! | [`metric::ACTIONS`] (feature `actions`) | counter: every tool-action state change | `failover.action.state` (entered: `running`, `succeeded`, `failed`, `unknown`), `failover.action.cause` (`claim`, `complete`, `fail`, `effect_error`, `timeout`, `dropped`, `reconcile`) |
-//! | [`metric::ACTION_REPLAYS`] | counter: calls answered from the record, effect not run | `failover.action.state` (`succeeded`, `failed`) |
-//! | [`metric::ACTION_RECONCILIATIONS`] | counter | `failover.action.answer` (`succeeded`, `not_applied`, `still_unknown`, `error`) |
-//!
-//! The model is left out of attempt metrics' labels (target and provider
-//! names are the operator's, a model may be the client's); health gauges
-//! name it, bounded by the health store's key cap. Health and retry-budget
-//! figures are read, not pushed: call [`record_health`] and
-//! [`record_retry_budget`] before each scrape (or on a timer).
-//!
-//! A failover stack registers the handles of what nearly every request
-//! reports (a clean attempt per target, a first-try turn) once, with the
-//! recorder installed when it first reports, and reuses them: install the
-//! recorder before the stack serves.
-//!
-//! # What never appears
-//!
-//! No credential, header or body: spans, logs, records and labels carry
-//! names, classes, counts and the classifier's sanitized messages only.
-//! Client-chosen values (model, run id) are escaped in log lines.
+//! Spans and metrics (see the module docs of `observe`).
 
 use std::sync::{Arc, OnceLock};
 
-use crate::budget::RetryBudget;
-use crate::failover::{HealthStore, KeyState};
 
 /// Span names (the `tracing` span name; `otel.name` carries the
 /// conventions' `chat {model}`).
-pub mod span {
+pub(crate) mod span {
     /// One client turn: every attempt is its child.
-    pub const TURN: &str = "failover.turn";
+    pub(crate) const TURN: &str = "failover.turn";
     /// One upstream attempt of a turn.
-    pub const ATTEMPT: &str = "failover.attempt";
+    pub(crate) const ATTEMPT: &str = "failover.attempt";
     /// The conventions' operation name for chat completions.
-    pub const OPERATION_CHAT: &str = "chat";
+    pub(crate) const OPERATION_CHAT: &str = "chat";
 }
 
 /// Attribute (span field and metric label) names.
-pub mod attr {
+pub(crate) mod attr {
     /// `gen_ai.operation.name`.
-    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+    pub(crate) const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
     /// `gen_ai.provider.name`.
-    pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
+    pub(crate) const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
     /// `gen_ai.request.model`.
-    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub(crate) const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
     /// `gen_ai.response.model`.
-    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub(crate) const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
     /// `gen_ai.response.id`.
-    pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
+    pub(crate) const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
     /// `gen_ai.response.finish_reasons`.
-    pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    pub(crate) const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
     /// `gen_ai.usage.input_tokens`.
-    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub(crate) const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
     /// `gen_ai.usage.output_tokens`.
-    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    pub(crate) const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
     /// `gen_ai.token.type` (`input` or `output`).
-    pub const GEN_AI_TOKEN_TYPE: &str = "gen_ai.token.type";
+    pub(crate) const GEN_AI_TOKEN_TYPE: &str = "gen_ai.token.type";
     /// `error.type`: the failure class.
-    pub const ERROR_TYPE: &str = "error.type";
+    pub(crate) const ERROR_TYPE: &str = "error.type";
     /// `http.response.status_code` of the upstream.
-    pub const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
+    pub(crate) const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
     /// The span name an OpenTelemetry bridge exports.
-    pub const OTEL_NAME: &str = "otel.name";
+    pub(crate) const OTEL_NAME: &str = "otel.name";
     /// The span kind an OpenTelemetry bridge exports.
-    pub const OTEL_KIND: &str = "otel.kind";
-    /// The turn's run id.
-    pub const FAILOVER_RUN_ID: &str = "failover.run_id";
+    pub(crate) const OTEL_KIND: &str = "otel.kind";
+    /// The turn's turn id.
+    pub(crate) const FAILOVER_RUN_ID: &str = "failover.run_id";
     /// The attempt's 1-based number.
-    pub const FAILOVER_ATTEMPT: &str = "failover.attempt";
+    pub(crate) const FAILOVER_ATTEMPT: &str = "failover.attempt";
     /// Attempts a turn made.
-    pub const FAILOVER_ATTEMPTS: &str = "failover.attempts";
+    pub(crate) const FAILOVER_ATTEMPTS: &str = "failover.attempts";
     /// The target's name.
-    pub const FAILOVER_TARGET: &str = "failover.target";
+    pub(crate) const FAILOVER_TARGET: &str = "failover.target";
     /// The failure class (`none` in labels for a success).
-    pub const FAILOVER_CLASS: &str = "failover.class";
+    pub(crate) const FAILOVER_CLASS: &str = "failover.class";
     /// Where a failure landed: `preamble` (nothing reached the client) or
     /// `committed`.
-    pub const FAILOVER_PHASE: &str = "failover.phase";
+    pub(crate) const FAILOVER_PHASE: &str = "failover.phase";
     /// Bytes of the attempt's answer flushed to the client.
-    pub const FAILOVER_BYTES_FLUSHED: &str = "failover.bytes_flushed";
+    pub(crate) const FAILOVER_BYTES_FLUSHED: &str = "failover.bytes_flushed";
     /// Model output events seen.
-    pub const FAILOVER_OUTPUT_EVENTS: &str = "failover.output_events";
+    pub(crate) const FAILOVER_OUTPUT_EVENTS: &str = "failover.output_events";
     /// The decision taken after the attempt.
-    pub const FAILOVER_DECISION: &str = "failover.decision";
+    pub(crate) const FAILOVER_DECISION: &str = "failover.decision";
     /// The attempt's cost in US dollars.
-    pub const FAILOVER_COST_USD: &str = "failover.cost_usd";
+    pub(crate) const FAILOVER_COST_USD: &str = "failover.cost_usd";
     /// Whether the attempt's cost is an estimate (no usage reported: an
     /// attempt cut short, a head timeout, a cancelled turn).
-    pub const FAILOVER_COST_ESTIMATED: &str = "failover.cost_estimated";
+    pub(crate) const FAILOVER_COST_ESTIMATED: &str = "failover.cost_estimated";
     /// How a turn ended.
-    pub const FAILOVER_OUTCOME: &str = "failover.outcome";
+    pub(crate) const FAILOVER_OUTCOME: &str = "failover.outcome";
     /// Why a turn stopped (`none` in labels when it did not).
-    pub const FAILOVER_STOP_REASON: &str = "failover.stop_reason";
+    pub(crate) const FAILOVER_STOP_REASON: &str = "failover.stop_reason";
     /// A health scope (`account`, `model`).
-    pub const FAILOVER_SCOPE: &str = "failover.scope";
+    pub(crate) const FAILOVER_SCOPE: &str = "failover.scope";
     /// A health key's state.
-    pub const FAILOVER_STATE: &str = "failover.state";
+    pub(crate) const FAILOVER_STATE: &str = "failover.state";
     /// A retry-budget withdrawal's result.
-    pub const FAILOVER_RESULT: &str = "failover.result";
+    pub(crate) const FAILOVER_RESULT: &str = "failover.result";
     /// The state a tool action entered (`running`, `succeeded`, `failed`,
     /// `unknown`), or was found in when answered from the store.
-    pub const FAILOVER_ACTION_STATE: &str = "failover.action.state";
+    pub(crate) const FAILOVER_ACTION_STATE: &str = "failover.action.state";
     /// What moved a tool action: `claim` (started, or a lapsed lease
     /// turned unknown), `complete`, `fail`, `effect_error`, `timeout`,
     /// `dropped`, `reconcile`.
-    pub const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
+    pub(crate) const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
     /// A reconciler's answer: `succeeded`, `not_applied`, `still_unknown`,
     /// `error`.
-    pub const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
+    pub(crate) const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
 }
 
 /// Metric names.
-pub mod metric {
+pub(crate) mod metric {
     /// Convention histogram: an attempt's duration, in seconds.
-    pub const OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
+    pub(crate) const OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
     /// Convention histogram: tokens used, by `gen_ai.token.type`.
-    pub const TOKEN_USAGE: &str = "gen_ai.client.token.usage";
+    pub(crate) const TOKEN_USAGE: &str = "gen_ai.client.token.usage";
     /// Convention histogram: time to the first output, in seconds.
-    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
+    pub(crate) const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
     /// Counter: attempts by target, class, phase and decision.
-    pub const ATTEMPTS: &str = "failover.attempts";
+    pub(crate) const ATTEMPTS: &str = "failover.attempts";
     /// Counter: turns by outcome and stop reason.
-    pub const TURNS: &str = "failover.turns";
+    pub(crate) const TURNS: &str = "failover.turns";
     /// Counter: committed streams ended with a terminal chunk.
-    pub const TERMINAL_CHUNKS: &str = "failover.terminal_chunks";
+    pub(crate) const TERMINAL_CHUNKS: &str = "failover.terminal_chunks";
     /// Counter: reroutes away from a target.
-    pub const REROUTES: &str = "failover.reroutes";
+    pub(crate) const REROUTES: &str = "failover.reroutes";
     /// Counter: cooldowns started, by scope.
-    pub const COOLDOWNS: &str = "failover.cooldowns";
+    pub(crate) const COOLDOWNS: &str = "failover.cooldowns";
     /// Gauge: each health key's state (1 for its state, 0 for the others).
-    pub const HEALTH_STATE: &str = "failover.health.state";
+    pub(crate) const HEALTH_STATE: &str = "failover.health.state";
     /// Counter: first attempts deposited in the retry budget.
-    pub const RETRY_BUDGET_DEPOSITS: &str = "failover.retry_budget.deposits";
+    pub(crate) const RETRY_BUDGET_DEPOSITS: &str = "failover.retry_budget.deposits";
     /// Counter: extra attempts asked of the retry budget, by result.
-    pub const RETRY_BUDGET_WITHDRAWALS: &str = "failover.retry_budget.withdrawals";
+    pub(crate) const RETRY_BUDGET_WITHDRAWALS: &str = "failover.retry_budget.withdrawals";
     /// Gauge: extra attempts the retry budget would grant now.
-    pub const RETRY_BUDGET_LEVEL: &str = "failover.retry_budget.level";
+    pub(crate) const RETRY_BUDGET_LEVEL: &str = "failover.retry_budget.level";
     /// Histogram: bytes of an attempt flushed to the client before it
     /// failed (0 before commit).
-    pub const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
+    pub(crate) const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
     /// Histogram: attempts a turn made.
-    pub const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
+    pub(crate) const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
     /// Counter: tool-action state changes, by the state entered and the
     /// cause.
-    pub const ACTIONS: &str = "failover.actions";
+    pub(crate) const ACTIONS: &str = "failover.actions";
     /// Counter: tool-action calls answered from the store's record
     /// (a stored result or final error replayed, the effect not run).
-    pub const ACTION_REPLAYS: &str = "failover.action.replays";
+    pub(crate) const ACTION_REPLAYS: &str = "failover.action.replays";
     /// Counter: reconciler answers about actions in state unknown.
-    pub const ACTION_RECONCILIATIONS: &str = "failover.action.reconciliations";
+    pub(crate) const ACTION_RECONCILIATIONS: &str = "failover.action.reconciliations";
 }
 
 /// Describes every metric (units and help text) to the installed
@@ -263,83 +199,6 @@ pub fn describe_metrics() {
     );
 }
 
-/// The states a health gauge names.
-const HEALTH_STATES: [&str; 4] = ["healthy", "cooling", "probe", "probing"];
-
-/// Sets [`metric::HEALTH_STATE`] for every key `store` knows, each model
-/// as its own label value. For a gateway whose clients may name models,
-/// use [`record_health_labelled`]: every distinct label value is a series
-/// a Prometheus server keeps.
-pub fn record_health(store: &dyn HealthStore) {
-    record_health_labelled(store, &|_| true);
-}
-
-/// One health gauge's labels (provider, model label, scope) and the keys
-/// in each of [`HEALTH_STATES`].
-type HealthSeries = (Arc<str>, Arc<str>, &'static str, [u32; 4]);
-
-/// Sets [`metric::HEALTH_STATE`] with only the models `configured` accepts
-/// as label values; every other model is labelled `other`, and the gauge
-/// of an `other` series counts the keys in each state (a configured
-/// key's gauge is 1 for its state and 0 for the others).
-pub fn record_health_labelled(store: &dyn HealthStore, configured: &dyn Fn(&str) -> bool) {
-    let mut series: Vec<HealthSeries> = Vec::new();
-    for entry in store.snapshot() {
-        let model = match entry.key.upstream_model() {
-            None => "*",
-            Some(model) if configured(model) => model,
-            Some(_) => "other",
-        };
-        let current = match entry.state {
-            KeyState::Healthy => 0,
-            KeyState::Cooling { .. } => 1,
-            KeyState::Probe => 2,
-            KeyState::Probing => 3,
-            // A state added later reads as none of the four.
-            #[allow(unreachable_patterns)]
-            _ => usize::MAX,
-        };
-        let (provider, scope) = (entry.key.provider(), entry.key.scope().as_str());
-        let at = series
-            .iter()
-            .position(|(p, m, s, _)| &**p == provider && &**m == model && *s == scope);
-        let at = at.unwrap_or_else(|| {
-            series.push((Arc::from(provider), Arc::from(model), scope, [0; 4]));
-            series.len() - 1
-        });
-        if let Some(count) = series[at].3.get_mut(current) {
-            *count += 1;
-        }
-    }
-    for (provider, model, scope, counts) in series {
-        for (state, count) in HEALTH_STATES.into_iter().zip(counts) {
-            metrics::gauge!(
-                metric::HEALTH_STATE,
-                attr::GEN_AI_PROVIDER_NAME => metrics::SharedString::from(Arc::clone(&provider)),
-                attr::GEN_AI_REQUEST_MODEL => metrics::SharedString::from(Arc::clone(&model)),
-                attr::FAILOVER_SCOPE => scope,
-                attr::FAILOVER_STATE => state,
-            )
-            .set(f64::from(count));
-        }
-    }
-}
-
-/// Sets the retry budget's counters ([`metric::RETRY_BUDGET_DEPOSITS`],
-/// [`metric::RETRY_BUDGET_WITHDRAWALS`]) to its figures so far, and
-/// [`metric::RETRY_BUDGET_LEVEL`] to its level when it can say
-/// ([`RetryBudget::level`]).
-pub fn record_retry_budget(budget: &RetryBudget) {
-    if let Some(level) = budget.level() {
-        metrics::gauge!(metric::RETRY_BUDGET_LEVEL).set(level);
-    }
-    let stats = budget.stats();
-    metrics::counter!(metric::RETRY_BUDGET_DEPOSITS).absolute(stats.deposits);
-    metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "granted")
-        .absolute(stats.granted);
-    metrics::counter!(metric::RETRY_BUDGET_WITHDRAWALS, attr::FAILOVER_RESULT => "refused")
-        .absolute(stats.refused);
-}
 
 /// A cooldown started on a key of `provider`, charged to `scope`.
 pub(crate) fn cooldown_started(provider: &str, scope: &'static str) {
@@ -364,13 +223,13 @@ pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
 /// The span of a turn, started once the request is read: `model` is the
 /// client's (`None` when the request could not be read; the span is then
 /// named `chat`). Fields known later are recorded by [`turn_ended`].
-pub(crate) fn turn_span(run_id: &str, model: Option<&str>) -> tracing::Span {
+pub(crate) fn turn_span(turn_id: &str, model: Option<&str>) -> tracing::Span {
     // The name and fields are built (escaped, allocated) only when a
     // subscriber could take an info span: nothing per request otherwise.
     if !tracing::level_enabled!(tracing::Level::INFO) {
         return tracing::Span::none();
     }
-    let model = model.map(|m| crate::record::log_safe(m).to_string());
+    let model = model.map(|m| crate::util::log_safe(m).to_string());
     // Named at creation: an OpenTelemetry bridge fixes a span's name when
     // it starts it, on first entry.
     let name = match &model {
@@ -384,7 +243,7 @@ pub(crate) fn turn_span(run_id: &str, model: Option<&str>) -> tracing::Span {
         { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
         { attr::GEN_AI_REQUEST_MODEL } = model.as_deref(),
         { attr::GEN_AI_PROVIDER_NAME } = tracing::field::Empty,
-        { attr::FAILOVER_RUN_ID } = %crate::record::log_safe(run_id),
+        { attr::FAILOVER_RUN_ID } = %crate::util::log_safe(turn_id),
         { attr::FAILOVER_ATTEMPTS } = tracing::field::Empty,
         { attr::FAILOVER_OUTCOME } = tracing::field::Empty,
         { attr::FAILOVER_STOP_REASON } = tracing::field::Empty,
@@ -403,16 +262,16 @@ pub(crate) fn attempt_span(
     if !tracing::level_enabled!(tracing::Level::INFO) {
         return tracing::Span::none();
     }
-    let model = crate::record::log_safe(upstream_model).to_string();
+    let model = crate::util::log_safe(upstream_model).to_string();
     tracing::info_span!(
         target: "tower_llm_failover::attempt",
         span::ATTEMPT,
         { attr::OTEL_NAME } = %format_args!("{} {model}", span::OPERATION_CHAT),
         { attr::OTEL_KIND } = "client",
         { attr::GEN_AI_OPERATION_NAME } = span::OPERATION_CHAT,
-        { attr::GEN_AI_PROVIDER_NAME } = %crate::record::log_safe(provider),
+        { attr::GEN_AI_PROVIDER_NAME } = %crate::util::log_safe(provider),
         { attr::GEN_AI_REQUEST_MODEL } = %model,
-        { attr::FAILOVER_TARGET } = %crate::record::log_safe(target),
+        { attr::FAILOVER_TARGET } = %crate::util::log_safe(target),
         { attr::FAILOVER_ATTEMPT } = i64::from(attempt),
         { attr::GEN_AI_RESPONSE_MODEL } = tracing::field::Empty,
         { attr::GEN_AI_RESPONSE_ID } = tracing::field::Empty,
@@ -562,11 +421,11 @@ fn turn_attempts_histogram(outcome: &'static str) -> metrics::Histogram {
 /// An attempt's decision is final: its span's fields and its metrics
 /// (through `meters`' handles when it committed cleanly).
 pub(crate) fn attempt_ended(
-    r: &crate::record::AttemptRecord,
+    r: &crate::observe::AttemptRecord,
     span: Option<&tracing::Span>,
     meters: Option<&Meters>,
 ) {
-    use crate::record::log_safe;
+    use crate::util::log_safe;
     let phase = r.commit_phase();
     // A disabled span (its level filtered out) records nothing: the
     // escaped copies would be made for nobody.
@@ -584,10 +443,10 @@ pub(crate) fn attempt_ended(
             );
         }
         if let Some(usage) = r.usage.filter(|_| !r.estimated) {
-            span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, int(usage.prompt_tokens));
+            span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, int(usage.input_tokens));
             span.record(
                 attr::GEN_AI_USAGE_OUTPUT_TOKENS,
-                int(usage.completion_tokens),
+                int(usage.output_tokens),
             );
         }
         if let Some(status) = r.status {
@@ -608,7 +467,7 @@ pub(crate) fn attempt_ended(
     }
 
     let usage = r.usage.filter(|_| !r.estimated);
-    let clean = r.class.is_none() && r.decision == crate::failover::Decision::Committed;
+    let clean = r.class.is_none() && r.decision == crate::Decision::Committed;
     if let Some(target) = meters
         .and_then(|m| m.target(&r.target, &r.provider))
         .filter(|_| clean)
@@ -619,8 +478,8 @@ pub(crate) fn attempt_ended(
             handles.first_output.record(ttft.as_secs_f64());
         }
         if let Some(usage) = usage {
-            handles.input_tokens.record(usage.prompt_tokens as f64);
-            handles.output_tokens.record(usage.completion_tokens as f64);
+            handles.input_tokens.record(usage.input_tokens as f64);
+            handles.output_tokens.record(usage.output_tokens as f64);
         }
         handles.duration.record(r.duration.as_secs_f64());
         return;
@@ -628,7 +487,7 @@ pub(crate) fn attempt_ended(
 
     let class = r.class.map_or("none", |c| c.as_str());
     attempt_counter(&r.target, class, phase, r.decision.as_str()).increment(1);
-    if r.decision == crate::failover::Decision::Reroute {
+    if r.decision == crate::Decision::Reroute {
         metrics::counter!(
             metric::REROUTES,
             attr::FAILOVER_TARGET => metrics::SharedString::from(Arc::clone(&r.target)),
@@ -640,8 +499,8 @@ pub(crate) fn attempt_ended(
         metrics::histogram!(metric::TIME_TO_FIRST_TOKEN, labels.clone()).record(ttft.as_secs_f64());
     }
     if let Some(usage) = usage {
-        token_histogram(labels.clone(), "input").record(usage.prompt_tokens as f64);
-        token_histogram(labels.clone(), "output").record(usage.completion_tokens as f64);
+        token_histogram(labels.clone(), "input").record(usage.input_tokens as f64);
+        token_histogram(labels.clone(), "output").record(usage.output_tokens as f64);
     }
     if let Some(class) = r.class {
         labels.push(metrics::Label::new(attr::ERROR_TYPE, class.as_str()));
@@ -657,7 +516,7 @@ pub(crate) fn attempt_ended(
 
 /// A turn is over: its span's fields and its metrics (through `meters`'
 /// handles when it answered at its first try).
-pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>, meters: Option<&Meters>) {
+pub(crate) fn turn_ended(facts: &crate::observe::TurnFacts<'_>, meters: Option<&Meters>) {
     if let Some(span) = facts.span.filter(|span| !span.is_disabled()) {
         span.record(attr::FAILOVER_ATTEMPTS, int(facts.attempts as u64));
         span.record(attr::FAILOVER_OUTCOME, facts.outcome.as_str());
@@ -667,7 +526,7 @@ pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>, meters: Option<&M
         if let Some(provider) = facts.provider {
             span.record(
                 attr::GEN_AI_PROVIDER_NAME,
-                crate::record::log_safe(provider).to_string(),
+                crate::util::log_safe(provider).to_string(),
             );
         }
         if let Some(class) = facts.error_type {
@@ -676,7 +535,7 @@ pub(crate) fn turn_ended(facts: &crate::record::TurnFacts<'_>, meters: Option<&M
     }
     let outcome = facts.outcome.as_str();
     let reason = facts.reason.map_or("none", |r| r.as_str());
-    let first_try = facts.outcome == crate::record::TurnOutcome::FirstTry && facts.reason.is_none();
+    let first_try = facts.outcome == crate::TurnOutcome::FirstTry && facts.reason.is_none();
     if let Some(meters) = meters.filter(|_| first_try) {
         let handles = meters.first_try.get_or_init(|| TurnHandles {
             turns: turn_counter(outcome, reason),

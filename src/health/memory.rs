@@ -1,536 +1,16 @@
-//! Passive health, keyed by what failed and shared by a whole gateway.
-//!
-//! A failure is charged to the scope its class names (see
-//! [`ScopeRules`]): the provider's credential (every model behind it), one
-//! upstream model of one provider, or nothing at all when the failure was
-//! the request's own. One [`HealthStore`] serves every route and every
-//! [`Failover`](super::Failover) of a gateway, so a provider used by two
-//! routes has one health state.
+//! The in-memory store: one process's view, and the local view a shared
+//! backend keeps beside its shared state.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
+use super::{Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore, KeyState, Scope, SuccessReport};
 
 use tokio::time::Instant;
 
-use crate::classify::{FailureClass, Note};
-use crate::record::log_safe;
-
-/// What a health entry is about: one upstream model of one provider
-/// credential, or (with no model) the credential itself.
-///
-/// The provider is the target's [`provider`](super::Target::provider) name:
-/// one provider name stands for one credential.
-///
-/// A key made by [`client_model`](Self::client_model) is marked as naming a
-/// model the client chose (a pass-through target): stores keep only so many
-/// of those, least recently used first out, so a client inventing model
-/// names cannot grow them. The mark is not part of the key's identity: two
-/// keys of the same provider and model are equal whoever named the model.
-#[derive(Debug, Clone)]
-pub struct HealthKey {
-    provider: Arc<str>,
-    model: Option<Arc<str>>,
-    client_named: bool,
-}
-
-impl PartialEq for HealthKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.provider == other.provider && self.model == other.model
-    }
-}
-
-impl Eq for HealthKey {}
-
-impl std::hash::Hash for HealthKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.provider.hash(state);
-        self.model.hash(state);
-    }
-}
-
-impl PartialOrd for HealthKey {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for HealthKey {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (&self.provider, &self.model).cmp(&(&other.provider, &other.model))
-    }
-}
-
-impl HealthKey {
-    /// The key of `model` as served by `provider`, a model the operator
-    /// configured.
-    pub fn model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
-        Self {
-            provider: provider.into(),
-            model: Some(model.into()),
-            client_named: false,
-        }
-    }
-
-    /// The key of `model` as served by `provider`, a model the client named
-    /// (sent upstream by a pass-through target).
-    pub fn client_model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
-        Self {
-            client_named: true,
-            ..Self::model(provider, model)
-        }
-    }
-
-    /// The key of `provider`'s credential: account-scope failures land here.
-    pub fn account(provider: impl Into<Arc<str>>) -> Self {
-        Self {
-            provider: provider.into(),
-            model: None,
-            client_named: false,
-        }
-    }
-
-    /// Whether the model is one a client named rather than the operator.
-    pub fn is_client_named(&self) -> bool {
-        self.client_named
-    }
-
-    /// The provider (credential) name.
-    pub fn provider(&self) -> &str {
-        &self.provider
-    }
-
-    /// The upstream model; `None` for the account key.
-    pub fn upstream_model(&self) -> Option<&str> {
-        self.model.as_deref()
-    }
-
-    /// The account key of this key's provider.
-    pub fn to_account(&self) -> Self {
-        Self::account(Arc::clone(&self.provider))
-    }
-
-    /// The scope this key stands for.
-    pub fn scope(&self) -> Scope {
-        if self.model.is_some() {
-            Scope::Model
-        } else {
-            Scope::Account
-        }
-    }
-}
-
-impl fmt::Display for HealthKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.model {
-            Some(model) => write!(f, "{}/{model}", self.provider),
-            None => write!(f, "{}/*", self.provider),
-        }
-    }
-}
-
-/// How far a failure reaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Scope {
-    /// Every model behind the provider's credential.
-    Account,
-    /// That (provider, upstream model) only.
-    Model,
-    /// Nothing: the failure was the request's own.
-    Request,
-}
-
-impl Scope {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Account => "account",
-            Self::Model => "model",
-            Self::Request => "request",
-        }
-    }
-}
-
-impl fmt::Display for Scope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Which [`Scope`] each failure is charged to: a failure cools a provider
-/// only for what it says about the provider.
-///
-/// | scope | failures |
-/// |---|---|
-/// | account | `QuotaExhausted` (quota, billing), `Auth`, `PermissionDenied` — of a model the operator configured |
-/// | model | `RateLimited`, `Overloaded`, `ServerError`, `Timeout`, `Connect`, `InvalidResponse` (stream faults), `ModelNotFound` for a model the **operator** configured (a configuration fault, logged as an error), and a per-model quota (Gemini's `…PerModel…` quota ids) or `PermissionDenied` (403) for a model the **client** named |
-/// | request | `InvalidRequest`, `ContentFiltered`, `ContextLengthExceeded`, `PayloadTooLarge`, `Cancelled`, `Shutdown`, `ModelNotFound` for a model the **client** named, a `Timeout` the turn's own deadline caused, and an answer over the gateway's own size caps |
-///
-/// A model name chosen by a client can never cool down anything but itself:
-/// a pass-through target's `model_not_found` is the client's error and goes
-/// back to it, and its per-model quota or 403 cools that model, not the
-/// credential. Override any class with [`ScopeRules::set`]; a failure the
-/// gateway's own limits made (the turn's deadline, a size cap) stays at
-/// request scope whatever the overrides, as it says nothing of the
-/// provider.
-///
-/// Timeouts and stream faults at model scope are further counted once per
-/// client within the failure window ([`FailureReport::witness`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScopeRules {
-    overrides: Vec<(FailureClass, Scope)>,
-}
-
-impl ScopeRules {
-    /// The default table.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Charges `class` to `scope`, whoever named the model.
-    pub fn set(mut self, class: FailureClass, scope: Scope) -> Self {
-        self.overrides.retain(|(c, _)| *c != class);
-        self.overrides.push((class, scope));
-        self
-    }
-
-    /// The scope of a failure of `class`. `note` is how it was reached
-    /// ([`Classification::note`](crate::classify::Classification::note)),
-    /// which says whose it was: [`Note::TurnDeadline`] (the turn's own
-    /// deadline limited the wait), [`Note::Oversize`] (a size cap of ours),
-    /// [`Note::PerModelQuota`] (the provider's quota is one model's).
-    /// `client_named_model`: the upstream model is the one the client asked
-    /// for (a pass-through target), not one the operator configured.
-    pub fn scope(
-        &self,
-        class: FailureClass,
-        note: Option<Note>,
-        client_named_model: bool,
-    ) -> Scope {
-        use FailureClass::*;
-        match (class, note) {
-            // Our own limits: the turn ran out of time, or the answer
-            // outgrew a cap of ours. Nothing about the provider.
-            (Timeout, Some(Note::TurnDeadline)) | (InvalidResponse, Some(Note::Oversize)) => {
-                return Scope::Request;
-            }
-            _ => {}
-        }
-        if let Some((_, scope)) = self.overrides.iter().find(|(c, _)| *c == class) {
-            return *scope;
-        }
-        let per_model_quota = note == Some(Note::PerModelQuota);
-        match class {
-            // A client's model: its quota or its refusal is that model's,
-            // never the whole credential's.
-            QuotaExhausted if client_named_model && per_model_quota => Scope::Model,
-            PermissionDenied if client_named_model => Scope::Model,
-            QuotaExhausted | Auth | PermissionDenied => Scope::Account,
-            ModelNotFound if client_named_model => Scope::Request,
-            ModelNotFound | RateLimited | Overloaded | ServerError | Timeout | Connect
-            | InvalidResponse => Scope::Model,
-            _ => Scope::Request,
-        }
-    }
-}
-
-/// When a failing key rests, and for how long.
-///
-/// - **Account scope** cools at once, for the provider's retry hint or
-///   `account` (default 5 min).
-/// - **Model scope** `ModelNotFound` (a model the operator configured) cools
-///   at once like an account failure: it will not fix itself.
-/// - **Model scope** with a retry hint (`retry-after`, `retry-after-ms`,
-///   Gemini `RetryInfo`) cools at once for the hint.
-/// - **Model scope** without a hint cools only once `failure_threshold`
-///   failures (default 3) fall inside `failure_window` (default 30 s): one
-///   transient failure never cools anything. Timeouts and stream faults
-///   count once per client in the window (a client's slow prompts are not
-///   the provider's fault; see [`FailureReport::witness`]), every other
-///   failure counts each time. The first such cooldown lasts `base`
-///   (default 5 s) and each further one in a row doubles it, up to
-///   `max_probe_interval` (default 30 s): a recovered provider is probed,
-///   and used again, within that long, however long its outage was.
-/// - Every cooldown is capped by `max` (default 10 min), hints included:
-///   only the provider's own hint or an account failure rests a key past
-///   `max_probe_interval`.
-///
-/// After a cooldown one request probes the key; a success clears it, a
-/// failure rests it again (at least `base`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CooldownPolicy {
-    /// Cooldown of account-scope failures without a hint.
-    pub account: Duration,
-    /// Hintless model-scope failures inside the window that start a cooldown.
-    pub failure_threshold: u32,
-    /// The window those failures are counted in.
-    pub failure_window: Duration,
-    /// The first model-scope cooldown; doubles for each one in a row.
-    pub base: Duration,
-    /// The longest cooldown of any kind (hints included).
-    pub max: Duration,
-    /// The longest rest of a model-scope cooldown without a hint: failed
-    /// probes double the rest up to this, no further.
-    pub max_probe_interval: Duration,
-    /// A probe that has not reported after this long is abandoned, so a
-    /// cancelled turn cannot keep a key out forever.
-    pub probe_timeout: Duration,
-}
-
-impl Default for CooldownPolicy {
-    fn default() -> Self {
-        Self {
-            account: Duration::from_secs(300),
-            failure_threshold: 3,
-            failure_window: Duration::from_secs(30),
-            base: Duration::from_secs(5),
-            max: Duration::from_secs(600),
-            max_probe_interval: Duration::from_secs(30),
-            probe_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl CooldownPolicy {
-    /// Sets [`account`](Self::account).
-    pub fn account(mut self, cooldown: Duration) -> Self {
-        self.account = cooldown;
-        self
-    }
-
-    /// Sets [`failure_threshold`](Self::failure_threshold) and
-    /// [`failure_window`](Self::failure_window).
-    pub fn failures_within(mut self, failures: u32, window: Duration) -> Self {
-        self.failure_threshold = failures.max(1);
-        self.failure_window = window;
-        self
-    }
-
-    /// Sets [`base`](Self::base).
-    pub fn base(mut self, cooldown: Duration) -> Self {
-        self.base = cooldown;
-        self
-    }
-
-    /// Sets [`max`](Self::max).
-    pub fn max(mut self, cooldown: Duration) -> Self {
-        self.max = cooldown;
-        self
-    }
-
-    /// Sets [`max_probe_interval`](Self::max_probe_interval).
-    pub fn max_probe_interval(mut self, interval: Duration) -> Self {
-        self.max_probe_interval = interval;
-        self
-    }
-
-    /// Sets [`probe_timeout`](Self::probe_timeout).
-    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
-        self.probe_timeout = timeout;
-        self
-    }
-
-    /// A policy that never cools a model-scope key without a hint.
-    pub fn never_repeated(mut self) -> Self {
-        self.failure_threshold = u32::MAX;
-        self
-    }
-}
-
-/// Whether a key may take a request now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Availability {
-    /// In rotation.
-    Healthy,
-    /// Resting until this instant.
-    Cooling(Instant),
-    /// The cooldown is over and no probe is out: the next request probes.
-    Probe,
-    /// The cooldown is over and a probe is out: wait for its answer.
-    Probing,
-}
-
-/// A store's answer to [`HealthStore::admit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Healthy: send.
-    Open,
-    /// Send as the key's probe; its outcome decides the key's state.
-    Probe,
-    /// Resting or probed by another request: skip, for now.
-    Refused(Availability),
-}
-
-/// One failure, as a store records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct FailureReport {
-    /// The failure's class.
-    pub class: FailureClass,
-    /// Where it is charged ([`ScopeRules`]).
-    pub scope: Scope,
-    /// The provider's retry hint, when it gave one.
-    pub retry_after: Option<Duration>,
-    /// The request held the probe slot, which it gives back.
-    pub was_probe: bool,
-    /// The client whose request failed ([`ClientId::witness`]): a timeout
-    /// or a stream fault counts toward a cooldown once per client within
-    /// the failure window, as it may be the request's doing (a huge prompt,
-    /// a long answer) rather than the provider's. `None`, an anonymous
-    /// request, counts as a new client each time.
-    ///
-    /// [`ClientId::witness`]: crate::identity::ClientId::witness
-    pub witness: Option<Arc<str>>,
-}
-
-impl FailureReport {
-    /// A failure of `class` charged to `scope`.
-    pub fn new(class: FailureClass, scope: Scope) -> Self {
-        Self {
-            class,
-            scope,
-            retry_after: None,
-            was_probe: false,
-            witness: None,
-        }
-    }
-
-    /// With the client whose request failed ([`witness`](Self::witness)).
-    pub fn witness(mut self, witness: Option<Arc<str>>) -> Self {
-        self.witness = witness;
-        self
-    }
-
-    /// The client this failure counts once for, when its class counts per
-    /// client (timeouts and stream faults; the provider's own statements,
-    /// such as a status or a reset, count every time).
-    pub(crate) fn counted_per_client(&self) -> Option<&Arc<str>> {
-        matches!(
-            self.class,
-            FailureClass::Timeout | FailureClass::InvalidResponse
-        )
-        .then_some(self.witness.as_ref())
-        .flatten()
-    }
-
-    /// With the provider's retry hint.
-    pub fn retry_after(mut self, after: Option<Duration>) -> Self {
-        self.retry_after = after;
-        self
-    }
-
-    /// Sent as the key's probe.
-    pub fn probe(mut self, was_probe: bool) -> Self {
-        self.was_probe = was_probe;
-        self
-    }
-}
-
-/// A success, as a store records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SuccessReport {
-    /// A stream committed: the key answers (cooldown and probe are over),
-    /// but its failure streak ends only when the stream ends whole.
-    Committed {
-        /// Time to first output.
-        ttft: Option<Duration>,
-    },
-    /// A whole answer arrived (or a committed stream ended whole).
-    Whole {
-        /// Time to first output, when measured.
-        ttft: Option<Duration>,
-    },
-}
-
-/// The state of one key in a [`HealthSnapshot`] entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyState {
-    /// In rotation.
-    Healthy,
-    /// Resting for this much longer (until about `until`).
-    Cooling {
-        /// Time left.
-        remaining: Duration,
-        /// The wall-clock end of the cooldown.
-        until: SystemTime,
-    },
-    /// The cooldown is over; the next request probes.
-    Probe,
-    /// A probe is out.
-    Probing,
-}
-
-impl KeyState {
-    /// A stable snake_case name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Healthy => "healthy",
-            Self::Cooling { .. } => "cooling",
-            Self::Probe => "probe",
-            Self::Probing => "probing",
-        }
-    }
-}
-
-/// One key of a [`HealthStore::snapshot`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HealthSnapshot {
-    /// The key.
-    pub key: HealthKey,
-    /// Its state now.
-    pub state: KeyState,
-    /// Failures in a row since the last success.
-    pub failure_streak: u32,
-    /// Cooldowns in a row since the last success.
-    pub cooldowns: u32,
-    /// The class of the last failure, if any.
-    pub last_class: Option<FailureClass>,
-}
-
-/// The health registry of a gateway: one per gateway, shared by every route
-/// and [`Failover`](super::Failover).
-///
-/// Reads are served from a local view. Each state transition (a failure,
-/// a cooldown start, a probe claim, a recovery) is one call, so a
-/// networked store can make it one atomic round trip; methods are called
-/// on the request path and must not block, so such a store applies the
-/// transition to its local view at once and ships it in the background.
-///
-/// [`Availability`] of a model key combines its own state with its
-/// account's: a cooling account cools every model behind it.
-pub trait HealthStore: Send + Sync + fmt::Debug + 'static {
-    /// Whether `key` may take a request now (local read).
-    fn availability(&self, key: &HealthKey) -> Availability;
-
-    /// Admits a request to `key` if healthy, or as its probe (decided and
-    /// marked in one transition, so two requests never both probe).
-    /// `force`: admit as a probe even while the key rests — the turn has
-    /// nothing else left to try.
-    fn admit(&self, key: &HealthKey, force: bool) -> Admission;
-
-    /// A probe admitted to `key` was abandoned without an outcome.
-    fn release_probe(&self, key: &HealthKey);
-
-    /// Records a success.
-    fn success(&self, key: &HealthKey, report: SuccessReport);
-
-    /// Records a failure of a request to `key`; returns the cooldown it
-    /// started, if any. The failure lands on the key's account for account
-    /// scope, on the key for model scope, and nowhere for request scope.
-    fn failure(&self, key: &HealthKey, report: FailureReport) -> Option<Duration>;
-
-    /// Smoothed time to first output of `key`'s recent successes.
-    fn time_to_first_output(&self, key: &HealthKey) -> Option<Duration>;
-
-    /// Every key the store knows, in key order.
-    fn snapshot(&self) -> Vec<HealthSnapshot>;
-}
+use crate::FailureClass;
+use crate::util::log_safe;
 
 #[derive(Debug, Default, Clone)]
 struct Entry {
@@ -779,31 +259,37 @@ impl MemoryHealthStore {
 /// The part of a key's state a fleet of gateways shares, as a shared
 /// store ships it between replicas: durations are relative to the moment
 /// the state was read, so the clocks of the replicas need not agree.
-#[cfg(feature = "redis")]
+///
+/// A shared backend reads it from its store and gives it to its local view
+/// with [`MemoryHealthStore::adopt`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct SharedState {
+#[non_exhaustive]
+pub struct FleetState {
     /// `Some`: a cooldown was started; it ends after this long (zero: it
     /// is over and the next request probes).
-    pub(crate) cooling_left: Option<Duration>,
+    pub cooling_left: Option<Duration>,
     /// `Some`: a probe is out for this much longer.
-    pub(crate) probe_left: Option<Duration>,
-    pub(crate) streak: u32,
-    pub(crate) cooldowns: u32,
-    pub(crate) last_class: Option<FailureClass>,
+    pub probe_left: Option<Duration>,
+    /// Failures in a row.
+    pub streak: u32,
+    /// Cooldowns in a row (the doubling's exponent).
+    pub cooldowns: u32,
+    /// The class of the last failure.
+    pub last_class: Option<FailureClass>,
 }
 
-#[cfg(feature = "redis")]
+/// What a shared backend needs of its local view.
 impl MemoryHealthStore {
     /// Whether `key` or its account holds anything but defaults: a success
     /// on a key without state changes nothing a fleet shares.
-    pub(crate) fn has_state(&self, key: &HealthKey) -> bool {
+    pub fn has_state(&self, key: &HealthKey) -> bool {
         let map = self.lock();
         let busy = |k: &HealthKey| map.get(k).is_some_and(|e| !e.is_idle());
         busy(key) || (key.model.is_some() && busy(&key.to_account()))
     }
 
     /// Whether the account of `key` and `key` itself have a probe out.
-    pub(crate) fn probing(&self, key: &HealthKey) -> (bool, bool) {
+    pub fn probing(&self, key: &HealthKey) -> (bool, bool) {
         let map = self.lock();
         let out = |k: &HealthKey| map.get(k).is_some_and(|e| e.probe_started.is_some());
         match key.model {
@@ -814,7 +300,7 @@ impl MemoryHealthStore {
 
     /// Takes the fleet's state of `key` into the local view (the latency
     /// figure and the local failure window stay local).
-    pub(crate) fn adopt(&self, key: &HealthKey, shared: &SharedState) {
+    pub fn adopt(&self, key: &HealthKey, shared: &FleetState) {
         let now = Instant::now();
         let mut map = self.lock();
         let idle =
@@ -826,7 +312,7 @@ impl MemoryHealthStore {
         let Some(entry) = self.entry(&mut map, key) else {
             return;
         };
-        entry.cooling_until = shared.cooling_left.map(|left| super::later(now, left));
+        entry.cooling_until = shared.cooling_left.map(|left| crate::time::later(now, left));
         // A probe out for `left` more started `probe_timeout - left` ago.
         entry.probe_started = shared.probe_left.map(|left| {
             let age = probe_timeout.saturating_sub(left);
@@ -958,7 +444,7 @@ impl HealthStore for MemoryHealthStore {
         entry.last_class = Some(report.class);
         let cooldown = self.cooldown(entry, &report, now);
         if let Some(cooldown) = cooldown {
-            let until = super::later(now, cooldown);
+            let until = crate::time::later(now, cooldown);
             match entry.cooling_until {
                 // A failure while the key rests (a request that was in
                 // flight, or a turn's forced probe) may lengthen the rest,
@@ -1140,9 +626,9 @@ mod tests {
         let cooled = HealthKey::model("p", "cooled");
         store.adopt(
             &cooled,
-            &SharedState {
+            &FleetState {
                 cooling_left: Some(Duration::from_secs(60)),
-                ..SharedState::default()
+                ..FleetState::default()
             },
         );
         assert!(
@@ -1153,14 +639,14 @@ mod tests {
         let failing = HealthKey::model("p", "failing");
         store.adopt(
             &failing,
-            &SharedState {
+            &FleetState {
                 streak: 2,
-                ..SharedState::default()
+                ..FleetState::default()
             },
         );
         // Nothing but defaults: no entry is made for it.
         let idle = HealthKey::model("p", "idle");
-        store.adopt(&idle, &SharedState::default());
+        store.adopt(&idle, &FleetState::default());
         let streaks: Vec<_> = store
             .snapshot()
             .into_iter()

@@ -1,59 +1,27 @@
-//! Units the budget and the records share: a turn's id and money. Private:
-//! published through [`budget`](crate::budget), so the records need not
-//! import the budget.
+//! Money and tokens: what a turn spends.
 
 use std::fmt;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign};
-use std::sync::Arc;
 
-/// The id of one turn (one client request and all its hops), shared by its
-/// records and log lines.
-///
-/// [`RunId::random`] makes 16 lowercase hex characters (64 random bits, not
-/// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
-/// header, say). Cloning is cheap.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(Arc<str>);
-
-impl RunId {
-    /// A fresh random id from fastrand's thread-local generator.
-    pub fn random() -> Self {
-        Self::from_rng(&mut fastrand::Rng::new())
-    }
-
-    /// A random id from the given generator (seed it for reproducible ids).
-    pub fn from_rng(rng: &mut fastrand::Rng) -> Self {
-        RunId(format!("{:016x}", rng.u64(..)).into())
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+/// Token usage a provider reported, in any dialect's terms: tokens read
+/// and tokens written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Input tokens (a prompt's, a request's).
+    pub input_tokens: u64,
+    /// Output tokens (the model's answer, reasoning included).
+    pub output_tokens: u64,
 }
 
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<&str> for RunId {
-    fn from(id: &str) -> Self {
-        RunId(id.into())
-    }
-}
-
-impl AsRef<str> for RunId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for RunId {
-    fn from(id: String) -> Self {
-        RunId(id.into())
+impl Usage {
+    /// Usage of `input_tokens` in and `output_tokens` out.
+    pub fn new(input_tokens: u64, output_tokens: u64) -> Self {
+        Self {
+            input_tokens,
+            output_tokens,
+        }
     }
 }
 
@@ -66,7 +34,7 @@ const NANOS_PER_USD: u64 = 1_000_000_000;
 /// `u64` still holds more than 18 billion USD. Arithmetic saturates.
 ///
 /// ```
-/// use tower_llm_failover::budget::Cost;
+/// use tower_llm_failover::Cost;
 ///
 /// let cost = Cost::from_usd(0.0125);
 /// assert_eq!(cost.as_nanos(), 12_500_000);

@@ -1,0 +1,85 @@
+//! Small helpers every layer uses.
+
+use std::fmt;
+
+/// A value made safe for one log line: its [`Display`](fmt::Display) text
+/// with control characters (newlines, ANSI escapes), quotes and
+/// backslashes escaped as Rust's [`char::escape_debug`] does, so a
+/// client-chosen value (a model name, an id) can never forge a line or
+/// restyle a terminal. A value longer than [`LOG_SAFE_MAX_CHARS`]
+/// characters is cut there and marked `…`, so a client cannot inflate
+/// every line and span either. Nothing is allocated.
+pub(crate) fn log_safe<T: fmt::Display>(value: T) -> LogSafe<T> {
+    LogSafe(value)
+}
+
+/// A value escaped for a log line: see [`log_safe`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogSafe<T>(T);
+
+/// The most characters of a value [`log_safe`] writes (before escaping).
+pub(crate) const LOG_SAFE_MAX_CHARS: usize = 256;
+
+impl<T: fmt::Display> fmt::Display for LogSafe<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        let mut escaping = Escaping {
+            out: f,
+            left: LOG_SAFE_MAX_CHARS,
+            cut: false,
+        };
+        write!(escaping, "{}", self.0)?;
+        if escaping.cut {
+            escaping.out.write_char('…')?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes through to a formatter, escaping as it goes, up to `left`
+/// characters of the value.
+struct Escaping<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    left: usize,
+    cut: bool,
+}
+
+impl fmt::Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            if self.left == 0 {
+                self.cut = true;
+                return Ok(());
+            }
+            self.left -= 1;
+            for e in c.escape_debug() {
+                self.out.write_char(e)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORGING_MODEL: &str = "evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred";
+
+    #[test]
+    fn log_safe_escapes_control_characters() {
+        let safe = log_safe(FORGING_MODEL).to_string();
+        assert_eq!(safe, r"evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred");
+        assert!(!safe.chars().any(char::is_control));
+        assert_eq!(log_safe("gpt-4o-mini").to_string(), "gpt-4o-mini");
+    }
+
+    #[test]
+    fn log_safe_cuts_a_long_value() {
+        let exact = "m".repeat(LOG_SAFE_MAX_CHARS);
+        assert_eq!(log_safe(&exact).to_string(), exact, "not cut at the limit");
+        let long = format!("{exact}\nFORGED{}", "x".repeat(100_000));
+        let safe = log_safe(&long).to_string();
+        assert_eq!(safe, format!("{exact}…"));
+    }
+}

@@ -1,0 +1,165 @@
+//! A turn's words: its id, how it ended, why it stopped, and the deadline
+//! every layer reads.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The id of one turn (one client request and all its hops), shared by its
+/// records and log lines.
+///
+/// [`TurnId::random`] makes 16 lowercase hex characters (64 random bits, not
+/// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
+/// header, say). Cloning is cheap.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TurnId(Arc<str>);
+
+impl TurnId {
+    /// A fresh random id from fastrand's thread-local generator.
+    pub fn random() -> Self {
+        Self::from_rng(&mut fastrand::Rng::new())
+    }
+
+    /// A random id from the given generator (seed it for reproducible ids).
+    pub fn from_rng(rng: &mut fastrand::Rng) -> Self {
+        TurnId(format!("{:016x}", rng.u64(..)).into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for TurnId {
+    fn from(id: &str) -> Self {
+        TurnId(id.into())
+    }
+}
+
+impl AsRef<str> for TurnId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for TurnId {
+    fn from(id: String) -> Self {
+        TurnId(id.into())
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TurnOutcome {
+    /// The first attempt answered.
+    FirstTry,
+    /// An answer came after one or more hops (retries or reroutes).
+    AfterHop,
+    /// An answer was committed, then failed (ended with a terminal event)
+    /// or was cut short by the client.
+    EndedAfterCommit,
+    /// No model output reached the client: the turn answered with an error.
+    StoppedBeforeOutput,
+}
+
+impl TurnOutcome {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FirstTry => "first_try",
+            Self::AfterHop => "after_hop",
+            Self::EndedAfterCommit => "ended_after_commit",
+            Self::StoppedBeforeOutput => "stopped_before_output",
+        }
+    }
+}
+
+/// Why a turn stopped without a whole answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The gateway could not serve the request (unreadable body, no
+    /// compatible target).
+    InvalidRequest,
+    /// The provider refused the request itself (a request error): it is
+    /// never sent elsewhere.
+    RequestError,
+    /// Every option was tried and failed.
+    Exhausted,
+    /// Every target was cooling down.
+    NoAvailableTarget,
+    /// The turn's deadline passed.
+    Deadline,
+    /// The turn's attempts were used up.
+    Attempts,
+    /// The next attempt would have passed the spend ceiling.
+    SpendCeiling,
+    /// The retry budget shared across turns refused another attempt.
+    RetryBudget,
+    /// The client went away (or an outer layer answered first).
+    Cancelled,
+    /// A committed stream failed and was ended with a terminal event.
+    StreamFailed,
+    /// The gateway shut down before the turn answered.
+    Shutdown,
+    /// The tenant's spend reached its ceiling for the window
+    /// (`TenantSpend`).
+    TenantCeiling,
+    /// The request named no tenant, and one is required.
+    TenantRequired,
+    /// The tenant's spend could not be read and the check fails closed.
+    SpendStoreUnavailable,
+}
+
+impl StopReason {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::RequestError => "request_error",
+            Self::Exhausted => "exhausted",
+            Self::NoAvailableTarget => "no_available_target",
+            Self::Deadline => "deadline",
+            Self::Attempts => "attempts",
+            Self::SpendCeiling => "spend_ceiling",
+            Self::RetryBudget => "retry_budget",
+            Self::Cancelled => "cancelled",
+            Self::StreamFailed => "stream_failed",
+            Self::Shutdown => "shutdown",
+            Self::TenantCeiling => "tenant_ceiling",
+            Self::TenantRequired => "tenant_required",
+            Self::SpendStoreUnavailable => "spend_store_unavailable",
+        }
+    }
+}
+
+
+/// The turn's deadline, as a request extension.
+///
+/// The budget layer inserts it when it starts a turn; the stream layer and
+/// the failover layer read it, so no layer needs another's types to know
+/// how long the turn may still run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnDeadline {
+    /// When the turn's time is up.
+    pub at: Instant,
+    /// The whole time the turn was given.
+    pub limit: Duration,
+}
+
+impl TurnDeadline {
+    /// Time left before the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+}
