@@ -1,5 +1,6 @@
 //! Small helpers every layer uses.
 
+use std::error::Error as StdError;
 use std::fmt;
 
 /// A value made safe for one log line: its [`Display`](fmt::Display) text
@@ -58,6 +59,18 @@ impl fmt::Write for Escaping<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// The first `T` in an error or its chain of sources.
+pub(crate) fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(found) = error.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = error.source();
+    }
+    None
 }
 
 #[cfg(test)]

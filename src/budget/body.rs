@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use crate::Phase;
 
-use super::error::DeadlineExceeded;
+use crate::DeadlineExceeded;
 use super::turn::TurnBudget;
 use crate::BoxError;
 use crate::time::Alarm;

@@ -16,7 +16,7 @@ use crate::dialect::{Dialect, ErrorReply};
 
 use super::body::BudgetBody;
 use super::cost::{Pricing, ReportedUsage};
-use super::error::DeadlineExceeded;
+use crate::DeadlineExceeded;
 use super::turn::{BudgetExhausted, TurnBudget};
 
 pin_project! {

@@ -8,7 +8,7 @@
 //! - **Deadline** for the whole turn, every hop and backoff included. The
 //!   [`Budget`] service races the response head against it (a 504 in the
 //!   dialect's error shape when it passes first) and wraps the body in a
-//!   [`BudgetBody`] that ends with a boxed [`DeadlineExceeded`] error
+//!   [`BudgetBody`] that ends with a boxed [`DeadlineExceeded`](crate::DeadlineExceeded) error
 //!   (class [`Timeout`](crate::FailureClass::Timeout)) when it
 //!   passes mid-stream, unless a stream inspector inside ended the stream
 //!   first.
@@ -109,7 +109,6 @@ mod turn;
 pub use backoff::{Backoff, Delay};
 pub use body::BudgetBody;
 pub use cost::{Pricing, ReportedUsage};
-pub use error::DeadlineExceeded;
 pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};

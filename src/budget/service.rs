@@ -117,6 +117,8 @@ where
                 budget
             }
         };
+        // The deadline in the neutral words every layer reads.
+        req.extensions_mut().insert(budget.turn_deadline());
         let refusal = budget
             .check_open()
             .and_then(|()| self.meter_tenant(&budget, &req));

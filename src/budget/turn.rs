@@ -12,7 +12,7 @@ use crate::Cost;
 use super::retry_budget::RetryBudget;
 use super::spend::{SpendCeilings, TenantLedger, TenantRefusal, TenantSpend};
 use crate::identity::ClientId;
-use crate::TurnId;
+use crate::{TurnDeadline, TurnId};
 
 /// Why a turn's budget refused another attempt (or spend).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -375,6 +375,14 @@ impl TurnBudget {
     /// The turn's whole time budget (`deadline - started`).
     pub fn time_limit(&self) -> Duration {
         self.inner.limit
+    }
+
+    /// The deadline as the request extension the other layers read.
+    pub fn turn_deadline(&self) -> TurnDeadline {
+        TurnDeadline {
+            at: self.inner.deadline,
+            limit: self.inner.limit,
+        }
     }
 
     /// Time left before the deadline; zero once it has passed.

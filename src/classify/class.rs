@@ -367,3 +367,15 @@ impl fmt::Display for Classification {
         Ok(())
     }
 }
+
+impl crate::DeadlineExceeded {
+    /// This failure as a [`Classification`]: class `timeout`, this phase,
+    /// provider code `turn_deadline_exceeded`, recovery `Stop`.
+    pub fn classification(&self) -> Classification {
+        Classification::new(FailureClass::Timeout, self.phase())
+            .with_provider_code("turn_deadline_exceeded")
+            .with_message(self.to_string())
+            .with_recovery(Decision::Stop)
+            .with_note(Note::TurnDeadline)
+    }
+}

@@ -9,6 +9,43 @@ use super::error::UpstreamError;
 use super::Classification;
 use crate::{FailureClass, Phase};
 
+/// A connection check that failed before the request reached the
+/// upstream's application: an egress proxy that refused the tunnel, a
+/// policy that rejected the destination. A client's error type implements
+/// it, and the client puts the error in its chain as a [`FailedCheck`]: the
+/// classifier reads the note from there (class `connect`, phase
+/// before-send), knowing nothing of the client.
+pub trait ConnectionCheck: Error + Send + Sync + 'static {
+    /// The classification's note.
+    fn note(&self) -> Note;
+    /// What failed, in a few words; the classification's message.
+    fn what(&self) -> &'static str;
+}
+
+/// A [`ConnectionCheck`] failure, as it travels in an error chain (its
+/// source is the check's own error).
+#[derive(Debug)]
+pub struct FailedCheck(Box<dyn ConnectionCheck>);
+
+impl FailedCheck {
+    /// Wraps a failed check for the error chain.
+    pub fn new(check: impl ConnectionCheck) -> Self {
+        Self(Box::new(check))
+    }
+}
+
+impl std::fmt::Display for FailedCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Error for FailedCheck {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 /// Deepest chain walked; error chains are short, this only bounds a cycle.
 const MAX_DEPTH: usize = 32;
 
@@ -42,7 +79,6 @@ struct Seen {
 
 /// Which connection check failed, for the note and the message.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "client"), allow(dead_code))]
 struct Check {
     note: Note,
     what: &'static str,
@@ -81,6 +117,12 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
         }
         if e.is::<tokio::time::error::Elapsed>() {
             seen.timeout = true;
+        }
+        if let Some(failed) = e.downcast_ref::<FailedCheck>() {
+            seen.check.get_or_insert(Check {
+                note: failed.0.note(),
+                what: failed.0.what(),
+            });
         }
         #[cfg(feature = "client")]
         inspect_client(e, &mut seen);
@@ -154,8 +196,6 @@ fn inspect_client(e: &(dyn Error + 'static), seen: &mut Seen) {
     if seen.check.is_none() {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             seen.check = tls_check(tls);
-        } else if let Some(proxy) = e.downcast_ref::<crate::client::ProxyError>() {
-            seen.check = Some(proxy_check(proxy));
         }
     }
 }
@@ -237,31 +277,6 @@ fn alert_check(name: &str) -> Option<Check> {
 #[cfg(feature = "client")]
 fn alert_text_check(text: &str) -> Option<Check> {
     alert_check(text.strip_prefix("received fatal alert: ")?.trim())
-}
-
-#[cfg(feature = "client")]
-fn proxy_check(error: &crate::client::ProxyError) -> Check {
-    use crate::client::ProxyError as P;
-    let (note, what) = match error {
-        P::Unreachable { .. } => (Note::ProxyUnreachable, "egress proxy: cannot connect to it"),
-        P::Refused { .. } => (
-            Note::ProxyRefused,
-            "egress proxy: it refused to open a tunnel to the upstream",
-        ),
-        P::AuthRequired { .. } => (
-            Note::ProxyAuthRequired,
-            "egress proxy: it wants credentials (407)",
-        ),
-        P::UnsupportedScheme { .. } => (
-            Note::ProxyUnsupported,
-            "egress proxy: only http:// CONNECT proxies are supported",
-        ),
-        _ => (
-            Note::ProxyFailed,
-            "egress proxy: the CONNECT tunnel broke off",
-        ),
-    };
-    Check { note, what }
 }
 
 /// For error types we cannot downcast (other clients, tower's own

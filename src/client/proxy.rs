@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tower_service::Service;
 
 use super::ClientError;
+use crate::classify::{ConnectionCheck, FailedCheck, Note};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -262,7 +263,7 @@ impl Service<Uri> for UpstreamConnector {
         if proxy_uri.scheme() != Some(&Scheme::HTTP) {
             let scheme = proxy_uri.scheme_str().unwrap_or_default().to_owned();
             return Box::pin(
-                async move { Err(ProxyError::UnsupportedScheme { proxy, scheme }.into()) },
+                async move { Err(FailedCheck::new(ProxyError::UnsupportedScheme { proxy, scheme }).into()) },
             );
         }
         let mut tunnel = Tunnel::new(proxy_uri, self.http.clone());
@@ -275,8 +276,43 @@ impl Service<Uri> for UpstreamConnector {
             tunnel
                 .call(dst)
                 .await
-                .map_err(|e| ProxyError::from_tunnel(proxy, e).into())
+                .map_err(|e| FailedCheck::new(ProxyError::from_tunnel(proxy, e)).into())
         })
+    }
+}
+
+impl ConnectionCheck for ProxyError {
+    fn note(&self) -> Note {
+        self.check().0
+    }
+
+    fn what(&self) -> &'static str {
+        self.check().1
+    }
+}
+
+impl ProxyError {
+    fn check(&self) -> (Note, &'static str) {
+        use ProxyError as P;
+        match self {
+        P::Unreachable { .. } => (Note::ProxyUnreachable, "egress proxy: cannot connect to it"),
+        P::Refused { .. } => (
+            Note::ProxyRefused,
+            "egress proxy: it refused to open a tunnel to the upstream",
+        ),
+        P::AuthRequired { .. } => (
+            Note::ProxyAuthRequired,
+            "egress proxy: it wants credentials (407)",
+        ),
+        P::UnsupportedScheme { .. } => (
+            Note::ProxyUnsupported,
+            "egress proxy: only http:// CONNECT proxies are supported",
+        ),
+        _ => (
+            Note::ProxyFailed,
+            "egress proxy: the CONNECT tunnel broke off",
+        ),
+        }
     }
 }
 

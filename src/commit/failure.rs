@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::budget::DeadlineExceeded;
+use crate::DeadlineExceeded;
 use crate::{Phase, classify::Classification, classify::Classifier};
 
 #[derive(Debug)]

@@ -141,7 +141,6 @@ pub(crate) use crate::time::later;
 pub use headers::{
     DEFAULT_ANTHROPIC_BETAS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy,
 };
-#[cfg(feature = "redis")]
 pub use layer::FailoverLayer;
 pub use select::{Candidate, Selector, Strategy};
 pub use service::{Failover, FailoverBuilder, ResponseFuture};

@@ -78,13 +78,16 @@ pub(crate) mod attr {
     pub(crate) const FAILOVER_RESULT: &str = "failover.result";
     /// The state a tool action entered (`running`, `succeeded`, `failed`,
     /// `unknown`), or was found in when answered from the store.
+    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
     pub(crate) const FAILOVER_ACTION_STATE: &str = "failover.action.state";
     /// What moved a tool action: `claim` (started, or a lapsed lease
     /// turned unknown), `complete`, `fail`, `effect_error`, `timeout`,
     /// `dropped`, `reconcile`.
+    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
     pub(crate) const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
     /// A reconciler's answer: `succeeded`, `not_applied`, `still_unknown`,
     /// `error`.
+    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
     pub(crate) const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
 }
 

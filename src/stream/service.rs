@@ -7,7 +7,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use crate::budget::TurnBudget;
+use crate::TurnDeadline;
 use crate::commit::{BoxError, InspectConfig};
 use crate::dialect::Dialect;
 
@@ -55,9 +55,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // A turn budget set outside: this inspector ends the stream at its
-        // deadline with a terminal chunk (the budget layer leaves it to us).
-        let deadline = TurnBudget::from_extensions(request.extensions()).map(|b| b.deadline());
+        // A turn deadline set outside (the budget layer publishes it): this
+        // inspector ends the stream then with a terminal chunk.
+        let deadline = request.extensions().get::<TurnDeadline>().map(|d| d.at);
         ResponseFuture::new(self.inner.call(request), Arc::clone(&self.config), deadline)
     }
 }

@@ -14,5 +14,5 @@ mod usage;
 
 pub use decision::Decision;
 pub use failure::{FailureClass, Phase};
-pub use turn::{StopReason, TurnDeadline, TurnId, TurnOutcome};
+pub use turn::{DeadlineExceeded, StopReason, TurnDeadline, TurnId, TurnOutcome};
 pub use usage::{Cost, Usage};

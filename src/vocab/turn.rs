@@ -1,6 +1,9 @@
 //! A turn's words: its id, how it ended, why it stopped, and the deadline
 //! every layer reads.
 
+use std::error::Error as StdError;
+
+use super::{FailureClass, Phase};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,5 +164,69 @@ impl TurnDeadline {
     /// Time left before the deadline (zero once it passed).
     pub fn remaining(&self) -> Duration {
         self.at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The turn's deadline passed while the [`Budget`](crate::budget::Budget) service
+/// waited for the response head or streamed the response body.
+///
+/// Its class is [`FailureClass::Timeout`], and its recovery
+/// [`Decision::Stop`](crate::Decision::Stop): the turn has no time left for
+/// another hop (see its
+/// [`classification`](DeadlineExceeded::classification)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "turn {turn_id}: deadline of {limit:?} passed in phase {phase} ({elapsed:?} elapsed, {body_bytes} body bytes passed)"
+)]
+pub struct DeadlineExceeded {
+    pub(crate) turn_id: TurnId,
+    pub(crate) phase: Phase,
+    pub(crate) limit: Duration,
+    pub(crate) elapsed: Duration,
+    pub(crate) body_bytes: u64,
+}
+
+impl DeadlineExceeded {
+    /// The turn that ran out of time.
+    pub fn turn_id(&self) -> &TurnId {
+        &self.turn_id
+    }
+
+    /// Where the deadline passed.
+    ///
+    /// [`Phase::Head`] while waiting for the response head. In the body the
+    /// budget layer cannot see commit, so it says [`Phase::Preamble`] when no
+    /// body byte had passed yet and [`Phase::Committed`] once any had (bytes
+    /// that went out cannot be taken back, so the stream must be ended, not
+    /// rerouted). A stream layer that tracks commit knows better.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Always [`FailureClass::Timeout`].
+    pub fn class(&self) -> FailureClass {
+        FailureClass::Timeout
+    }
+
+    /// The turn's whole time budget.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// Time since the turn started when the deadline fired.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// Body data bytes that passed through the budget layer before the
+    /// deadline (0 for a head timeout).
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes
+    }
+
+    /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.
+    /// behind a boxed body error).
+    pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {
+        crate::util::find_in_chain(error)
     }
 }
