@@ -13,10 +13,13 @@ mod redis_server;
 
 use std::time::{Duration, Instant};
 
-use tower_llm_failover::action::{ActionStore, ClaimRequest};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::{health::Admission, health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore, health::Scope, health::SuccessReport};
+use tower_llm_failover::action::{ActionStore, ClaimRequest};
 use tower_llm_failover::redis::{RedisActionStore, RedisHealthStore, connect};
+use tower_llm_failover::{
+    health::Admission, health::FailureReport, health::HealthKey, health::HealthStore,
+    health::MemoryHealthStore, health::Scope, health::SuccessReport,
+};
 
 const N: u32 = 2_000;
 

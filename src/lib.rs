@@ -155,7 +155,8 @@ mod util;
 mod vocab;
 
 pub use vocab::{
-    Cost, DeadlineExceeded, Decision, FailureClass, Phase, StopReason, TurnDeadline, TurnId, TurnOutcome, Usage,
+    Cost, DeadlineExceeded, Decision, FailureClass, Phase, StopReason, TurnDeadline, TurnId,
+    TurnOutcome, Usage,
 };
 
 /// The boxed error the crate's bodies and type-erased services use.

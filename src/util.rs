@@ -62,7 +62,9 @@ impl fmt::Write for Escaping<'_, '_> {
 }
 
 /// The first `T` in an error or its chain of sources.
-pub(crate) fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
+pub(crate) fn find_in_chain<'a, T: StdError + 'static>(
+    error: &'a (dyn StdError + 'static),
+) -> Option<&'a T> {
     let mut current = Some(error);
     while let Some(error) = current {
         if let Some(found) = error.downcast_ref::<T>() {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tower_llm_failover::action::{
-    ActionRecord, ActionState, ActionStore, Claim, ClaimRequest, Claimed, MemoryStore,
-    Reconciliation, FenceToken, StateKind, StoreError, StoredError, Transition,
+    ActionRecord, ActionState, ActionStore, Claim, ClaimRequest, Claimed, FenceToken, MemoryStore,
+    Reconciliation, StateKind, StoreError, StoredError, Transition,
 };
 
 const LEASE: Duration = Duration::from_secs(30);

@@ -164,9 +164,9 @@ async fn an_attempt_cut_short_by_a_cancelled_turn_still_leaves_its_line() {
 #[tokio::test(start_paused = true)]
 async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_stop() {
     captured();
-    use tower_llm_failover::{Cost, budget::Pricing};
     use tower_llm_failover::dialect::{Dialect, OpenAiChat};
     use tower_llm_failover::testing::{Step, chunks};
+    use tower_llm_failover::{Cost, budget::Pricing};
     // Rate limited in-band after its role chunk: a failure the provider
     // processed (charged at its estimate), which is retried on the same
     // target after a backoff.

@@ -13,7 +13,10 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tokio::time::{Instant, advance, sleep};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Cost, DeadlineExceeded, budget::BudgetExhausted, budget::BudgetLayer, budget::Pricing, budget::ReportedUsage, budget::TurnBudget, budget::TurnLimits};
+use tower_llm_failover::{
+    Cost, DeadlineExceeded, budget::BudgetExhausted, budget::BudgetLayer, budget::Pricing,
+    budget::ReportedUsage, budget::TurnBudget, budget::TurnLimits,
+};
 use tower_llm_failover::{FailureClass, Phase};
 
 /// A refused turn's answer: its status and its JSON error body.

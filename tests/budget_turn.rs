@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, advance};
-use tower_llm_failover::{Cost, budget::Backoff, budget::BudgetExhausted, budget::Delay, budget::RetryBudget, budget::RetryBudgetConfig, budget::RetryDelay, budget::TurnLimits};
+use tower_llm_failover::{
+    Cost, budget::Backoff, budget::BudgetExhausted, budget::Delay, budget::RetryBudget,
+    budget::RetryBudgetConfig, budget::RetryDelay, budget::TurnLimits,
+};
 
 #[tokio::test(start_paused = true)]
 async fn attempts_cap_counts_every_hop() {

@@ -16,7 +16,10 @@ use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{Full, StreamBody};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{FailureClass, Phase, classify::Classifier, classify::ClassifyLayer, classify::DEFAULT_BODY_LIMIT, classify::UpstreamError};
+use tower_llm_failover::{
+    FailureClass, Phase, classify::Classifier, classify::ClassifyLayer,
+    classify::DEFAULT_BODY_LIMIT, classify::UpstreamError,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

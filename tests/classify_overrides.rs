@@ -7,7 +7,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classifier, classify::ClassifyLayer, classify::Override};
+use tower_llm_failover::{
+    Decision, FailureClass, Phase, classify::Classification, classify::Classifier,
+    classify::ClassifyLayer, classify::Override,
+};
 
 const QUOTA: &[u8] = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
 const BAD: &[u8] = br#"{"error":{"message":"model is loading","type":"invalid_request_error","param":null,"code":null}}"#;
@@ -32,13 +35,13 @@ fn by_status_and_provider() {
     // The class changes and the recovery follows it.
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::Overloaded, Recovery::RetrySame)
+        (FailureClass::Overloaded, Decision::RetrySame)
     );
     // Other providers keep the contract's class.
     let c = head(&classifier, "openai", 400, BAD);
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::InvalidRequest, Recovery::Stop)
+        (FailureClass::InvalidRequest, Decision::Stop)
     );
     // Other statuses too.
     let c = head(&classifier, "local", 422, BAD);
@@ -48,11 +51,11 @@ fn by_status_and_provider() {
 #[test]
 fn by_provider_code() {
     let classifier = Classifier::new()
-        .with_override(Override::for_code("INSUFFICIENT_QUOTA").recovery(Recovery::Stop));
+        .with_override(Override::for_code("INSUFFICIENT_QUOTA").recovery(Decision::Stop));
     let c = head(&classifier, "openai", 429, QUOTA);
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::QuotaExhausted, Recovery::Stop)
+        (FailureClass::QuotaExhausted, Decision::Stop)
     );
 
     // Codes are matched against every code-like field: Gemini status strings,
@@ -73,33 +76,33 @@ fn by_provider_and_class() {
     let classifier = Classifier::new().with_override(
         Override::for_provider("slow-cloud")
             .and_class(FailureClass::Timeout)
-            .recovery(Recovery::Reroute),
+            .recovery(Decision::Reroute),
     );
     let c = head(&classifier, "slow-cloud", 504, b"");
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::Timeout, Recovery::Reroute)
+        (FailureClass::Timeout, Decision::Reroute)
     );
     let c = head(&classifier, "slow-cloud", 500, b"");
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::ServerError, Recovery::RetrySame)
+        (FailureClass::ServerError, Decision::RetrySame)
     );
     let c = head(&classifier, "fast-cloud", 504, b"");
-    assert_eq!(c.recovery, Recovery::RetrySame);
+    assert_eq!(c.recovery, Decision::RetrySame);
 
     // Transport failures and the gateway's own classifications obey the same rules.
     let elapsed = std::io::Error::from(std::io::ErrorKind::TimedOut);
     let c = classifier.classify_transport(Some("slow-cloud"), &elapsed, false);
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::Timeout, Recovery::Reroute)
+        (FailureClass::Timeout, Decision::Reroute)
     );
     let c = classifier.apply_overrides(
         Some("slow-cloud"),
         Classification::timeout(Phase::Head, "the head"),
     );
-    assert_eq!(c.recovery, Recovery::Reroute);
+    assert_eq!(c.recovery, Decision::Reroute);
 }
 
 #[test]
@@ -113,16 +116,16 @@ fn first_matching_rule_wins_and_recovery_matches_the_final_class() {
         .with_override(
             Override::for_status(StatusCode::TOO_MANY_REQUESTS).class(FailureClass::ServerError),
         )
-        .with_override(Override::for_class(FailureClass::Overloaded).recovery(Recovery::Reroute));
+        .with_override(Override::for_class(FailureClass::Overloaded).recovery(Decision::Reroute));
     let c = head(&classifier, "a", 429, b"");
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::Overloaded, Recovery::Reroute)
+        (FailureClass::Overloaded, Decision::Reroute)
     );
     let c = head(&classifier, "b", 429, b"");
     assert_eq!(
         (c.class, c.recovery),
-        (FailureClass::ServerError, Recovery::RetrySame)
+        (FailureClass::ServerError, Decision::RetrySame)
     );
 }
 
@@ -132,12 +135,12 @@ fn an_explicit_recovery_beats_x_should_retry() {
     headers.insert("x-should-retry", "false".parse().unwrap());
     let plain = Classifier::new();
     let c = plain.classify_head(None, StatusCode::INTERNAL_SERVER_ERROR, &headers, b"");
-    assert_eq!(c.recovery, Recovery::Reroute);
+    assert_eq!(c.recovery, Decision::Reroute);
     let forced = Classifier::new().with_override(
-        Override::for_status(StatusCode::INTERNAL_SERVER_ERROR).recovery(Recovery::RetrySame),
+        Override::for_status(StatusCode::INTERNAL_SERVER_ERROR).recovery(Decision::RetrySame),
     );
     let c = forced.classify_head(None, StatusCode::INTERNAL_SERVER_ERROR, &headers, b"");
-    assert_eq!(c.recovery, Recovery::RetrySame);
+    assert_eq!(c.recovery, Decision::RetrySame);
 }
 
 #[tokio::test]

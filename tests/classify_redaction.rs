@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{FailureClass, Phase, classify::Classifier, classify::ClassifyLayer, classify::UpstreamError};
+use tower_llm_failover::{
+    FailureClass, Phase, classify::Classifier, classify::ClassifyLayer, classify::UpstreamError,
+};
 
 const OPENAI_KEY: &str = "sk-proj-Zx81kQ2mN4pL7vR3tY6wB9cD0eF5gH1jK";
 const ANTHROPIC_KEY: &str = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";

@@ -6,7 +6,12 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_llm_failover::{Decision, FailureClass, classify::Classifier, classify::MAX_RETRY_HINT, classify::parse_go_duration, classify::parse_retry_after, classify::parse_retry_after_ms, classify::parse_should_retry, classify::retry_delay_in_message, classify::retry_hint_from_headers};
+use tower_llm_failover::{
+    Decision, FailureClass, classify::Classifier, classify::MAX_RETRY_HINT,
+    classify::parse_go_duration, classify::parse_retry_after, classify::parse_retry_after_ms,
+    classify::parse_should_retry, classify::retry_delay_in_message,
+    classify::retry_hint_from_headers,
+};
 
 fn now() -> SystemTime {
     // Whole seconds: HTTP dates have no fractions.
@@ -199,7 +204,7 @@ fn through_the_classifier() {
     );
     assert_eq!(
         (c.class, c.retry.after, c.recovery),
-        (FailureClass::RateLimited, None, Recovery::RetrySame)
+        (FailureClass::RateLimited, None, Decision::RetrySame)
     );
 
     // Huge: capped, and longer than the default 120 s wait → reroute.
@@ -212,7 +217,7 @@ fn through_the_classifier() {
     );
     assert_eq!(
         (c.retry.after, c.recovery),
-        (Some(MAX_RETRY_HINT), Recovery::Reroute)
+        (Some(MAX_RETRY_HINT), Decision::Reroute)
     );
 
     // With the cap lifted, the same hint keeps the retry.
@@ -226,6 +231,6 @@ fn through_the_classifier() {
     );
     assert_eq!(
         (c.retry.after, c.recovery),
-        (Some(Duration::from_secs(600)), Recovery::RetrySame)
+        (Some(Duration::from_secs(600)), Decision::RetrySame)
     );
 }

@@ -13,7 +13,10 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classify, classify::ClassifyLayer, classify::UpstreamError};
+use tower_llm_failover::{
+    Decision, FailureClass, Phase, classify::Classification, classify::Classify,
+    classify::ClassifyLayer, classify::UpstreamError,
+};
 
 /// A body that counts how often it is polled.
 struct Counted {
@@ -299,9 +302,9 @@ fn default_recovery_table() {
     use FailureClass::*;
     for class in FailureClass::ALL {
         let expected = match class {
-            InvalidRequest | ContentFiltered | Cancelled | Shutdown => Recovery::Stop,
-            RateLimited | Overloaded | ServerError | Timeout | Connect => Recovery::RetrySame,
-            _ => Recovery::Reroute,
+            InvalidRequest | ContentFiltered | Cancelled | Shutdown => Decision::Stop,
+            RateLimited | Overloaded | ServerError | Timeout | Connect => Decision::RetrySame,
+            _ => Decision::Reroute,
         };
         assert_eq!(class.default_recovery(), expected, "{class}");
         assert_eq!(Classification::new(class, Phase::Head).recovery, expected);

@@ -13,11 +13,14 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Decision, FailureClass, Phase, classify::Classification, classify::Classifier, classify::ClassifyLayer, classify::UpstreamError};
 use tower_llm_failover::dialect::OpenAiChat;
+use tower_llm_failover::{
+    Decision, FailureClass, Phase, classify::Classification, classify::Classifier,
+    classify::ClassifyLayer, classify::UpstreamError,
+};
 
+use Decision::*;
 use FailureClass::*;
-use Recovery::*;
 
 /// One pre-stream row: the response the fake provider sends and what the
 /// classification must say.
@@ -27,7 +30,7 @@ struct HeadRow {
     headers: &'static [(&'static str, &'static str)],
     body: &'static str,
     class: FailureClass,
-    recovery: Recovery,
+    recovery: Decision,
     retry_after: Option<Duration>,
     code: Option<&'static str>,
 }

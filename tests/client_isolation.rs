@@ -17,9 +17,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
-use tower_llm_failover::{failover::Failover, failover::Target, health::CooldownPolicy};
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
 use tower_llm_failover::testing::{FakeProvider, Reply};
+use tower_llm_failover::{failover::Failover, failover::Target, health::CooldownPolicy};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
 
@@ -159,7 +159,10 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
 fn health_gauges_label_only_configured_models() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     use tower_llm_failover::FailureClass;
-    use tower_llm_failover::{health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore, health::Scope};
+    use tower_llm_failover::{
+        health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore,
+        health::Scope,
+    };
     let store = MemoryHealthStore::new(
         CooldownPolicy::default().failures_within(1, Duration::from_secs(30)),
     );

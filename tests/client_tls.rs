@@ -16,9 +16,9 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use support::{Ca, Proxy, ProxyMode, Scratch, server_config};
 use tower::ServiceExt as _;
-use tower_llm_failover::{FailureClass, Phase, classify::Classification, classify::Classifier};
 use tower_llm_failover::client::{SendError, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_failover::{FailureClass, Phase, classify::Classification, classify::Classifier};
 
 /// Every wait in this file is bounded by this.
 const LIMIT: Duration = Duration::from_secs(10);

@@ -17,8 +17,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_failover::{FailureClass, Phase, classify::Classifier, classify::ClassifyLayer};
 use tower_llm_failover::client::{Auth, ClientError, UpstreamClient};
+use tower_llm_failover::{FailureClass, Phase, classify::Classifier, classify::ClassifyLayer};
 
 const RATE_LIMIT: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Used 199434, Requested 2299. Please try again in 519ms.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
 

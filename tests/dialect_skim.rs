@@ -7,8 +7,10 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use tower_llm_failover::{Usage, dialect::Chunk, dialect::ChunkKind, dialect::Dialect, dialect::OpenAiChat};
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
+use tower_llm_failover::{
+    Usage, dialect::Chunk, dialect::ChunkKind, dialect::Dialect, dialect::OpenAiChat,
+};
 
 fn events(wire: &str) -> Vec<SseEvent> {
     let mut out = Vec::new();

@@ -9,14 +9,19 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_llm_failover::{Cost, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig, budget::TurnLimits};
-use tower_llm_failover::{FailureClass, Phase};
-use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
 use tower_llm_failover::Decision;
-use tower_llm_failover::{failover::Capabilities, failover::CommitWindow, failover::Failover, failover::FailoverBuilder, failover::Strategy, failover::Target, health::Availability, health::CooldownPolicy};
+use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::chunks;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tower_llm_failover::{
+    Cost, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig, budget::TurnLimits,
+};
+use tower_llm_failover::{FailureClass, Phase};
+use tower_llm_failover::{
+    failover::Capabilities, failover::CommitWindow, failover::Failover, failover::FailoverBuilder,
+    failover::Strategy, failover::Target, health::Availability, health::CooldownPolicy,
+};
 
 const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on requests per min.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
 const ANTHROPIC_429: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;
@@ -190,11 +195,10 @@ async fn retry_after_two_seconds_is_honoured_on_the_same_target() {
     let seen = primary.seen();
     assert_eq!(seen[1].at - seen[0].at, Duration::from_secs(2));
     assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(reply.run.attempts()[0].decision, Decision::RetrySame);
     assert_eq!(
-        reply.run.attempts()[0].decision,
-        Decision::RetrySame {
-            after: Duration::from_secs(2)
-        }
+        reply.run.attempts()[0].retry_wait,
+        Some(Duration::from_secs(2))
     );
 }
 

@@ -24,11 +24,11 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Phase, classify::Classifier};
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;
 use tower_llm_failover::testing::{Step, sse_response};
+use tower_llm_failover::{Phase, classify::Classifier};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::{observe::TurnRecord, util::log_safe};
+use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::upstream::FakeUpstream;
 use tower_llm_failover::testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
@@ -438,8 +438,6 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
 // Logs a client cannot forge.
 
 const FORGING_MODEL: &str = "evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred";
-
-
 
 // ---------------------------------------------------------------------------
 // The gateway example's `[failover]` header lists, over loopback.

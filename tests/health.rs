@@ -16,8 +16,13 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::{failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore, health::KeyState, health::MemoryHealthStore, health::Scope, health::ScopeRules, health::SuccessReport};
 use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
+use tower_llm_failover::{
+    failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability,
+    health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
+    health::KeyState, health::MemoryHealthStore, health::Scope, health::ScopeRules,
+    health::SuccessReport,
+};
 
 const RATE_429: &str = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
 const QUOTA_429: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
@@ -622,9 +627,9 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
 // ---- Health that only the provider can cool -------------------------------
 
 use tower_llm_failover::budget::TurnLimits;
-use tower_llm_failover::{Phase, classify::Classification, classify::Note};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::testing::chunks;
+use tower_llm_failover::{Phase, classify::Classification, classify::Note};
 
 /// A primary that fails as scripted and a backup that answers; three
 /// hintless failures in 30 s cool the primary (the default policy), and a
@@ -1005,7 +1010,7 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
         longest_rest <= Duration::from_secs(30),
         "a hintless rest of {longest_rest:?}"
     );
-    // Recovery at 60 s; the first request at recovery + 30 s goes to it.
+    // Decision at 60 s; the first request at recovery + 30 s goes to it.
     primary.set_always(Reply::stream("primary", 2));
     tokio::time::sleep_until(start + Duration::from_secs(90)).await;
     let answer = send(&failover, "gpt-x", true).await;

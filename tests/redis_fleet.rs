@@ -20,14 +20,19 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 use redis_server::RedisServer;
 use serde_json::json;
-use tower_llm_failover::action::{ActionStore, Claim, ClaimRequest, FenceToken};
-use tower_llm_failover::{Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::{health::Availability, health::FailureReport, health::HealthKey, health::HealthStore, health::Scope};
+use tower_llm_failover::action::{ActionStore, Claim, ClaimRequest, FenceToken};
 use tower_llm_failover::limit::{PerMinute, RateDecision, RateLimitStore};
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
     TlsCertificates, connect, connect_sentinel, connect_tls,
+};
+use tower_llm_failover::{
+    Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
+};
+use tower_llm_failover::{
+    health::Availability, health::FailureReport, health::HealthKey, health::HealthStore,
+    health::Scope,
 };
 
 /// Runs one operation of each store over connections from `connection`

@@ -24,19 +24,26 @@ use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::action::{
     ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
     ClaimRequest, Reconciliation, StoreError, ToolCall,
 };
-use tower_llm_failover::{Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow, budget::TenantRefusal, budget::TenantSpend};
-use tower_llm_failover::FailureClass;
-use tower_llm_failover::{failover::Failover, failover::Target, health::Admission, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore, health::Scope};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
 };
 use tower_llm_failover::testing::FakeProvider;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_failover::{
+    Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
+    budget::TenantRefusal, budget::TenantSpend,
+};
+use tower_llm_failover::{
+    failover::Failover, failover::Target, health::Admission, health::Availability,
+    health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
+    health::Scope,
+};
 
 /// A bounded wait for something another replica learns in the background
 /// (200 × 25 ms); the assertion is on the outcome, not on the time.

@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect};
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::{StopReason, observe::TurnRecord};
 use tower_llm_failover::shutdown::Shutdown;
+use tower_llm_failover::{StopReason, observe::TurnRecord};
 
 /// An upstream that takes the request and never answers its head; counts
 /// calls and says when one arrived.

@@ -11,11 +11,11 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::dialect::TerminalMode;
 use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::chunks::{self, content, done, finish, role};
 use tower_llm_failover::testing::{ScriptedBody, Step, json_response, sse_response};
+use tower_llm_failover::{FailureClass, Phase};
 
 type ClientResponse =
     Response<StreamStateBody<ScriptedBody, tower_llm_failover::dialect::OpenAiChat>>;

@@ -20,9 +20,8 @@ use tower::ServiceExt;
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::{StopReason, TurnOutcome, observe::TurnRecord};
-use tower_llm_failover::{observe::attr, observe::metric, observe::span};
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tower_llm_failover::{StopReason, TurnOutcome, observe::TurnRecord};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
@@ -159,17 +158,17 @@ fn spans_of(turn_id: &str) -> (CapturedSpan, Vec<CapturedSpan>) {
     let turn = spans
         .values()
         .find(|s| {
-            s.name == span::TURN
-                && s.fields.get(attr::FAILOVER_RUN_ID).map(String::as_str) == Some(turn_id)
+            s.name == "failover.turn"
+                && s.fields.get("failover.run_id").map(String::as_str) == Some(turn_id)
         })
         .cloned()
         .expect("the turn's span");
     let mut attempts: Vec<CapturedSpan> = spans
         .values()
-        .filter(|s| s.parent == Some(turn.id) && s.name == span::ATTEMPT)
+        .filter(|s| s.parent == Some(turn.id) && s.name == "failover.attempt")
         .cloned()
         .collect();
-    attempts.sort_by_key(|s| s.fields[attr::FAILOVER_ATTEMPT].clone());
+    attempts.sort_by_key(|s| s.fields["failover.attempt"].clone());
     (turn, attempts)
 }
 
@@ -237,47 +236,47 @@ async fn a_turn_with_one_reroute_has_a_turn_span_and_two_attempt_spans() {
     let (turn, attempts) = spans_of("span-turn");
     assert!(turn.closed, "the turn span ends with the stream");
     let f = &turn.fields;
-    assert_eq!(f[attr::GEN_AI_OPERATION_NAME], "chat");
-    assert_eq!(f[attr::GEN_AI_REQUEST_MODEL], "m");
-    assert_eq!(f[attr::OTEL_NAME], "chat m");
-    assert_eq!(f[attr::GEN_AI_PROVIDER_NAME], "prov-b");
-    assert_eq!(f[attr::FAILOVER_OUTCOME], "after_hop");
-    assert_eq!(f[attr::FAILOVER_ATTEMPTS], "2");
+    assert_eq!(f["gen_ai.operation.name"], "chat");
+    assert_eq!(f["gen_ai.request.model"], "m");
+    assert_eq!(f["otel.name"], "chat m");
+    assert_eq!(f["gen_ai.provider.name"], "prov-b");
+    assert_eq!(f["failover.outcome"], "after_hop");
+    assert_eq!(f["failover.attempts"], "2");
 
     assert_eq!(attempts.len(), 2, "{attempts:#?}");
     let failed = &attempts[0].fields;
     assert!(attempts[0].closed);
-    assert_eq!(failed[attr::GEN_AI_OPERATION_NAME], "chat");
-    assert_eq!(failed[attr::GEN_AI_PROVIDER_NAME], "prov-a");
-    assert_eq!(failed[attr::GEN_AI_REQUEST_MODEL], "m");
-    assert_eq!(failed[attr::FAILOVER_TARGET], "span-primary");
-    assert_eq!(failed[attr::FAILOVER_CLASS], "rate_limited");
-    assert_eq!(failed[attr::ERROR_TYPE], "rate_limited");
-    assert_eq!(failed[attr::FAILOVER_PHASE], "preamble");
-    assert_eq!(failed[attr::FAILOVER_BYTES_FLUSHED], "0");
-    assert_eq!(failed[attr::FAILOVER_OUTPUT_EVENTS], "0");
-    assert_eq!(failed[attr::FAILOVER_DECISION], "reroute");
-    assert_eq!(failed[attr::HTTP_RESPONSE_STATUS_CODE], "429");
-    assert!(!failed.contains_key(attr::GEN_AI_RESPONSE_MODEL));
+    assert_eq!(failed["gen_ai.operation.name"], "chat");
+    assert_eq!(failed["gen_ai.provider.name"], "prov-a");
+    assert_eq!(failed["gen_ai.request.model"], "m");
+    assert_eq!(failed["failover.target"], "span-primary");
+    assert_eq!(failed["failover.class"], "rate_limited");
+    assert_eq!(failed["error.type"], "rate_limited");
+    assert_eq!(failed["failover.phase"], "preamble");
+    assert_eq!(failed["failover.bytes_flushed"], "0");
+    assert_eq!(failed["failover.output_events"], "0");
+    assert_eq!(failed["failover.decision"], "reroute");
+    assert_eq!(failed["http.response.status_code"], "429");
+    assert!(!failed.contains_key("gen_ai.response.model"));
 
     let won = &attempts[1].fields;
     assert!(attempts[1].closed);
-    assert_eq!(won[attr::FAILOVER_TARGET], "span-backup");
-    assert_eq!(won[attr::GEN_AI_PROVIDER_NAME], "prov-b");
-    assert_eq!(won[attr::GEN_AI_REQUEST_MODEL], "backup-model");
-    assert_eq!(won[attr::OTEL_NAME], "chat backup-model");
-    assert_eq!(won[attr::GEN_AI_RESPONSE_MODEL], "backup-model");
-    assert!(won.contains_key(attr::GEN_AI_RESPONSE_ID));
-    assert_eq!(won[attr::GEN_AI_RESPONSE_FINISH_REASONS], "stop");
-    assert_eq!(won[attr::FAILOVER_PHASE], "committed");
-    assert_eq!(won[attr::FAILOVER_DECISION], "committed");
-    assert_eq!(won[attr::FAILOVER_OUTPUT_EVENTS], "4");
+    assert_eq!(won["failover.target"], "span-backup");
+    assert_eq!(won["gen_ai.provider.name"], "prov-b");
+    assert_eq!(won["gen_ai.request.model"], "backup-model");
+    assert_eq!(won["otel.name"], "chat backup-model");
+    assert_eq!(won["gen_ai.response.model"], "backup-model");
+    assert!(won.contains_key("gen_ai.response.id"));
+    assert_eq!(won["gen_ai.response.finish_reasons"], "stop");
+    assert_eq!(won["failover.phase"], "committed");
+    assert_eq!(won["failover.decision"], "committed");
+    assert_eq!(won["failover.output_events"], "4");
     assert_eq!(
-        won[attr::FAILOVER_BYTES_FLUSHED],
+        won["failover.bytes_flushed"],
         run.attempts()[1].bytes_flushed.to_string()
     );
     assert!(run.attempts()[1].bytes_flushed > 0);
-    assert!(!won.contains_key(attr::ERROR_TYPE));
+    assert!(!won.contains_key("error.type"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -301,56 +300,56 @@ async fn failures_before_and_after_commit_land_under_different_phases() {
     assert_eq!(run.stop_reason(), Some(StopReason::StreamFailed));
 
     let pre = [
-        (attr::FAILOVER_TARGET, "phase-before"),
-        (attr::FAILOVER_PHASE, "preamble"),
-        (attr::FAILOVER_CLASS, "rate_limited"),
-        (attr::FAILOVER_DECISION, "reroute"),
+        ("failover.target", "phase-before"),
+        ("failover.phase", "preamble"),
+        ("failover.class", "rate_limited"),
+        ("failover.decision", "reroute"),
     ];
-    assert_eq!(counter(metric::ATTEMPTS, &pre), 1);
+    assert_eq!(counter("failover.attempts", &pre), 1);
     let post = [
-        (attr::FAILOVER_TARGET, "phase-after"),
-        (attr::FAILOVER_PHASE, "committed"),
-        (attr::FAILOVER_DECISION, "committed"),
+        ("failover.target", "phase-after"),
+        ("failover.phase", "committed"),
+        ("failover.decision", "committed"),
     ];
-    assert_eq!(counter(metric::ATTEMPTS, &post), 1);
+    assert_eq!(counter("failover.attempts", &post), 1);
     // Neither under the other's phase.
     assert_eq!(
         counter(
-            metric::ATTEMPTS,
+            "failover.attempts",
             &[
-                (attr::FAILOVER_TARGET, "phase-before"),
-                (attr::FAILOVER_PHASE, "committed")
+                ("failover.target", "phase-before"),
+                ("failover.phase", "committed")
             ]
         ),
         0
     );
     assert_eq!(
         counter(
-            metric::ATTEMPTS,
+            "failover.attempts",
             &[
-                (attr::FAILOVER_TARGET, "phase-after"),
-                (attr::FAILOVER_PHASE, "preamble")
+                ("failover.target", "phase-after"),
+                ("failover.phase", "preamble")
             ]
         ),
         0
     );
     assert_eq!(
         counter(
-            metric::TERMINAL_CHUNKS,
-            &[(attr::FAILOVER_TARGET, "phase-after")]
+            "failover.terminal_chunks",
+            &[("failover.target", "phase-after")]
         ),
         1
     );
     assert_eq!(
-        counter(metric::REROUTES, &[(attr::FAILOVER_TARGET, "phase-before")]),
+        counter("failover.reroutes", &[("failover.target", "phase-before")]),
         1
     );
     assert!(
         counter(
-            metric::TURNS,
+            "failover.turns",
             &[
-                (attr::FAILOVER_OUTCOME, "ended_after_commit"),
-                (attr::FAILOVER_STOP_REASON, "stream_failed")
+                ("failover.outcome", "ended_after_commit"),
+                ("failover.stop_reason", "stream_failed")
             ]
         ) >= 1
     );
@@ -438,7 +437,7 @@ async fn the_retry_budget_level_is_a_gauge() {
             .snapshot()
             .into_vec()
             .into_iter()
-            .find(|(key, ..)| key.key().name() == metric::RETRY_BUDGET_LEVEL)
+            .find(|(key, ..)| key.key().name() == "failover.retry_budget.level")
             .map(|(.., value)| match value {
                 DebugValue::Gauge(level) => level.into_inner(),
                 other => panic!("{other:?}"),
@@ -463,7 +462,7 @@ async fn the_retry_budget_level_is_a_gauge() {
             .snapshot()
             .into_vec()
             .iter()
-            .all(|(key, ..)| key.key().name() != metric::RETRY_BUDGET_LEVEL)
+            .all(|(key, ..)| key.key().name() != "failover.retry_budget.level")
     );
 }
 
@@ -492,9 +491,9 @@ async fn whole_answers_record_their_id_and_finish_reason() {
     assert_eq!(record.finish_reason.as_deref(), Some("length"));
     let (_, attempts) = spans_of("whole-openai-turn");
     let f = &attempts[0].fields;
-    assert_eq!(f[attr::GEN_AI_RESPONSE_ID], "chatcmpl-whole-1");
-    assert_eq!(f[attr::GEN_AI_RESPONSE_FINISH_REASONS], "length");
-    assert_eq!(f[attr::FAILOVER_DECISION], "committed");
+    assert_eq!(f["gen_ai.response.id"], "chatcmpl-whole-1");
+    assert_eq!(f["gen_ai.response.finish_reasons"], "length");
+    assert_eq!(f["failover.decision"], "committed");
 
     // Anthropic Messages: the stop reason.
     let provider = FakeProvider::new("whole-messages").always(Reply::status(
@@ -521,11 +520,11 @@ async fn whole_answers_record_their_id_and_finish_reason() {
         Some("msg_whole_1")
     );
     let (turn, attempts) = spans_of("whole-messages-turn");
-    assert_eq!(turn.fields[attr::OTEL_NAME], "chat claude-x");
+    assert_eq!(turn.fields["otel.name"], "chat claude-x");
     let f = &attempts[0].fields;
-    assert_eq!(f[attr::GEN_AI_RESPONSE_ID], "msg_whole_1");
-    assert_eq!(f[attr::GEN_AI_RESPONSE_FINISH_REASONS], "max_tokens");
-    assert_eq!(f[attr::GEN_AI_RESPONSE_MODEL], "claude-x");
+    assert_eq!(f["gen_ai.response.id"], "msg_whole_1");
+    assert_eq!(f["gen_ai.response.finish_reasons"], "max_tokens");
+    assert_eq!(f["gen_ai.response.model"], "claude-x");
 }
 
 /// The samples a histogram took under labels including every pair of
@@ -545,10 +544,10 @@ async fn clean_turns_on_one_stack_are_each_counted() {
         .target(Target::new("cache-target", provider).provider("cache-provider"))
         .build();
     let first_try = [
-        (attr::FAILOVER_OUTCOME, "first_try"),
-        (attr::FAILOVER_STOP_REASON, "none"),
+        ("failover.outcome", "first_try"),
+        ("failover.stop_reason", "none"),
     ];
-    let turns_before = counter(metric::TURNS, &first_try);
+    let turns_before = counter("failover.turns", &first_try);
     for (i, stream) in [false, true, false].into_iter().enumerate() {
         let response = failover
             .clone()
@@ -560,42 +559,42 @@ async fn clean_turns_on_one_stack_are_each_counted() {
         assert_eq!(run.outcome(), Some(TurnOutcome::FirstTry));
     }
     let clean = [
-        (attr::FAILOVER_TARGET, "cache-target"),
-        (attr::FAILOVER_CLASS, "none"),
-        (attr::FAILOVER_PHASE, "committed"),
-        (attr::FAILOVER_DECISION, "committed"),
+        ("failover.target", "cache-target"),
+        ("failover.class", "none"),
+        ("failover.phase", "committed"),
+        ("failover.decision", "committed"),
     ];
-    assert_eq!(counter(metric::ATTEMPTS, &clean), 3);
+    assert_eq!(counter("failover.attempts", &clean), 3);
     let operation = [
-        (attr::GEN_AI_OPERATION_NAME, "chat"),
-        (attr::GEN_AI_PROVIDER_NAME, "cache-provider"),
-        (attr::FAILOVER_TARGET, "cache-target"),
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.provider.name", "cache-provider"),
+        ("failover.target", "cache-target"),
     ];
-    assert_eq!(samples(metric::OPERATION_DURATION, &operation), 3);
+    assert_eq!(samples("gen_ai.client.operation.duration", &operation), 3);
     // A first output is timed on the stream only.
-    assert_eq!(samples(metric::TIME_TO_FIRST_TOKEN, &operation), 1);
+    assert_eq!(samples("gen_ai.server.time_to_first_token", &operation), 1);
     // The two whole answers report usage; the stream's was not asked for.
     let input = [
-        (attr::FAILOVER_TARGET, "cache-target"),
-        (attr::GEN_AI_TOKEN_TYPE, "input"),
+        ("failover.target", "cache-target"),
+        ("gen_ai.token.type", "input"),
     ];
     let output = [
-        (attr::FAILOVER_TARGET, "cache-target"),
-        (attr::GEN_AI_TOKEN_TYPE, "output"),
+        ("failover.target", "cache-target"),
+        ("gen_ai.token.type", "output"),
     ];
-    assert!(samples(metric::TOKEN_USAGE, &input) >= 2);
+    assert!(samples("gen_ai.client.token.usage", &input) >= 2);
     assert_eq!(
-        samples(metric::TOKEN_USAGE, &input),
-        samples(metric::TOKEN_USAGE, &output)
+        samples("gen_ai.client.token.usage", &input),
+        samples("gen_ai.client.token.usage", &output)
     );
     // No failure was recorded under this target.
     assert_eq!(
         samples(
-            metric::BYTES_FLUSHED_BEFORE_FAILURE,
-            &[(attr::FAILOVER_TARGET, "cache-target")]
+            "failover.bytes_flushed_before_failure",
+            &[("failover.target", "cache-target")]
         ),
         0
     );
     // Other tests' turns count under the same key meanwhile: at least ours.
-    assert!(counter(metric::TURNS, &first_try) - turns_before >= 3);
+    assert!(counter("failover.turns", &first_try) - turns_before >= 3);
 }

@@ -17,7 +17,6 @@ use tower_llm_failover::action::{
     ActionError, ActionExecutorLayer, Disposition, MemoryStore, Reconciliation, ToolCall,
     reconcile_fn,
 };
-use tower_llm_failover::{observe::attr, observe::metric};
 
 type Executor = tower::util::BoxCloneService<ToolCall, Value, ActionError>;
 
@@ -146,9 +145,9 @@ fn actions_are_counted_by_state_including_unknown_and_reconciled() {
     });
 
     let c = counters(&recorder);
-    let state = attr::FAILOVER_ACTION_STATE;
-    let cause = attr::FAILOVER_ACTION_CAUSE;
-    let actions = |s: &str, why: &str| get(&c, metric::ACTIONS, &[(state, s), (cause, why)]);
+    let state = "failover.action.state";
+    let cause = "failover.action.cause";
+    let actions = |s: &str, why: &str| get(&c, "failover.actions", &[(state, s), (cause, why)]);
     // Started: every claim that ran the effect (ok-1, slow, ambiguous,
     // final, broken-slow), and the reconciled re-run of `ambiguous`.
     assert_eq!(actions("running", "claim"), 5, "{c:#?}");
@@ -158,14 +157,14 @@ fn actions_are_counted_by_state_including_unknown_and_reconciled() {
     assert_eq!(actions("unknown", "timeout"), 2, "{c:#?}");
     assert_eq!(actions("unknown", "effect_error"), 1, "{c:#?}");
     assert_eq!(actions("failed", "fail"), 1, "{c:#?}");
-    let replays = |s: &str| get(&c, metric::ACTION_REPLAYS, &[(state, s)]);
+    let replays = |s: &str| get(&c, "failover.action.replays", &[(state, s)]);
     assert_eq!(replays("succeeded"), 1, "{c:#?}");
     assert_eq!(replays("failed"), 1, "{c:#?}");
     let answers = |a: &str| {
         get(
             &c,
-            metric::ACTION_RECONCILIATIONS,
-            &[(attr::FAILOVER_ACTION_ANSWER, a)],
+            "failover.action.reconciliations",
+            &[("failover.action.answer", a)],
         )
     };
     assert_eq!(answers("succeeded"), 1, "{c:#?}");
@@ -174,7 +173,7 @@ fn actions_are_counted_by_state_including_unknown_and_reconciled() {
     // Nothing else was counted.
     let total: u64 = c
         .iter()
-        .filter(|((name, _), _)| name == metric::ACTIONS)
+        .filter(|((name, _), _)| name == "failover.actions")
         .map(|(_, n)| n)
         .sum();
     assert_eq!(total, 13, "{c:#?}");

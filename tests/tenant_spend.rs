@@ -11,13 +11,17 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_llm_failover::{Cost, budget::Budget, budget::BudgetLayer, budget::MemorySpendStore, budget::Pricing, budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture, budget::SpendStore, budget::SpendWindow, budget::TenantSpend, budget::TurnBudget};
-use tower_llm_failover::{FailureClass, Phase};
-use tower_llm_failover::{Usage, dialect::Dialect, dialect::OpenAiChat};
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tower_llm_failover::{
+    Cost, budget::Budget, budget::BudgetLayer, budget::MemorySpendStore, budget::Pricing,
+    budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture,
+    budget::SpendStore, budget::SpendWindow, budget::TenantSpend, budget::TurnBudget,
+};
+use tower_llm_failover::{FailureClass, Phase};
+use tower_llm_failover::{Usage, dialect::Dialect, dialect::OpenAiChat};
 
 /// Output tokens a request asks for at most: what a whole answer cut
 /// before its head is charged.

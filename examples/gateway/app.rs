@@ -26,17 +26,23 @@ use axum::routing::{get, post};
 use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::{Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
-use tower_llm_failover::{failover::Capabilities, failover::CommitWindow, failover::Failover, failover::Strategy, failover::Target, health::CooldownPolicy, health::HealthStore, health::KeyState};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::ReadLimitError;
 use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamStateLayer;
+use tower_llm_failover::{
+    Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget,
+    budget::RetryBudgetConfig,
+};
+use tower_llm_failover::{
+    failover::Capabilities, failover::CommitWindow, failover::Failover, failover::Strategy,
+    failover::Target, health::CooldownPolicy, health::HealthStore, health::KeyState,
+};
 
 // Connection and request limits, and graceful shutdown.
 #[path = "serve.rs"]

@@ -35,12 +35,14 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tower_llm_failover::{Cost, budget::SpendCeilings, budget::SpendStore, budget::SpendWindow, budget::TenantSpend};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::Requirements;
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
 use tower_llm_failover::limit::{
     MemoryRateLimits, PerMinute, RateDecision, RateLimitStore, retry_after_seconds,
+};
+use tower_llm_failover::{
+    Cost, budget::SpendCeilings, budget::SpendStore, budget::SpendWindow, budget::TenantSpend,
 };
 
 use super::pattern_matches;

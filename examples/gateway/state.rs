@@ -9,8 +9,11 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
-use tower_llm_failover::{Cost, budget::MemorySpendStore, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow, budget::TenantSpend};
 use tower_llm_failover::FailureClass;
+use tower_llm_failover::{
+    Cost, budget::MemorySpendStore, budget::RetryBudget, budget::RetryBudgetConfig,
+    budget::SpendStore, budget::SpendWindow, budget::TenantSpend,
+};
 use tower_llm_failover::{health::CooldownPolicy, health::HealthStore, health::MemoryHealthStore};
 
 /// `[state]`.

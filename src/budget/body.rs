@@ -9,9 +9,9 @@ use pin_project_lite::pin_project;
 
 use crate::Phase;
 
-use crate::DeadlineExceeded;
 use super::turn::TurnBudget;
 use crate::BoxError;
+use crate::DeadlineExceeded;
 use crate::time::Alarm;
 
 pin_project! {

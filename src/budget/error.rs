@@ -2,7 +2,6 @@
 
 use std::error::Error as StdError;
 
-
 use super::turn::BudgetExhausted;
 
 impl BudgetExhausted {

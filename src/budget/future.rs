@@ -11,13 +11,13 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep_until};
 
-use crate::{FailureClass, Phase};
 use crate::dialect::{Dialect, ErrorReply};
+use crate::{FailureClass, Phase};
 
 use super::body::BudgetBody;
 use super::cost::{Pricing, ReportedUsage};
-use crate::DeadlineExceeded;
 use super::turn::{BudgetExhausted, TurnBudget};
+use crate::DeadlineExceeded;
 
 pin_project! {
     /// Response future of [`Budget`](super::Budget): the inner call raced

@@ -7,11 +7,11 @@ use tower_layer::Layer;
 
 use super::backoff::Backoff;
 use super::cost::Pricing;
-use crate::Cost;
 use super::retry_budget::RetryBudget;
 use super::service::Budget;
 use super::spend::TenantSpend;
 use super::turn::TurnLimits;
+use crate::Cost;
 use crate::dialect::DefaultDialect;
 
 /// Applies a per-turn [`TurnBudget`](super::TurnBudget) to every request:

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::Cost;
 use crate::BoxError;
+use crate::Cost;
 use crate::identity::ClientId;
 
 /// A boxed, `Send` future, so [`SpendStore`] stays object safe.

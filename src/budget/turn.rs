@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::backoff::{Backoff, Delay};
-use crate::Cost;
 use super::retry_budget::RetryBudget;
 use super::spend::{SpendCeilings, TenantLedger, TenantRefusal, TenantSpend};
+use crate::Cost;
 use crate::identity::ClientId;
 use crate::{TurnDeadline, TurnId};
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::sanitize::sanitize_message;
 use super::Classification;
+use super::sanitize::sanitize_message;
 use crate::{FailureClass, Phase};
 
 /// A failed upstream call, classified.

@@ -124,7 +124,7 @@ pub use self::retry_after::{
 };
 pub use self::sanitize::{MAX_MESSAGE_CHARS, REDACTED, sanitize_message};
 pub use self::service::Classify;
-pub use self::transport::{ConnectionCheck, FailedCheck};
 #[cfg(feature = "tower-http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower-http")))]
 pub use self::tower_http::TowerHttpClassifier;
+pub use self::transport::{ConnectionCheck, FailedCheck};

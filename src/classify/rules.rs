@@ -22,8 +22,8 @@
 //! in-band, with no status, do they pick between `InvalidRequest` and
 //! `ServerError`.
 
-use crate::FailureClass::{self, *};
 use super::body::ErrorBody;
+use crate::FailureClass::{self, *};
 
 /// OpenAI codes meaning "retrying does not restore access" (row 2).
 const QUOTA_CODES: &[&str] = &[

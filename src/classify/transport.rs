@@ -5,8 +5,8 @@ use crate::classify::Note;
 use std::error::Error;
 use std::io;
 
-use super::error::UpstreamError;
 use super::Classification;
+use super::error::UpstreamError;
 use crate::{FailureClass, Phase};
 
 /// A connection check that failed before the request reached the

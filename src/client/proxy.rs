@@ -262,9 +262,9 @@ impl Service<Uri> for UpstreamConnector {
             .to_owned();
         if proxy_uri.scheme() != Some(&Scheme::HTTP) {
             let scheme = proxy_uri.scheme_str().unwrap_or_default().to_owned();
-            return Box::pin(
-                async move { Err(FailedCheck::new(ProxyError::UnsupportedScheme { proxy, scheme }).into()) },
-            );
+            return Box::pin(async move {
+                Err(FailedCheck::new(ProxyError::UnsupportedScheme { proxy, scheme }).into())
+            });
         }
         let mut tunnel = Tunnel::new(proxy_uri, self.http.clone());
         if let Some(auth) = intercept.basic_auth() {
@@ -295,23 +295,23 @@ impl ProxyError {
     fn check(&self) -> (Note, &'static str) {
         use ProxyError as P;
         match self {
-        P::Unreachable { .. } => (Note::ProxyUnreachable, "egress proxy: cannot connect to it"),
-        P::Refused { .. } => (
-            Note::ProxyRefused,
-            "egress proxy: it refused to open a tunnel to the upstream",
-        ),
-        P::AuthRequired { .. } => (
-            Note::ProxyAuthRequired,
-            "egress proxy: it wants credentials (407)",
-        ),
-        P::UnsupportedScheme { .. } => (
-            Note::ProxyUnsupported,
-            "egress proxy: only http:// CONNECT proxies are supported",
-        ),
-        _ => (
-            Note::ProxyFailed,
-            "egress proxy: the CONNECT tunnel broke off",
-        ),
+            P::Unreachable { .. } => (Note::ProxyUnreachable, "egress proxy: cannot connect to it"),
+            P::Refused { .. } => (
+                Note::ProxyRefused,
+                "egress proxy: it refused to open a tunnel to the upstream",
+            ),
+            P::AuthRequired { .. } => (
+                Note::ProxyAuthRequired,
+                "egress proxy: it wants credentials (407)",
+            ),
+            P::UnsupportedScheme { .. } => (
+                Note::ProxyUnsupported,
+                "egress proxy: only http:// CONNECT proxies are supported",
+            ),
+            _ => (
+                Note::ProxyFailed,
+                "egress proxy: the CONNECT tunnel broke off",
+            ),
         }
     }
 }

@@ -17,9 +17,9 @@ use crate::time::Alarm;
 use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
-use crate::{Phase, classify::Classification};
 use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, StreamMemo, TerminalError};
 use crate::sse::{SseItem, SseScanner};
+use crate::{Phase, classify::Classification};
 
 pin_project! {
     /// A response body run through the commit machine (see the

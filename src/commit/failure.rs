@@ -83,10 +83,8 @@ pub(crate) fn classify(
         FailureKind::FirstOutput => Classification::timeout(phase, "the first output")
             .with_recovery(crate::Decision::Reroute),
         FailureKind::HeldOversize => Classification::oversize(phase, "held-back preamble"),
-        FailureKind::Shutdown => {
-            Classification::new(crate::FailureClass::Shutdown, phase)
-                .with_message("the gateway is shutting down")
-        }
+        FailureKind::Shutdown => Classification::new(crate::FailureClass::Shutdown, phase)
+            .with_message("the gateway is shutting down"),
     };
     classifier.apply_overrides(provider, classification)
 }

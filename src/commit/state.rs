@@ -3,8 +3,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::time::Instant;
 
-use crate::{FailureClass, Phase};
 use crate::Usage;
+use crate::{FailureClass, Phase};
 
 /// Where a stream is (its [`Phase`]: preamble or committed) or how it
 /// ended. Failover is legal only in [`StreamStatus::Preamble`].

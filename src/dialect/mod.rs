@@ -48,8 +48,8 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::{FailureClass, Phase, Usage};
 use crate::sse::SseEvent;
+use crate::{FailureClass, Phase, Usage};
 
 pub use anthropic::{AnthropicMessages, MessagesRequest};
 pub use openai::{ChatRequest, OpenAiChat};

@@ -15,17 +15,19 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::FailoverBody;
-use crate::Decision;
-use crate::health::{FailureReport, SuccessReport};
 use super::later;
 use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
 use crate::BoxError;
+use crate::Decision;
 use crate::budget::TurnBudget;
-use crate::{FailureClass, Phase, classify::Classification, classify::Classify, classify::RateLimitHeaders};
 use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState, StreamStatus};
-use crate::{Usage, dialect::Dialect};
+use crate::health::{FailureReport, SuccessReport};
 use crate::observe::TurnRecord;
+use crate::{
+    FailureClass, Phase, classify::Classification, classify::Classify, classify::RateLimitHeaders,
+};
+use crate::{Usage, dialect::Dialect};
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B, D> {

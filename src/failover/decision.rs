@@ -62,9 +62,7 @@ pub(super) fn decide(
             // wait: retrying it would only find it resting.
             RetryDelay::Wait(after) if cooldown.is_some_and(|c| c > after) => Step::Reroute,
             // Another target answers sooner than a long wait on this one.
-            RetryDelay::Wait(after) if others_left.is_some_and(|max| after > max) => {
-                Step::Reroute
-            }
+            RetryDelay::Wait(after) if others_left.is_some_and(|max| after > max) => Step::Reroute,
             RetryDelay::Wait(after) => Step::RetrySame { after },
             // A wait past the deadline or longer than any we honour is not
             // taken: reroute now (or stop if nothing is left).

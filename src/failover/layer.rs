@@ -2,10 +2,10 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::health::MemoryHealthStore;
 use super::service::{Failover, FailoverBuilder};
 use super::target::Target;
 use crate::dialect::{DefaultDialect, Dialect};
+use crate::health::MemoryHealthStore;
 
 /// Makes the wrapped service the primary target of a [`Failover`], with the
 /// backups and settings of a [`FailoverBuilder`].

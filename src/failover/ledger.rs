@@ -6,10 +6,10 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::Decision;
+use crate::Usage;
+use crate::commit::StreamState;
 use crate::{Cost, budget::Pricing, budget::TurnBudget};
 use crate::{FailureClass, Phase};
-use crate::commit::StreamState;
-use crate::Usage;
 use crate::{observe::AttemptRecord, observe::TurnRecord};
 
 /// Who made an attempt and when: what every record of it starts from.
@@ -49,6 +49,7 @@ impl AttemptStart {
             message: None,
             rate_limits: Default::default(),
             decision,
+            retry_wait: None,
         }
     }
 }
@@ -76,7 +77,11 @@ pub(super) struct Unfinished<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    pub(super) fn new(run: &'a TurnRecord, start: AttemptStart, unfinished: Unfinished<'a>) -> Self {
+    pub(super) fn new(
+        run: &'a TurnRecord,
+        start: AttemptStart,
+        unfinished: Unfinished<'a>,
+    ) -> Self {
         Self {
             run,
             start: Some(start),

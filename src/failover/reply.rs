@@ -11,9 +11,9 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::body::FailoverBody;
 use crate::budget::{BudgetExhausted, TurnBudget};
-use crate::{FailureClass, classify::Classification};
 use crate::dialect::{Dialect, ErrorReply};
 use crate::observe::TurnRecord;
+use crate::{FailureClass, classify::Classification};
 
 /// Headers and extensions every answer of a turn carries.
 pub(super) fn finish<B, D>(

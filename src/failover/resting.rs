@@ -1,8 +1,8 @@
 //! The targets a turn skipped because they rest, and the one probe it may
 //! send to them when nothing else is left.
 
-use crate::health::Availability;
 use super::target::Target;
+use crate::health::Availability;
 
 /// Targets a turn skipped because they rest, and the one probe it may send
 /// to them when nothing else is left ("never refuse while the turn can

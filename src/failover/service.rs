@@ -13,7 +13,6 @@ use tower_service::Service;
 
 use super::body::FailoverBody;
 use super::headers::HeaderPolicy;
-use crate::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use super::select::Strategy;
 use super::shared::{Shared, Timeouts};
 use super::target::Target;
@@ -22,6 +21,7 @@ use crate::budget::TurnLimits;
 use crate::classify::Classifier;
 use crate::commit::CommitWindow;
 use crate::dialect::{DefaultDialect, Dialect};
+use crate::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
 use crate::stream::StreamStateLayer;
 
 /// Zero-token failover across targets: a Tower service for the requests of

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::headers::HeaderPolicy;
-use crate::health::{HealthStore, ScopeRules};
 use super::select::Strategy;
 use super::target::Target;
 use crate::budget::TurnLimits;
 use crate::classify::{Classifier, Classify};
 use crate::commit::{CommitWindow, InspectConfig};
+use crate::health::{HealthStore, ScopeRules};
 
 /// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

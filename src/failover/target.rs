@@ -9,8 +9,8 @@ use http_body_util::{BodyExt, Full};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
-use crate::{Cost, budget::Pricing};
 use crate::classify::{Classifier, Classify, ClassifyLayer};
+use crate::{Cost, budget::Pricing};
 
 use crate::dialect::{Requirements, ResponseFormat};
 

@@ -15,7 +15,6 @@ use tracing::Instrument;
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Step, decide};
-use crate::health::{Admitted, FailureReport, Scope};
 use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
 use super::reply;
 use super::resting::Resting;
@@ -23,13 +22,16 @@ use super::select::{Candidate, Selector};
 use super::shared::Shared;
 use super::upstream;
 use crate::BoxError;
+use crate::commit::StreamState;
+use crate::health::{Admitted, FailureReport, Scope};
+use crate::identity::ClientId;
+use crate::observe;
 use crate::{Cost, budget::BudgetExhausted, budget::TurnBudget};
 use crate::{Decision, FailureClass, classify::Classification};
-use crate::commit::StreamState;
-use crate::{Usage, dialect::Dialect, dialect::ErrorReply, dialect::ParsedRequest, dialect::Requirements};
-use crate::identity::ClientId;
 use crate::{StopReason, observe::TurnRecord, util::log_safe};
-use crate::observe;
+use crate::{
+    Usage, dialect::Dialect, dialect::ErrorReply, dialect::ParsedRequest, dialect::Requirements,
+};
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -524,6 +526,9 @@ where
         // Every failure here is before commit: nothing reached the client
         // (bytes_flushed stays 0).
         let mut record = attempt.start.record(step.decision());
+        if let Step::RetrySame { after } = step {
+            record.retry_wait = Some(after);
+        }
         record.class = Some(failure.class);
         record.phase = Some(failure.phase);
         record.status = failure.status.map(|s| s.as_u16());
@@ -554,9 +559,7 @@ where
         match step {
             // A request error: the provider's own message and status, never
             // sent elsewhere.
-            Step::Stop if request_error => {
-                Next::Stop(reply::classified(&shared.dialect, &failure))
-            }
+            Step::Stop if request_error => Next::Stop(reply::classified(&shared.dialect, &failure)),
             Step::Stop => {
                 let note = if failure.class == FailureClass::ContextLengthExceeded {
                     "no target with a larger context window remains".to_owned()

@@ -3,8 +3,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-
-
 use crate::FailureClass;
 use crate::classify::Note;
 

@@ -1,11 +1,14 @@
 //! The in-memory store: one process's view, and the local view a shared
 //! backend keeps beside its shared state.
 
+use super::{
+    Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore,
+    KeyState, Scope, SuccessReport,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
-use super::{Admission, Availability, CooldownPolicy, FailureReport, HealthKey, HealthSnapshot, HealthStore, KeyState, Scope, SuccessReport};
 
 use tokio::time::Instant;
 
@@ -312,7 +315,9 @@ impl MemoryHealthStore {
         let Some(entry) = self.entry(&mut map, key) else {
             return;
         };
-        entry.cooling_until = shared.cooling_left.map(|left| crate::time::later(now, left));
+        entry.cooling_until = shared
+            .cooling_left
+            .map(|left| crate::time::later(now, left));
         // A probe out for `left` more started `probe_timeout - left` ago.
         entry.probe_started = shared.probe_left.map(|left| {
             let age = probe_timeout.saturating_sub(left);

@@ -66,4 +66,3 @@ pub fn record_health_labelled(store: &dyn HealthStore, configured: &dyn Fn(&str)
         }
     }
 }
-

@@ -2,9 +2,6 @@
 
 use std::time::Duration;
 
-
-
-
 /// When a failing key rests, and for how long.
 ///
 /// - **Account scope** cools at once, for the provider's retry hint or

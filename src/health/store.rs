@@ -1,9 +1,9 @@
 //! The backend trait and the words it speaks.
 
+use super::{HealthKey, Scope};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use super::{HealthKey, Scope};
 
 use tokio::time::Instant;
 

@@ -5,12 +5,12 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
-pub(crate) use crate::classify::RateLimitHeaders;
-use crate::{FailureClass, Phase};
-use crate::Usage;
 use crate::Decision;
+use crate::Usage;
+pub(crate) use crate::classify::RateLimitHeaders;
 use crate::util::log_safe;
 use crate::{Cost, StopReason, TurnId, TurnOutcome};
+use crate::{FailureClass, Phase};
 
 /// Response header with the number of upstream attempts the turn made.
 pub const ATTEMPTS_HEADER: &str = "x-failover-attempts";
@@ -67,6 +67,8 @@ pub struct AttemptRecord {
     pub rate_limits: RateLimitHeaders,
     /// The decision taken.
     pub decision: Decision,
+    /// For [`Decision::RetrySame`]: the wait taken before the retry.
+    pub retry_wait: Option<Duration>,
 }
 
 impl AttemptRecord {
@@ -408,4 +410,3 @@ fn emit(
     );
     crate::observe::attempt_ended(r, span, meters);
 }
-

@@ -2,7 +2,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-
 /// Span names (the `tracing` span name; `otel.name` carries the
 /// conventions' `chat {model}`).
 pub(crate) mod span {
@@ -201,7 +200,6 @@ pub fn describe_metrics() {
         "Reconciler answers about unknown tool actions."
     );
 }
-
 
 /// A cooldown started on a key of `provider`, charged to `scope`.
 pub(crate) fn cooldown_started(provider: &str, scope: &'static str) {
@@ -447,10 +445,7 @@ pub(crate) fn attempt_ended(
         }
         if let Some(usage) = r.usage.filter(|_| !r.estimated) {
             span.record(attr::GEN_AI_USAGE_INPUT_TOKENS, int(usage.input_tokens));
-            span.record(
-                attr::GEN_AI_USAGE_OUTPUT_TOKENS,
-                int(usage.output_tokens),
-            );
+            span.record(attr::GEN_AI_USAGE_OUTPUT_TOKENS, int(usage.output_tokens));
         }
         if let Some(status) = r.status {
             span.record(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(status));

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
 use crate::action::{
     ActionId, ActionRecord, ActionState, ActionStore, ArgumentsDigest, BoxFuture, Claim,
-    ClaimRequest, Claimed, Reconciliation, FenceToken, StateKind, StoreError, StoredError,
+    ClaimRequest, Claimed, FenceToken, Reconciliation, StateKind, StoreError, StoredError,
     Transition,
 };
 

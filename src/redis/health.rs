@@ -13,7 +13,11 @@ use tokio::sync::{mpsc, oneshot};
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
 use crate::FailureClass;
 use crate::health::FleetState;
-use crate::{health::Admission, health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthSnapshot, health::HealthStore, health::MemoryHealthStore, health::Scope, health::SuccessReport};
+use crate::{
+    health::Admission, health::Availability, health::CooldownPolicy, health::FailureReport,
+    health::HealthKey, health::HealthSnapshot, health::HealthStore, health::MemoryHealthStore,
+    health::Scope, health::SuccessReport,
+};
 
 /// Transitions waiting to be shipped; past this, new ones are applied
 /// locally only (and counted in [`RedisHealthStats::dropped`]).

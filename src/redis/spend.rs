@@ -6,7 +6,10 @@ use ::redis::Script;
 use ::redis::aio::ConnectionLike;
 
 use super::{DEFAULT_PREFIX, is_unavailable, millis};
-use crate::{Cost, budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture, budget::SpendStore, budget::SpendWindow, budget::settle_delta};
+use crate::{
+    Cost, budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture,
+    budget::SpendStore, budget::SpendWindow, budget::settle_delta,
+};
 
 /// The window's counter at Redis' clock (`window_key()`), prepended to
 /// each script.

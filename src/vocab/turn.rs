@@ -146,7 +146,6 @@ impl StopReason {
     }
 }
 
-
 /// The turn's deadline, as a request extension.
 ///
 /// The budget layer inserts it when it starts a turn; the stream layer and

@@ -125,9 +125,9 @@ impl Dialect for AnthropicMessages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Usage, dialect::BodyFault, dialect::ChunkKind};
     use crate::Phase;
     use crate::sse::{SseItem, SseScanner};
+    use crate::{Usage, dialect::BodyFault, dialect::ChunkKind};
 
     /// (event name, kind, finish reason, usage) of every event.
     type Read = (String, ChunkKind, Option<String>, Option<Usage>);

@@ -7,8 +7,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::reply::error_type;
-use crate::{Usage, dialect::Chunk, dialect::ChunkIdentity, dialect::ChunkKind, dialect::TerminalError, dialect::TerminalMode};
 use crate::sse::SseEvent;
+use crate::{
+    Usage, dialect::Chunk, dialect::ChunkIdentity, dialect::ChunkKind, dialect::TerminalError,
+    dialect::TerminalMode,
+};
 
 /// The end of a successful stream.
 pub(super) const MESSAGE_STOP: &[u8] =

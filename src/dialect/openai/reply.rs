@@ -6,8 +6,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::{Usage, dialect::AnswerFacts, dialect::BodyCheck, dialect::BodyFault, dialect::ErrorReply};
 use crate::FailureClass;
+use crate::{
+    Usage, dialect::AnswerFacts, dialect::BodyCheck, dialect::BodyFault, dialect::ErrorReply,
+};
 
 /// The OpenAI error `type` of a failure class.
 pub(super) fn error_type(class: FailureClass) -> &'static str {
