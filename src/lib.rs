@@ -59,7 +59,7 @@
 //! skips those whose health key rests, and sends each attempt the client's
 //! bytes with the target's model spliced in, through a
 //! [`ClassifyLayer`](classify::ClassifyLayer) that names every failure. A
-//! streamed answer runs through one [`CommitBody`](commit::CommitBody):
+//! streamed answer runs through one [`StreamStateBody`](commit::StreamStateBody):
 //! held back until the commit window, so an attempt that fails before then
 //! is rerouted and the client never sees it; then released, frame for frame
 //! the same bytes, ending with the dialect's terminal event if the stream
@@ -78,6 +78,7 @@
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_llm_failover::budget::BudgetLayer;
 //! use tower_llm_failover::failover::{Capabilities, Failover, Target};
+//! use tower_llm_failover::stream::StreamPolicy;
 //! use tower_llm_failover::testing::{chunks, FakeProvider, Reply, Step};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -97,7 +98,7 @@
 //!             .model("backup-model")
 //!             .capabilities(Capabilities::default().context_window(200_000)),
 //!     )
-//!     .idle_timeout(Duration::from_secs(30))
+//!     .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(30)))
 //!     .max_retries_per_target(0)
 //!     .build();
 //! let gateway = ServiceBuilder::new()
@@ -134,7 +135,6 @@ pub mod classify;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
-pub mod commit;
 pub mod dialect;
 pub mod failover;
 pub mod health;

@@ -19,8 +19,8 @@ use tower_llm_failover::{
 };
 use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::{
-    failover::Capabilities, failover::CommitWindow, failover::Failover, failover::FailoverBuilder,
-    failover::Strategy, failover::Target, health::Availability, health::CooldownPolicy,
+    failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
+    failover::Target, health::Availability, health::CooldownPolicy, stream::CommitWindow,
 };
 
 const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on requests per min.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;

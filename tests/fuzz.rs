@@ -26,6 +26,7 @@ use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseItem, SseScanner};
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::StreamStateLayer;
 use tower_llm_failover::testing::{Step, sse_response};
 use tower_llm_failover::{Phase, classify::Classifier};
@@ -117,9 +118,11 @@ fn through_commit_machine(frames: Vec<Bytes>) -> Vec<u8> {
         });
         let response = ServiceBuilder::new()
             .layer(
-                StreamStateLayer::new()
-                    .max_line_bytes(4096)
-                    .max_event_bytes(8192),
+                StreamStateLayer::new().policy(
+                    StreamPolicy::new()
+                        .max_line_bytes(4096)
+                        .max_event_bytes(8192),
+                ),
             )
             .service(upstream)
             .oneshot(Request::new(()))

@@ -23,6 +23,7 @@ use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::testing::upstream::FakeUpstream;
 use tower_llm_failover::testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
@@ -389,7 +390,7 @@ async fn a_non_streaming_body_that_stalls_is_rerouted_at_the_idle_timeout() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .idle_timeout(Duration::from_secs(2))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(2)))
         .build();
     let started = Instant::now();
     let answer = send(&failover, request("gpt-x", false)).await;
@@ -421,7 +422,7 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .idle_timeout(Duration::from_secs(2))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(2)))
         .response_timeout(Some(Duration::from_secs(7)))
         .build();
     let started = Instant::now();

@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
 use tower_llm_failover::{
     failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability,
@@ -122,7 +123,7 @@ fn route(primary: &Models, backup: &Models, store: &Arc<MemoryHealthStore>) -> F
 fn builder(store: &Arc<MemoryHealthStore>) -> FailoverBuilder<Models> {
     Failover::builder()
         .health(store.clone())
-        .idle_timeout(Duration::from_secs(2))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(2)))
 }
 
 fn cooling_keys(store: &MemoryHealthStore) -> Vec<String> {
@@ -950,7 +951,7 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     )]);
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
-        .idle_timeout(Duration::from_secs(60))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
         .first_output_timeout(Duration::from_secs(40))
         .target(
             Target::new("primary", Models::new(&[("gpt-x", slow.clone())]))
@@ -972,7 +973,7 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     );
     // A target that sets none waits the builder's default (40 s).
     let failover = builder(&store)
-        .idle_timeout(Duration::from_secs(60))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
         .first_output_timeout(Duration::from_secs(40))
         .target(Target::new("primary", Models::new(&[("gpt-x", slow.clone())])).model("gpt-x"))
         .target(Target::new("backup", backup).model("backup-model"))

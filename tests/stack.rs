@@ -13,6 +13,7 @@ use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::{BudgetLayer, TurnBudget};
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks, sse_response};
 
@@ -32,7 +33,7 @@ async fn the_turn_deadline_ends_a_committed_stream_with_a_terminal_chunk() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .idle_timeout(Duration::from_secs(600))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(600)))
         .build();
     let service = ServiceBuilder::new()
         .layer(StreamStateLayer::new())
@@ -132,7 +133,7 @@ async fn a_stream_cut_at_the_turn_deadline_always_ends_with_its_terminal_chunk()
         FakeProvider::new("primary").always(Reply::tokens_then("primary", 2, vec![Step::Stall]));
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
-        .idle_timeout(Duration::from_secs(600))
+        .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(600)))
         .build();
     let service = ServiceBuilder::new()
         .layer(BudgetLayer::new().deadline(Duration::from_millis(30)))

@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::dialect::TerminalMode;
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
 use tower_llm_failover::testing::chunks::{self, content, done, finish, role};
 use tower_llm_failover::testing::{ScriptedBody, Step, json_response, sse_response};
@@ -183,7 +184,7 @@ async fn idle_stall_after_tokens_ends_at_the_idle_timeout() {
     steps.push(Step::Stall);
     let started = tokio::time::Instant::now();
     let (frames, state) = run(
-        StreamStateLayer::new().idle_timeout(Duration::from_secs(5)),
+        StreamStateLayer::new().policy(StreamPolicy::new().idle_timeout(Duration::from_secs(5))),
         steps,
     )
     .await;
@@ -209,7 +210,7 @@ async fn idle_timer_restarts_on_every_frame() {
         Step::Data(done()),
     ];
     let (_, state) = run(
-        StreamStateLayer::new().idle_timeout(Duration::from_secs(5)),
+        StreamStateLayer::new().policy(StreamPolicy::new().idle_timeout(Duration::from_secs(5))),
         steps,
     )
     .await;
@@ -255,7 +256,11 @@ async fn malformed_chunk_is_dropped_and_counted_and_the_stream_goes_on() {
 async fn too_many_malformed_chunks_fail_the_stream() {
     let bad = Bytes::from_static(b"data: nope\n\n");
     let steps = data([role("m"), content("m", "a"), bad.clone(), bad.clone(), bad]);
-    let (frames, state) = run(StreamStateLayer::new().max_malformed(2), steps).await;
+    let (frames, state) = run(
+        StreamStateLayer::new().policy(StreamPolicy::new().max_malformed(2)),
+        steps,
+    )
+    .await;
     let all = events(&concat(&frames));
     assert_eq!(terminal_json(&all[2])["error"]["code"], "invalid_response");
     assert_eq!(state.status(), StreamStatus::Failed);
@@ -396,7 +401,8 @@ async fn sse_response_loses_its_content_length() {
 async fn terminal_modes() {
     let steps = || data([role("m"), content("m", "a")]);
     let (frames, _) = run(
-        StreamStateLayer::new().terminal_mode(TerminalMode::FinishReasonOnly),
+        StreamStateLayer::new()
+            .policy(StreamPolicy::new().terminal_mode(TerminalMode::FinishReasonOnly)),
         steps(),
     )
     .await;
@@ -407,7 +413,7 @@ async fn terminal_modes() {
     assert_eq!(all[3], "data: [DONE]");
 
     let (frames, _) = run(
-        StreamStateLayer::new().terminal_mode(TerminalMode::ErrorEvent),
+        StreamStateLayer::new().policy(StreamPolicy::new().terminal_mode(TerminalMode::ErrorEvent)),
         steps(),
     )
     .await;
@@ -415,7 +421,11 @@ async fn terminal_modes() {
     assert_eq!(all.len(), 3);
     assert!(all[2].starts_with("event: error\ndata: {\"error\":"));
 
-    let (frames, _) = run(StreamStateLayer::new().finish_reason("length"), steps()).await;
+    let (frames, _) = run(
+        StreamStateLayer::new().policy(StreamPolicy::new().finish_reason("length")),
+        steps(),
+    )
+    .await;
     let all = events(&concat(&frames));
     assert_eq!(
         terminal_json(&all[2])["choices"][0]["finish_reason"],
@@ -427,9 +437,11 @@ async fn terminal_modes() {
 async fn oversized_event_is_a_clear_failure() {
     let huge = Bytes::from(format!("data: {{\"x\":\"{}\"}}\n\n", "a".repeat(4096)));
     let (frames, state) = run(
-        StreamStateLayer::new()
-            .max_event_bytes(1024)
-            .max_line_bytes(1024),
+        StreamStateLayer::new().policy(
+            StreamPolicy::new()
+                .max_event_bytes(1024)
+                .max_line_bytes(1024),
+        ),
         data([role("m"), content("m", "a"), huge]),
     )
     .await;
@@ -489,7 +501,11 @@ async fn a_key_echoed_in_an_in_band_error_never_reaches_the_client() {
 #[tokio::test(start_paused = true)]
 async fn a_huge_idle_timeout_means_no_idle_timeout_not_a_panic() {
     let steps = data([role("m"), content("m", "a"), finish("m", "stop"), done()]);
-    let (frames, state) = run(StreamStateLayer::new().idle_timeout(Duration::MAX), steps).await;
+    let (frames, state) = run(
+        StreamStateLayer::new().policy(StreamPolicy::new().idle_timeout(Duration::MAX)),
+        steps,
+    )
+    .await;
     assert_eq!(events(&concat(&frames)).len(), 4);
     assert_eq!(state.status(), StreamStatus::Finished);
 }

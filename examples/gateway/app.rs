@@ -34,14 +34,14 @@ use tower_llm_failover::dialect::{
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::ReadLimitError;
 use tower_llm_failover::shutdown::Shutdown;
-use tower_llm_failover::stream::StreamStateLayer;
+use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
     Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget,
     budget::RetryBudgetConfig,
 };
 use tower_llm_failover::{
-    failover::Capabilities, failover::CommitWindow, failover::Failover, failover::Strategy,
-    failover::Target, health::CooldownPolicy, health::HealthStore, health::KeyState,
+    failover::Capabilities, failover::Failover, failover::Strategy, failover::Target,
+    health::CooldownPolicy, health::HealthStore, health::KeyState, stream::CommitWindow,
 };
 
 // Connection and request limits, and graceful shutdown.
@@ -574,7 +574,7 @@ impl Gateway {
             configured_models.extend(route.models.iter().cloned());
             configured_models.extend(route.targets.iter().filter_map(|t| t.model.clone()));
         }
-        let stream_layer = StreamStateLayer::new()
+        let stream_policy = StreamPolicy::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
 
@@ -589,7 +589,6 @@ impl Gateway {
                 .commit_window(commit)
                 .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
                 .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
-                .idle_timeout(Duration::from_millis(b.idle_timeout_ms))
                 .max_retries_per_target(f.max_retries_per_target)
                 .max_same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
                 .max_request_bytes(f.max_request_bytes)
@@ -598,7 +597,7 @@ impl Gateway {
                 .forward_request_headers(&f.forward_request_headers)
                 .forward_response_headers(&f.forward_response_headers)
                 .allow_anthropic_betas(&f.allow_anthropic_betas)
-                .stream(stream_layer.clone());
+                .stream_policy(stream_policy.clone());
             if let Some(ms) = b.head_timeout_ms {
                 builder = builder.head_timeout(Some(Duration::from_millis(ms)));
             }

@@ -21,13 +21,16 @@ use super::shared::Shared;
 use crate::BoxError;
 use crate::Decision;
 use crate::budget::TurnBudget;
-use crate::commit::{CommitBody, Hold, OnEnd, Release, StreamSnapshot, StreamState, StreamStatus};
 use crate::health::{FailureReport, SuccessReport};
 use crate::observe::TurnRecord;
 use crate::{
     FailureClass, Phase, classify::Classification, classify::Classify, classify::RateLimitHeaders,
 };
 use crate::{Usage, dialect::Dialect};
+use crate::{
+    stream::StreamSnapshot, stream::StreamState, stream::StreamStateBody, stream::StreamStatus,
+    stream::commit::Hold, stream::commit::OnEnd, stream::commit::Release,
+};
 
 /// What an attempt came to.
 pub(crate) enum Outcome<B, D> {
@@ -132,7 +135,10 @@ where
         Ok(Err(error)) => return failed(error.into_classification(), 0),
         Ok(Ok(response)) => response,
     };
-    match (plan.stream, crate::commit::is_event_stream(&response)) {
+    match (
+        plan.stream,
+        crate::stream::commit::is_event_stream(&response),
+    ) {
         (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
         (false, _) => receive_whole(shared, plan, budget, run, response).await,
         // A client reading a stream cannot read a whole JSON body: the
@@ -345,7 +351,7 @@ where
         first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),
         max_held_bytes: shared.max_held_bytes,
     };
-    let mut body = Box::pin(CommitBody::inspect(
+    let mut body = Box::pin(StreamStateBody::inspect(
         body,
         &shared.stream,
         state.clone(),

@@ -5,15 +5,15 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::commit::CommitBody;
 use crate::dialect::{DefaultDialect, Dialect};
+use crate::stream::StreamStateBody;
 
 use crate::BoxError;
 
 pin_project! {
     /// The response body of [`Failover`](super::Failover): a whole JSON body
     /// (a non-streaming answer or an error), or a committed stream: the
-    /// [commit machine](crate::commit)'s body that held the preamble back,
+    /// [commit machine](crate::stream::commit)'s body that held the preamble back,
     /// releasing it and then the rest of the upstream, so a later failure
     /// ends it cleanly.
     pub struct FailoverBody<B, D = DefaultDialect> {
@@ -26,7 +26,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B, D> {
         Full { bytes: Option<Bytes> },
-        Stream { body: Pin<Box<CommitBody<B, D>>> },
+        Stream { body: Pin<Box<StreamStateBody<B, D>>> },
     }
 }
 
@@ -37,7 +37,7 @@ impl<B, D> FailoverBody<B, D> {
         }
     }
 
-    pub(crate) fn stream(body: Pin<Box<CommitBody<B, D>>>) -> Self {
+    pub(crate) fn stream(body: Pin<Box<StreamStateBody<B, D>>>) -> Self {
         Self {
             kind: Kind::Stream { body },
         }

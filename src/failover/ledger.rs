@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::Decision;
 use crate::Usage;
-use crate::commit::StreamState;
+use crate::stream::StreamState;
 use crate::{Cost, budget::Pricing, budget::TurnBudget};
 use crate::{FailureClass, Phase};
 use crate::{observe::AttemptRecord, observe::TurnRecord};

@@ -6,7 +6,7 @@
 //! context window), orders them by a [`Strategy`], and runs attempts:
 //!
 //! - A streamed answer is held back until it commits — by default at the
-//!   first model output, or later per the [`CommitWindow`] — so every failure
+//!   first model output, or later per the [`CommitWindow`](crate::stream::CommitWindow) — so every failure
 //!   before that point (error status, transport error, in-band error,
 //!   malformed or truncated stream, no first output in time) is classified
 //!   and retried or rerouted, and the client sees only the winning attempt's
@@ -136,7 +136,6 @@ mod upstream;
 
 pub use body::FailoverBody;
 
-pub use crate::commit::CommitWindow;
 pub(crate) use crate::time::later;
 pub use headers::{
     DEFAULT_ANTHROPIC_BETAS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy,

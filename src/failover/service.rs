@@ -19,10 +19,11 @@ use super::target::Target;
 use crate::BoxError;
 use crate::budget::TurnLimits;
 use crate::classify::Classifier;
-use crate::commit::CommitWindow;
 use crate::dialect::{DefaultDialect, Dialect};
 use crate::health::{CooldownPolicy, HealthStore, MemoryHealthStore, ScopeRules};
-use crate::stream::StreamStateLayer;
+use crate::stream::CommitWindow;
+use crate::stream::StreamPolicy;
+use crate::stream::commit::InspectConfig;
 
 /// Zero-token failover across targets: a Tower service for the requests of
 /// one wire [`Dialect`] (OpenAI chat completions by default). See the
@@ -115,7 +116,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     max_retries_per_target: u32,
     max_same_target_wait: Duration,
     default_output_tokens: u64,
-    stream: StreamStateLayer<D>,
+    stream: StreamPolicy,
     health: Option<Arc<dyn HealthStore>>,
     scopes: ScopeRules,
     refuse_when_cooling: bool,
@@ -162,7 +163,7 @@ impl<S> FailoverBuilder<S> {
             max_retries_per_target: 2,
             max_same_target_wait: Duration::from_secs(5),
             default_output_tokens: 512,
-            stream: StreamStateLayer::new().idle_timeout(Duration::from_secs(30)),
+            stream: StreamPolicy::new().idle_timeout(Duration::from_secs(30)),
             health: None,
             scopes: ScopeRules::new(),
             refuse_when_cooling: false,
@@ -176,7 +177,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     /// error shapes. Targets must speak it.
     pub fn dialect<D2: Dialect>(self, dialect: D2) -> FailoverBuilder<S, D2> {
         FailoverBuilder {
-            stream: self.stream.dialect(dialect.clone()),
+            stream: self.stream,
             dialect,
             targets: self.targets,
             strategy: self.strategy,
@@ -309,15 +310,6 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// Longest gap between frames of an upstream body: of a stream, before
-    /// and after commit, and of a non-streaming answer while it is received
-    /// (a stall there is rerouted).
-    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.idle = timeout;
-        self.stream = self.stream.idle_timeout(timeout);
-        self
-    }
-
     /// Which headers cross the layer, each way (default
     /// [`HeaderPolicy::new`]). Replaces the lists set so far.
     pub fn header_policy(mut self, policy: HeaderPolicy) -> Self {
@@ -408,10 +400,11 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    /// How committed streams end after a failure (terminal mode, finish
-    /// reason, caps). Its idle timeout is replaced by this builder's.
-    pub fn stream(mut self, layer: StreamStateLayer<D>) -> Self {
-        self.stream = layer.idle_timeout(self.timeouts.idle);
+    /// How streams are ended and bounded: terminal mode, finish reason,
+    /// caps, and the idle timeout, which is also the longest gap inside a
+    /// non-streaming body (default 30 s; none: no idle limit).
+    pub fn stream_policy(mut self, policy: StreamPolicy) -> Self {
+        self.stream = policy;
         self
     }
 
@@ -434,10 +427,12 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             .into_iter()
             .map(|t| t.classified(&classifier))
             .collect();
-        let mut stream = self.stream.classifier(classifier.clone());
-        if let Some(signal) = self.shutdown.clone() {
-            stream = stream.shutdown(signal);
-        }
+        let mut stream = InspectConfig::new(self.dialect.clone());
+        stream.apply(&self.stream);
+        stream.classifier = classifier.clone();
+        stream.shutdown = self.shutdown.clone();
+        let mut timeouts = self.timeouts;
+        timeouts.idle = self.stream.idle().unwrap_or(Duration::MAX);
         Failover {
             shared: Arc::new(Shared {
                 dialect: self.dialect,
@@ -454,7 +449,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 classifier,
                 limits: self.limits,
                 commit: self.commit,
-                timeouts: self.timeouts,
+                timeouts,
                 headers: self.headers,
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
@@ -462,7 +457,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 max_retries_per_target: self.max_retries_per_target,
                 max_same_target_wait: self.max_same_target_wait,
                 default_output_tokens: self.default_output_tokens,
-                stream: Arc::new(stream.config().clone()),
+                stream: Arc::new(stream),
                 shutdown: self.shutdown,
             }),
         }

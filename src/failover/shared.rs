@@ -9,8 +9,8 @@ use super::select::Strategy;
 use super::target::Target;
 use crate::budget::TurnLimits;
 use crate::classify::{Classifier, Classify};
-use crate::commit::{CommitWindow, InspectConfig};
 use crate::health::{HealthStore, ScopeRules};
+use crate::{stream::CommitWindow, stream::commit::InspectConfig};
 
 /// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::StreamStateBody;
-use crate::commit::{BoxError, InspectConfig};
 use crate::dialect::Dialect;
+use crate::{stream::commit::BoxError, stream::commit::InspectConfig};
 
 pin_project! {
     /// Response future of [`StreamStateService`](super::StreamStateService).

@@ -1,13 +1,11 @@
-use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::StreamStateService;
+use super::commit::InspectConfig;
+use super::{StreamPolicy, StreamStateService};
 use crate::classify::Classifier;
-use crate::commit::InspectConfig;
-use crate::dialect::{DefaultDialect, TerminalMode};
+use crate::dialect::DefaultDialect;
 
 /// Wraps a service's `text/event-stream` responses in a
 /// [`StreamStateBody`](super::StreamStateBody) that tracks the commit point
@@ -42,37 +40,10 @@ impl<D> StreamStateLayer<D> {
         }
     }
 
-    pub(crate) fn config(&self) -> &InspectConfig<D> {
-        &self.config
-    }
-
-    /// How a failed stream is ended for the client.
-    pub fn terminal_mode(mut self, mode: TerminalMode) -> Self {
-        self.config.terminal_mode = mode;
-        self
-    }
-
-    /// The `finish_reason` of the terminal chunk (default `"error"`).
-    pub fn finish_reason(mut self, reason: impl Into<Cow<'static, str>>) -> Self {
-        self.config.finish_reason = reason.into();
-        self
-    }
-
-    /// Fails the stream when no frame arrives from upstream for this long.
-    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.config.idle_timeout = Some(timeout);
-        self
-    }
-
-    /// How many malformed chunks are dropped before the stream is failed.
-    pub fn max_malformed(mut self, count: u64) -> Self {
-        self.config.max_malformed = count;
-        self
-    }
-
-    /// Cap on one SSE line, in bytes.
-    pub fn max_line_bytes(mut self, limit: usize) -> Self {
-        self.config.max_line_bytes = limit;
+    /// How streams are ended and bounded (terminal mode, finish reason,
+    /// idle timeout, caps).
+    pub fn policy(mut self, policy: StreamPolicy) -> Self {
+        self.config.apply(&policy);
         self
     }
 
@@ -94,13 +65,6 @@ impl<D> StreamStateLayer<D> {
     /// when `signal` fires; see [`Shutdown`](crate::shutdown::Shutdown).
     pub fn shutdown(mut self, signal: crate::shutdown::Shutdown) -> Self {
         self.config.shutdown = Some(signal);
-        self
-    }
-
-    /// Cap on one SSE event, in bytes; also bounds the bytes of an
-    /// incomplete event held back from the client.
-    pub fn max_event_bytes(mut self, limit: usize) -> Self {
-        self.config.max_event_bytes = limit;
         self
     }
 }

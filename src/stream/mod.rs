@@ -60,17 +60,17 @@
 //! # }
 //! ```
 
+pub(crate) mod commit;
 mod future;
 mod layer;
+mod policy;
 mod service;
 
-pub use crate::commit::{
-    DEFAULT_MAX_MALFORMED, StreamFailure, StreamIdentity, StreamSnapshot, StreamState, StreamStatus,
+pub use commit::{
+    CommitWindow, StreamFailure, StreamIdentity, StreamSnapshot, StreamState, StreamStateBody,
+    StreamStatus,
 };
 pub use future::ResponseFuture;
 pub use layer::StreamStateLayer;
+pub use policy::StreamPolicy;
 pub use service::StreamStateService;
-
-/// The body of [`StreamStateService`]'s responses: the
-/// [commit machine](crate::commit)'s body, committing at the first output.
-pub type StreamStateBody<B, D> = crate::commit::CommitBody<B, D>;

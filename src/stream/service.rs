@@ -8,8 +8,8 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use crate::TurnDeadline;
-use crate::commit::{BoxError, InspectConfig};
 use crate::dialect::Dialect;
+use crate::{stream::commit::BoxError, stream::commit::InspectConfig};
 
 /// The service [`StreamStateLayer`](super::StreamStateLayer) produces.
 #[derive(Debug, Clone)]

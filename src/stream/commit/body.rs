@@ -31,7 +31,7 @@ pin_project! {
     /// an incomplete event is held back until its blank line arrives, and a
     /// failure after commit ends the stream with the dialect's terminal
     /// event instead of the upstream's remaining bytes.
-    pub struct CommitBody<B, D> {
+    pub struct StreamStateBody<B, D> {
         #[pin]
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
@@ -54,9 +54,9 @@ pin_project! {
     }
 }
 
-impl<B, D> std::fmt::Debug for CommitBody<B, D> {
+impl<B, D> std::fmt::Debug for StreamStateBody<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommitBody")
+        f.debug_struct("StreamStateBody")
             .field("inspected", &self.inspector.is_some())
             .finish_non_exhaustive()
     }
@@ -98,7 +98,7 @@ pub(crate) enum Release {
     },
 }
 
-impl<B, D> CommitBody<B, D>
+impl<B, D> StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -815,7 +815,7 @@ fn update_identity(local: &mut StreamIdentity, state: &StreamState, seen: &Chunk
     }
 }
 
-impl<B, D> CommitBody<B, D>
+impl<B, D> StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -926,7 +926,7 @@ where
     }
 }
 
-impl<B, D> Body for CommitBody<B, D>
+impl<B, D> Body for StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,

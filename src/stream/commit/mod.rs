@@ -1,7 +1,7 @@
 //! The commit machine: one inspector for every stream the crate touches.
 //!
 //! A streamed answer moves through three phases, **Preamble → Committed →
-//! Ended**. The [`CommitBody`] scans each upstream byte once with the SSE
+//! Ended**. The [`StreamStateBody`] scans each upstream byte once with the SSE
 //! scanner, asks the [`Dialect`](crate::dialect::Dialect) what each event
 //! is, and tracks the phase, the bytes flushed, output events, usage and the
 //! stream's identity in a [`StreamState`].
@@ -32,7 +32,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use body::CommitBody;
+pub use body::StreamStateBody;
 pub(crate) use body::{Hold, OnEnd, Release, is_event_stream};
 pub use state::{StreamFailure, StreamIdentity, StreamSnapshot, StreamState, StreamStatus};
 pub use window::CommitWindow;
@@ -43,7 +43,7 @@ use crate::dialect::TerminalMode;
 pub(crate) use crate::BoxError;
 
 /// Default number of malformed events dropped before a stream fails.
-pub const DEFAULT_MAX_MALFORMED: u64 = 3;
+pub(crate) const DEFAULT_MAX_MALFORMED: u64 = 3;
 
 /// How streams are inspected and ended: shared by every body of one layer.
 #[derive(Debug, Clone)]
@@ -75,6 +75,16 @@ impl<D> InspectConfig<D> {
             provider: None,
             shutdown: None,
         }
+    }
+
+    /// Takes a stream policy's settings.
+    pub(crate) fn apply(&mut self, policy: &super::StreamPolicy) {
+        self.terminal_mode = policy.terminal_mode;
+        self.finish_reason = policy.finish_reason.clone();
+        self.idle_timeout = policy.idle_timeout;
+        self.max_malformed = policy.max_malformed;
+        self.max_line_bytes = policy.max_line_bytes;
+        self.max_event_bytes = policy.max_event_bytes;
     }
 
     /// The same settings for another dialect.
