@@ -70,7 +70,8 @@ impl Shutdown {
     }
 
     /// Whether [`end_streams`](Self::end_streams) was called.
-    pub fn is_ending(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_ending(&self) -> bool {
         self.fired.load(Ordering::Acquire)
     }
 

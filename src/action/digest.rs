@@ -40,7 +40,7 @@ impl ArgumentsDigest {
 
     /// Reads a digest from its 64 lowercase or uppercase hex digits, as
     /// [`Display`](fmt::Display) writes it; `None` for anything else.
-    pub fn from_hex(hex: &str) -> Option<Self> {
+    pub(crate) fn from_hex(hex: &str) -> Option<Self> {
         let hex = hex.as_bytes();
         if hex.len() != 64 {
             return None;

@@ -67,12 +67,12 @@ impl<C> fmt::Debug for ActionExecutorLayer<C> {
 
 impl ActionExecutorLayer {
     /// Default time the effect may take before the action turns unknown.
-    pub const DEFAULT_EFFECT_TIMEOUT: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_EFFECT_TIMEOUT: Duration = Duration::from_secs(30);
     /// Default time a duplicate waits for a running action before it gets
     /// [`ActionError::InProgress`](super::ActionError::InProgress).
-    pub const DEFAULT_IN_PROGRESS_WAIT: Duration = Duration::from_secs(10);
+    pub(crate) const DEFAULT_IN_PROGRESS_WAIT: Duration = Duration::from_secs(10);
     /// Default margin added to the effect timeout for the claim's lease.
-    pub const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(5);
+    pub(crate) const DEFAULT_LEASE_GRACE: Duration = Duration::from_secs(5);
 
     /// A layer recording actions in `store`, without reconciler or schemas.
     pub fn new(store: Arc<dyn ActionStore>) -> Self {

@@ -135,7 +135,7 @@ impl Entry {
 
 impl MemoryStore {
     /// Default bound on records.
-    pub const DEFAULT_MAX_RECORDS: usize = 10_000;
+    pub(crate) const DEFAULT_MAX_RECORDS: usize = 10_000;
     /// Default time-to-live of finished records: 7 days. A resubmission of a
     /// finished action within it is answered from the record; after it, the
     /// effect runs again. Pick [`max_records`](Self::max_records) for the

@@ -201,7 +201,7 @@ impl ActionRecord {
     }
 
     /// Sets the digest of the arguments the action was claimed with.
-    pub fn with_arguments_digest(mut self, arguments: Option<ArgumentsDigest>) -> Self {
+    pub(crate) fn with_arguments_digest(mut self, arguments: Option<ArgumentsDigest>) -> Self {
         self.arguments = arguments;
         self
     }

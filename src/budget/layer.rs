@@ -133,11 +133,6 @@ impl<D> BudgetLayer<D> {
     pub fn tenant_spend(self, spend: TenantSpend) -> Self {
         self.update(|s| s.tenant = Some(spend))
     }
-
-    /// The limits each turn starts with.
-    pub fn turn_limits(&self) -> &TurnLimits {
-        &self.settings.limits
-    }
 }
 
 impl<S, D: Clone> Layer<S> for BudgetLayer<D> {

@@ -116,7 +116,7 @@ pub use service::Budget;
 #[cfg(feature = "redis")]
 pub(crate) use spend::settle_delta;
 pub use spend::{
-    MAX_TENANT_LEN, MemorySpendStore, Reservation, SpendCeilings, SpendCheck, SpendError,
-    SpendFuture, SpendStore, SpendWindow, TenantRefusal, TenantSpend,
+    MemorySpendStore, Reservation, SpendCeilings, SpendCheck, SpendError, SpendFuture, SpendStore,
+    SpendWindow, TenantRefusal, TenantSpend,
 };
 pub use turn::{BudgetExhausted, RetryDelay, TurnBudget, TurnLimits};

@@ -217,7 +217,7 @@ impl RetryBudget {
 
     /// [`deposit`](Self::deposit) for a first attempt of `client`: the
     /// fleet's budget and the client's share both earn it.
-    pub fn deposit_for(&self, client: &ClientId) {
+    pub(crate) fn deposit_for(&self, client: &ClientId) {
         if let Some(shares) = &self.shares {
             shares.bucket(client).deposit();
         }
@@ -227,7 +227,7 @@ impl RetryBudget {
     /// [`withdraw`](Self::withdraw) for an extra attempt of `client`: the
     /// client's share is asked first, so a client whose share is spent
     /// takes nothing from the fleet's budget.
-    pub fn withdraw_for(&self, client: &ClientId) -> bool {
+    pub(crate) fn withdraw_for(&self, client: &ClientId) -> bool {
         if let Some(shares) = &self.shares
             && !shares.bucket(client).withdraw()
         {
@@ -239,7 +239,8 @@ impl RetryBudget {
 
     /// Extra attempts `client`'s own share would grant now (`None` without
     /// shares).
-    pub fn client_level(&self, client: &ClientId) -> Option<f64> {
+    #[cfg(test)]
+    pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
         self.shares.as_ref().map(|s| s.bucket(client).level())
     }
 

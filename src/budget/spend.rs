@@ -345,7 +345,7 @@ impl SpendStore for MemorySpendStore {
     }
 }
 
-pub use crate::identity::MAX_TENANT_LEN;
+pub(crate) use crate::identity::MAX_TENANT_LEN;
 
 /// Why [`TenantSpend`] refused a turn.
 #[derive(Debug, thiserror::Error)]
@@ -470,11 +470,6 @@ impl TenantSpend {
         self.ceiling
     }
 
-    /// Whether turns go through when the store cannot be reached.
-    pub fn is_fail_open(&self) -> bool {
-        self.fail_open
-    }
-
     /// Settlements waiting for a retry right now.
     pub fn pending_settlements(&self) -> usize {
         self.pending.load(Ordering::Acquire)
@@ -493,7 +488,7 @@ impl TenantSpend {
 
     /// The tenant `client` names, or why its turn may not start: none
     /// named and one is required. `Ok(None)`: not metered.
-    pub fn tenant_of(&self, client: &ClientId) -> Result<Option<String>, TenantRefusal> {
+    pub(crate) fn tenant_of(&self, client: &ClientId) -> Result<Option<String>, TenantRefusal> {
         match self.tenant(client) {
             Some(tenant) => Ok(Some(tenant)),
             None if self.require_tenant => Err(TenantRefusal::NoTenant),

@@ -187,7 +187,7 @@ impl TurnLimits {
 
     /// Start a turn now, with a random turn id, for `client`: its extra
     /// attempts draw on the client's share of the retry budget.
-    pub fn start_for(&self, client: ClientId) -> TurnBudget {
+    pub(crate) fn start_for(&self, client: ClientId) -> TurnBudget {
         self.start_turn(TurnId::random(), client)
     }
 
@@ -373,12 +373,12 @@ impl TurnBudget {
     }
 
     /// The turn's whole time budget (`deadline - started`).
-    pub fn time_limit(&self) -> Duration {
+    pub(crate) fn time_limit(&self) -> Duration {
         self.inner.limit
     }
 
     /// The deadline as the request extension the other layers read.
-    pub fn turn_deadline(&self) -> TurnDeadline {
+    pub(crate) fn turn_deadline(&self) -> TurnDeadline {
         TurnDeadline {
             at: self.inner.deadline,
             limit: self.inner.limit,
@@ -393,7 +393,7 @@ impl TurnBudget {
     }
 
     /// Whether the deadline has passed.
-    pub fn is_expired(&self) -> bool {
+    pub(crate) fn is_expired(&self) -> bool {
         Instant::now() >= self.inner.deadline
     }
 
@@ -495,7 +495,7 @@ impl TurnBudget {
     /// Check, without using anything up, that the turn could still make an
     /// attempt: deadline not passed, an attempt left, spend below the
     /// ceiling. (The retry budget is not consulted: asking it costs a token.)
-    pub fn check_open(&self) -> Result<(), BudgetExhausted> {
+    pub(crate) fn check_open(&self) -> Result<(), BudgetExhausted> {
         if self.is_expired() {
             return Err(self.deadline_error());
         }
@@ -542,7 +542,7 @@ impl TurnBudget {
     /// [`BudgetLayer::tenant_spend`](super::BudgetLayer::tenant_spend)
     /// calls it with the tenant of the request's
     /// [`ClientId`](crate::identity::ClientId).
-    pub fn meter_tenant(&self, spend: TenantSpend, tenant: String) -> bool {
+    pub(crate) fn meter_tenant(&self, spend: TenantSpend, tenant: String) -> bool {
         self.inner
             .tenant
             .set(Box::new(TenantLedger::new(spend, tenant)))
@@ -553,7 +553,7 @@ impl TurnBudget {
     /// `false` when the turn already had them, or `ceilings` is empty).
     /// Reserved and settled like the tenant
     /// ([`meter_tenant`](Self::meter_tenant)).
-    pub fn meter_ceilings(&self, ceilings: SpendCeilings) -> bool {
+    pub(crate) fn meter_ceilings(&self, ceilings: SpendCeilings) -> bool {
         if ceilings.is_empty() {
             return false;
         }
@@ -587,7 +587,7 @@ impl TurnBudget {
     /// The same estimate is reserved under each account of the turn's
     /// [`SpendCeilings`]; the first that refuses refuses the attempt (what
     /// the others reserved for it is given back when the turn settles).
-    pub async fn reserve_tenant(&self, estimate: Cost) -> Result<(), BudgetExhausted> {
+    pub(crate) async fn reserve_tenant(&self, estimate: Cost) -> Result<(), BudgetExhausted> {
         let ceilings = self.inner.ceilings.get().into_iter().flatten();
         let tenant = self.inner.tenant.get().map(|ledger| &**ledger);
         for ledger in tenant.into_iter().chain(ceilings) {

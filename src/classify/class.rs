@@ -273,14 +273,14 @@ impl Classification {
     }
 
     /// A chunk or event that does not parse as what the dialect expects.
-    pub fn malformed_chunk(phase: Phase, what: &str) -> Self {
+    pub(crate) fn malformed_chunk(phase: Phase, what: &str) -> Self {
         Self::new(FailureClass::InvalidResponse, phase)
             .with_message(format!("malformed upstream chunk: {what}"))
             .with_note(Note::MalformedChunk)
     }
 
     /// An upstream event, line or held-back preamble larger than its cap.
-    pub fn oversize(phase: Phase, what: &str) -> Self {
+    pub(crate) fn oversize(phase: Phase, what: &str) -> Self {
         Self::new(FailureClass::InvalidResponse, phase)
             .with_message(format!("upstream {what} exceeded its size cap"))
             .with_note(Note::Oversize)
@@ -288,7 +288,7 @@ impl Classification {
 
     /// The model's answer was blocked by a content filter (a normal
     /// completion by `finish_reason`, a stop for failover).
-    pub fn content_filtered(phase: Phase, reason: &str) -> Self {
+    pub(crate) fn content_filtered(phase: Phase, reason: &str) -> Self {
         Self::new(FailureClass::ContentFiltered, phase)
             .with_provider_code(reason)
             .with_message(format!(
@@ -297,13 +297,13 @@ impl Classification {
     }
 
     /// Sets the phase.
-    pub fn with_phase(mut self, phase: Phase) -> Self {
+    pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
         self.phase = phase;
         self
     }
 
     /// Sets the class and resets the recovery to the new class's default.
-    pub fn with_class(mut self, class: FailureClass) -> Self {
+    pub(crate) fn with_class(mut self, class: FailureClass) -> Self {
         self.class = class;
         self.recovery = class.default_recovery();
         self
@@ -322,7 +322,7 @@ impl Classification {
     }
 
     /// Sets the retry hints.
-    pub fn with_retry(mut self, retry: RetryHint) -> Self {
+    pub(crate) fn with_retry(mut self, retry: RetryHint) -> Self {
         self.retry = retry;
         self
     }
@@ -334,13 +334,13 @@ impl Classification {
     }
 
     /// Sets the recovery.
-    pub fn with_recovery(mut self, recovery: Decision) -> Self {
+    pub(crate) fn with_recovery(mut self, recovery: Decision) -> Self {
         self.recovery = recovery;
         self
     }
 
     /// Sets the note.
-    pub fn with_note(mut self, note: Note) -> Self {
+    pub(crate) fn with_note(mut self, note: Note) -> Self {
         self.note = Some(note);
         self
     }

@@ -19,11 +19,11 @@ use crate::{Decision, FailureClass, Phase};
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
 /// The default time allowed to read an error body after its head: 10 s.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default longest wait a `RetrySame` keeps: 120 s, openai-python's
 /// `MAX_RETRY_AFTER_DELAY` (a provider asking for longer is not retried).
-pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone)]
 struct Config {
@@ -99,18 +99,13 @@ impl Classifier {
     }
 
     /// The error body cap.
-    pub fn body_limit(&self) -> usize {
+    pub(crate) fn body_limit(&self) -> usize {
         self.config.body_limit
     }
 
     /// The error body read timeout.
-    pub fn body_timeout(&self) -> Duration {
+    pub(crate) fn body_timeout(&self) -> Duration {
         self.config.body_timeout
-    }
-
-    /// The longest retry wait a `RetrySame` keeps.
-    pub fn max_retry_wait(&self) -> Option<Duration> {
-        self.config.max_retry_wait
     }
 
     /// Classifies a non-success response head with its (capped) error body.
@@ -201,7 +196,7 @@ impl Classifier {
     /// overrides as a provider's error body; its retry hint is kept.
     ///
     /// [`ErrorFacts`]: crate::dialect::ErrorFacts
-    pub fn classify_error_facts(
+    pub(crate) fn classify_error_facts(
         &self,
         provider: Option<&str>,
         facts: &crate::dialect::ErrorFacts,

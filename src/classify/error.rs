@@ -62,13 +62,8 @@ impl UpstreamError {
         &self.classification
     }
 
-    /// The classification, mutably (e.g. to set [`Phase::Committed`]).
-    pub fn classification_mut(&mut self) -> &mut Classification {
-        &mut self.classification
-    }
-
     /// Consumes the error, returning its classification.
-    pub fn into_classification(self) -> Classification {
+    pub(crate) fn into_classification(self) -> Classification {
         self.classification
     }
 

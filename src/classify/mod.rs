@@ -110,9 +110,7 @@ mod tower_http;
 mod transport;
 
 pub use self::class::{Classification, Note, RetryHint};
-pub use self::classifier::{
-    Classifier, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_RETRY_WAIT,
-};
+pub use self::classifier::{Classifier, DEFAULT_BODY_LIMIT};
 pub use self::error::UpstreamError;
 pub use self::future::ResponseFuture;
 pub use self::layer::ClassifyLayer;
@@ -122,7 +120,7 @@ pub use self::retry_after::{
     MAX_RETRY_HINT, parse_go_duration, parse_retry_after, parse_retry_after_ms, parse_should_retry,
     retry_delay_in_message, retry_hint_from_headers,
 };
-pub use self::sanitize::{MAX_MESSAGE_CHARS, REDACTED, sanitize_message};
+pub use self::sanitize::REDACTED;
 pub use self::service::Classify;
 #[cfg(feature = "tower-http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower-http")))]

@@ -76,7 +76,7 @@ impl Override {
     }
 
     /// Also requires this status.
-    pub fn and_status(mut self, status: StatusCode) -> Self {
+    pub(crate) fn and_status(mut self, status: StatusCode) -> Self {
         self.status = Some(status);
         self
     }

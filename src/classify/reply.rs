@@ -12,13 +12,13 @@ use crate::dialect::{Dialect, ErrorReply, client_status};
 impl Classification {
     /// The status a gateway answers with when this failure is final (see
     /// [`client_status`] for the mapping).
-    pub fn client_status(&self) -> StatusCode {
+    pub(crate) fn client_status(&self) -> StatusCode {
         client_status(self.class, self.status)
     }
 
     /// This failure as a dialect-neutral error answer (message sanitized,
     /// `param` only for request errors).
-    pub fn error_reply(&self) -> ErrorReply<'_> {
+    pub(crate) fn error_reply(&self) -> ErrorReply<'_> {
         ErrorReply::new(self.class, &self.message)
             .provider_code(self.provider_code.as_deref())
             .param(

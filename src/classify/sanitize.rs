@@ -8,7 +8,7 @@
 //! [`Classification`]: super::Classification
 
 /// The longest message a classification keeps, in characters.
-pub const MAX_MESSAGE_CHARS: usize = 512;
+pub(crate) const MAX_MESSAGE_CHARS: usize = 512;
 
 /// What a redacted credential is replaced with.
 pub const REDACTED: &str = "[REDACTED]";
@@ -85,7 +85,7 @@ const LONG_RUN: usize = 28;
 ///
 /// Redaction happens before the cut, so a key on the boundary cannot leave a
 /// readable prefix behind.
-pub fn sanitize_message(raw: &str) -> String {
+pub(crate) fn sanitize_message(raw: &str) -> String {
     let scanned = scan_prefix(raw);
     let redacted = redact(scanned);
     let collapsed = collapse_whitespace(&redacted);

@@ -167,10 +167,10 @@ pub use self::proxy::ProxyError;
 pub use self::service::UpstreamClient;
 
 /// Default TCP connect timeout.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default time an idle pooled connection is kept.
-pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Default gateway-side path prefix replaced by the base URL's path.
-pub const DEFAULT_STRIP_PREFIX: &str = "/v1";
+pub(crate) const DEFAULT_STRIP_PREFIX: &str = "/v1";

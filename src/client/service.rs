@@ -77,7 +77,7 @@ impl UpstreamClient {
     /// sends: joined URI, HTTP/1.1 (HTTP/2 when ALPN picks it), headers
     /// cleaned and the target's credential set. [`call`](Service::call) does
     /// this itself; it is public for pass-through proxies and tests.
-    pub fn prepare<B>(&self, request: Request<B>) -> Result<Request<B>, SendError>
+    pub(crate) fn prepare<B>(&self, request: Request<B>) -> Result<Request<B>, SendError>
     where
         B: Body,
     {

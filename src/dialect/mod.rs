@@ -505,7 +505,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 /// and permission failures 502 (the gateway's credential failed, not the
 /// client's); overload and shutdown 503; timeouts 504; other provider trouble 502; a
 /// cancelled request 499.
-pub fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
+pub(crate) fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
     use FailureClass::*;
     let own_4xx = status.filter(|s| {
         s.is_client_error() && !matches!(s.as_u16(), 401 | 402 | 403 | 407 | 408 | 429 | 499)

@@ -62,12 +62,6 @@ impl Requirements {
         self
     }
 
-    /// Sets [`response_format`](Self::response_format).
-    pub fn response_format(mut self, format: Option<ResponseFormat>) -> Self {
-        self.response_format = format;
-        self
-    }
-
     /// Sets [`include_usage`](Self::include_usage).
     pub fn include_usage(mut self, include: bool) -> Self {
         self.include_usage = include;

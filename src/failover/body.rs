@@ -44,7 +44,7 @@ impl<B, D> FailoverBody<B, D> {
     }
 
     /// Whether this is a committed stream (rather than a whole body).
-    pub fn is_stream(&self) -> bool {
+    pub(crate) fn is_stream(&self) -> bool {
         matches!(self.kind, Kind::Stream { .. })
     }
 }

@@ -19,7 +19,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// client), `accept-encoding` (the gateway reads the answer, so it takes
 /// it uncompressed), SDK telemetry such as `x-stainless-*`, and every
 /// other custom header.
-pub const DEFAULT_REQUEST_HEADERS: [&str; 7] = [
+pub(crate) const DEFAULT_REQUEST_HEADERS: [&str; 7] = [
     "accept",
     "content-type",
     "x-request-id",
@@ -67,7 +67,7 @@ pub const DEFAULT_ANTHROPIC_BETAS: [&str; 7] = [
 /// its records), debug and tracing headers of the provider's
 /// infrastructure, and anything else. The failover layer's own
 /// `x-failover-*` headers are added after this filter.
-pub const DEFAULT_RESPONSE_HEADERS: [&str; 8] = [
+pub(crate) const DEFAULT_RESPONSE_HEADERS: [&str; 8] = [
     "content-type",
     "cache-control",
     "x-request-id",
@@ -190,7 +190,7 @@ impl HeaderPolicy {
     }
 
     /// Whether an `anthropic-beta` value reaches the provider.
-    pub fn allows_anthropic_beta(&self, beta: &str) -> bool {
+    pub(crate) fn allows_anthropic_beta(&self, beta: &str) -> bool {
         let beta = beta.trim().to_ascii_lowercase();
         self.betas.iter().any(|b| **b == *beta)
     }
@@ -216,24 +216,28 @@ impl HeaderPolicy {
     }
 
     /// The client request headers that reach the provider, as configured.
-    pub fn request_headers(&self) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn request_headers(&self) -> impl Iterator<Item = &str> {
         self.request.iter().map(|n| &**n)
     }
 
     /// The provider response headers that reach the client, as configured.
-    pub fn response_headers(&self) -> impl Iterator<Item = &str> {
+    #[cfg(test)]
+    pub(crate) fn response_headers(&self) -> impl Iterator<Item = &str> {
         self.response.iter().map(|n| &**n)
     }
 
     /// Whether a client request header named `name` reaches the provider
     /// (when no `Connection` header names it).
-    pub fn forwards_request_header(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn forwards_request_header(&self, name: &str) -> bool {
         allowed(&self.request, &name.to_ascii_lowercase())
     }
 
     /// Whether a provider response header named `name` reaches the client
     /// (when no `Connection` header names it).
-    pub fn forwards_response_header(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn forwards_response_header(&self, name: &str) -> bool {
         allowed(&self.response, &name.to_ascii_lowercase())
     }
 

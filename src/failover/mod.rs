@@ -137,9 +137,7 @@ mod upstream;
 pub use body::FailoverBody;
 
 pub(crate) use crate::time::later;
-pub use headers::{
-    DEFAULT_ANTHROPIC_BETAS, DEFAULT_REQUEST_HEADERS, DEFAULT_RESPONSE_HEADERS, HeaderPolicy,
-};
+pub use headers::{DEFAULT_ANTHROPIC_BETAS, HeaderPolicy};
 pub use layer::FailoverLayer;
 pub use select::{Candidate, Selector, Strategy};
 pub use service::{Failover, FailoverBuilder, ResponseFuture};

@@ -299,11 +299,6 @@ impl<S> Target<S> {
         &self.name
     }
 
-    /// The target's capabilities.
-    pub fn get_capabilities(&self) -> &Capabilities {
-        &self.capabilities
-    }
-
     /// The model this target sends for a client's `model`.
     pub fn upstream_model<'a>(&'a self, client_model: &'a str) -> &'a str {
         self.model.as_deref().unwrap_or(client_model)
@@ -321,7 +316,7 @@ impl<S> Target<S> {
     }
 
     /// Whether the model sent upstream is the client's (no model of its own).
-    pub fn passes_client_model(&self) -> bool {
+    pub(crate) fn passes_client_model(&self) -> bool {
         self.model.is_none()
     }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 /// The longest tenant name accepted, in bytes: a longer one names no
 /// tenant (it would be a key in the spend store).
-pub const MAX_TENANT_LEN: usize = 128;
+pub(crate) const MAX_TENANT_LEN: usize = 128;
 
 /// A client of the gateway: the name of the key it presented and its
 /// tenant (who pays). Cheap to clone.

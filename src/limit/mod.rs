@@ -88,11 +88,6 @@ impl ReadLimits {
         self.grace = grace;
         self
     }
-
-    /// Whether any limit is set.
-    pub fn is_limited(&self) -> bool {
-        self.timeout.is_some() || self.min_bytes_per_second.is_some()
-    }
 }
 
 /// The answer to a request shed by a limit: `503` (or what the dialect's

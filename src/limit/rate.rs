@@ -94,7 +94,7 @@ impl MemoryRateLimits {
     }
 
     /// The decision, without the future (the store never waits).
-    pub fn take_now(&self, bucket: &str, rate: PerMinute, units: u32) -> RateDecision {
+    pub(crate) fn take_now(&self, bucket: &str, rate: PerMinute, units: u32) -> RateDecision {
         let limiter = self.limiter(bucket, rate);
         let units = NonZeroU32::new(units.min(rate.0.get())).unwrap_or(NonZeroU32::MIN);
         match limiter.check_n(units) {

@@ -159,11 +159,6 @@ impl<T> WriteStallLimit<T> {
         &mut self.io
     }
 
-    /// The wrapped connection, pinned.
-    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut T> {
-        self.project().io
-    }
-
     /// The wrapped connection.
     pub fn into_inner(self) -> T {
         self.io

@@ -86,6 +86,6 @@ mod record;
 mod telemetry;
 
 pub(crate) use record::*;
-pub use record::{ATTEMPTS_HEADER, AttemptRecord, TARGET_HEADER, TURN_ID_HEADER, TurnRecord};
+pub use record::{AttemptRecord, TURN_ID_HEADER, TurnRecord};
 pub use telemetry::describe_metrics;
 pub(crate) use telemetry::*;

@@ -13,9 +13,9 @@ use crate::{Cost, StopReason, TurnId, TurnOutcome};
 use crate::{FailureClass, Phase};
 
 /// Response header with the number of upstream attempts the turn made.
-pub const ATTEMPTS_HEADER: &str = "x-failover-attempts";
+pub(crate) const ATTEMPTS_HEADER: &str = "x-failover-attempts";
 /// Response header with the name of the target that answered.
-pub const TARGET_HEADER: &str = "x-failover-target";
+pub(crate) const TARGET_HEADER: &str = "x-failover-target";
 /// Response header with the turn's turn id.
 pub const TURN_ID_HEADER: &str = "x-failover-run-id";
 
@@ -74,7 +74,7 @@ pub struct AttemptRecord {
 impl AttemptRecord {
     /// `preamble` or `committed`: where the attempt's failure landed (or,
     /// for an attempt that did not fail, whether it committed).
-    pub fn commit_phase(&self) -> &'static str {
+    pub(crate) fn commit_phase(&self) -> &'static str {
         match (self.phase, self.decision) {
             (Some(Phase::Committed), _) | (None, Decision::Committed) => "committed",
             _ => "preamble",
@@ -150,17 +150,6 @@ impl TurnRecord {
     /// A copy of the attempts so far.
     pub fn attempts(&self) -> Vec<AttemptRecord> {
         self.lock().attempts.clone()
-    }
-
-    /// The number of attempts so far.
-    pub fn attempt_count(&self) -> usize {
-        let inner = self.lock();
-        inner.attempts.len() + usize::from(inner.held.is_some())
-    }
-
-    /// The target that answered, once one committed.
-    pub fn winner(&self) -> Option<Arc<str>> {
-        self.lock().winner.clone()
     }
 
     /// Whether the turn is over (for a stream: the stream has ended).
@@ -344,7 +333,7 @@ impl TurnRecord {
     }
 
     /// The summary headers: attempt count, winning target, turn id.
-    pub fn summary_headers(&self) -> Vec<(&'static str, HeaderValue)> {
+    pub(crate) fn summary_headers(&self) -> Vec<(&'static str, HeaderValue)> {
         let inner = self.lock();
         let count = inner.attempts.len() + usize::from(inner.held.is_some());
         let mut headers = vec![(ATTEMPTS_HEADER, HeaderValue::from(count))];

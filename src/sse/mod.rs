@@ -42,7 +42,5 @@
 
 mod scanner;
 
-pub use scanner::{
-    DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES, SseError, SseEvent, SseItem, SseScanner,
-    Truncated,
-};
+pub(crate) use scanner::{DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES};
+pub use scanner::{SseError, SseEvent, SseItem, SseScanner, Truncated};

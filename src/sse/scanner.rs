@@ -3,9 +3,9 @@ use std::ops::Range;
 use bytes::{Bytes, BytesMut};
 
 /// Default cap on one line, in bytes.
-pub const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
 /// Default cap on one event (all its lines and line ends), in bytes.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -110,7 +110,7 @@ pub enum SseError {
 
 impl SseError {
     /// Whether the scanner stops after this error.
-    pub fn is_fatal(&self) -> bool {
+    pub(crate) fn is_fatal(&self) -> bool {
         !matches!(self, Self::InvalidUtf8 { .. })
     }
 }

@@ -88,7 +88,7 @@ impl FailureClass {
 
     /// Whether the failure is about the client's request itself (the
     /// classes whose final stop reports the provider's own 4xx status).
-    pub fn is_request_error(self) -> bool {
+    pub(crate) fn is_request_error(self) -> bool {
         matches!(
             self,
             Self::InvalidRequest
@@ -103,7 +103,7 @@ impl FailureClass {
     /// and project ids, proxy addresses and error chains: they stay in
     /// records and logs, and clients get this instead (the provider's own
     /// message reaches a client only for an error about its request).
-    pub fn client_message(self) -> &'static str {
+    pub(crate) fn client_message(self) -> &'static str {
         match self {
             Self::RateLimited => "the provider is rate limiting requests; retry later",
             Self::QuotaExhausted => "the provider's quota for this gateway is exhausted",

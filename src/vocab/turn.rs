@@ -26,7 +26,7 @@ impl TurnId {
     }
 
     /// A random id from the given generator (seed it for reproducible ids).
-    pub fn from_rng(rng: &mut fastrand::Rng) -> Self {
+    pub(crate) fn from_rng(rng: &mut fastrand::Rng) -> Self {
         TurnId(format!("{:016x}", rng.u64(..)).into())
     }
 

@@ -82,7 +82,7 @@ impl Cost {
     }
 
     /// Whether this is no money at all.
-    pub const fn is_zero(self) -> bool {
+    pub(crate) const fn is_zero(self) -> bool {
         self.0 == 0
     }
 
