@@ -1,25 +1,17 @@
-//! Error-body parsing: every shape in the provider reference, reduced to the
-//! few fields classification reads.
+//! The error body as classification sees it: the few fields it reads, and
+//! how any body (JSON, HTML, text, nothing) becomes one.
 //!
-//! Shapes handled (the first that matches wins):
-//! - a JSON **array** (Gemini's OpenAI-compatible endpoint): the first
-//!   element is unwrapped, as python-genai does;
-//! - `{"error": {...}}`: OpenAI, Azure (`innererror`), Gemini native
-//!   (`status`, `details[]`), OpenRouter (`metadata`), vLLM (numeric `code`),
-//!   Ollama's OpenAI-compatible errors; `code` may be a string, a number or
-//!   null;
-//! - `{"type": "error", "error": {...}}`: Anthropic (`error.details` too);
-//! - `{"error": "text"}`: Ollama native NDJSON;
-//! - a flat `{"object": "error", "message", "type", "code"}` (vLLM legacy)
-//!   or any object with `message` and `code`/`type`;
-//! - `{"detail": ...}`: FastAPI defaults in front of self-hosted servers;
-//! - anything else: HTML pages (their `<title>`), plain text, or nothing.
+//! JSON bodies are read by the providers' contracts (`contract` module, one
+//! file per provider family, which also documents the order in which the
+//! shapes are tried). What is left here is the model and the non-JSON
+//! fallbacks: HTML pages (their `<title>`), plain text, truncated JSON, or
+//! nothing.
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::retry_after::parse_go_duration;
+pub(crate) use super::contract::parse_value;
 
 /// How the error body was recognized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,7 +19,7 @@ pub(crate) enum Shape {
     /// No body bytes.
     #[default]
     Empty,
-    /// JSON holding an error object this module knows.
+    /// JSON holding an error object a provider contract knows.
     Error,
     /// Valid JSON, but no error object in it.
     OtherJson,
@@ -42,6 +34,7 @@ pub(crate) enum Shape {
 /// The fields of a provider error body that classification reads.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ErrorBody {
+    /// How the body was recognized.
     pub(crate) shape: Shape,
     /// `error.message` (or the Ollama error string, or the HTML title /
     /// plain text for non-JSON bodies).
@@ -132,163 +125,7 @@ pub(crate) fn parse_error_body(bytes: &[u8]) -> ErrorBody {
     }
 }
 
-/// Parses an already-decoded JSON value.
-pub(crate) fn parse_value(value: &Value) -> ErrorBody {
-    let mut out = ErrorBody {
-        shape: Shape::OtherJson,
-        ..ErrorBody::default()
-    };
-    match value {
-        // Gemini's OpenAI-compatible endpoint wraps the error in an array.
-        Value::Array(items) => {
-            if let Some(first) = items.iter().find(|v| v.is_object()) {
-                return parse_value(first);
-            }
-        }
-        Value::Object(obj) => parse_object(obj, &mut out),
-        Value::String(s) => {
-            out.message = Some(s.clone());
-        }
-        _ => {}
-    }
-    out
-}
-
-fn parse_object(obj: &Map<String, Value>, out: &mut ErrorBody) {
-    match obj.get("error") {
-        Some(Value::Object(err)) => {
-            out.shape = Shape::Error;
-            fill_from_error(err, out);
-        }
-        Some(Value::String(s)) => {
-            // Ollama native: {"error": "..."}.
-            out.shape = Shape::Error;
-            out.message = Some(s.clone());
-        }
-        _ => {
-            let flat = obj.get("object").and_then(Value::as_str) == Some("error")
-                || (obj.get("message").is_some_and(Value::is_string)
-                    && (obj.contains_key("code") || obj.contains_key("type")));
-            if flat {
-                // vLLM legacy flat shape.
-                out.shape = Shape::Error;
-                fill_from_error(obj, out);
-            } else if let Some(detail) = obj.get("detail") {
-                out.shape = Shape::Error;
-                out.message = Some(match detail {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                });
-            }
-        }
-    }
-    out.filter_finish = filter_finish(obj);
-}
-
-fn str_field(obj: &Map<String, Value>, key: &str) -> Option<String> {
-    obj.get(key)
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-}
-
-fn fill_from_error(err: &Map<String, Value>, out: &mut ErrorBody) {
-    out.message = str_field(err, "message");
-    out.kind = str_field(err, "type");
-    out.status = str_field(err, "status");
-    out.param = str_field(err, "param");
-    match err.get("code") {
-        Some(Value::String(s)) => {
-            let s = s.trim();
-            if let Ok(n) = s.parse::<i64>() {
-                out.code_num = Some(n);
-            } else if !s.is_empty() {
-                out.code = Some(s.to_owned());
-            }
-        }
-        Some(Value::Number(n)) => {
-            out.code_num = n.as_i64().or_else(|| n.as_f64().map(|f| f as i64));
-        }
-        _ => {}
-    }
-    if let Some(inner) = err.get("innererror").and_then(Value::as_object) {
-        out.inner_code = str_field(inner, "code");
-    }
-    match err.get("details") {
-        // Anthropic: error.details.error_code.
-        Some(Value::Object(details)) => {
-            out.detail_code = str_field(details, "error_code");
-        }
-        // Gemini: google.rpc detail messages.
-        Some(Value::Array(details)) => {
-            for detail in details.iter().filter_map(Value::as_object) {
-                let ty = detail.get("@type").and_then(Value::as_str).unwrap_or("");
-                if ty.ends_with("google.rpc.RetryInfo") {
-                    out.retry_delay = detail
-                        .get("retryDelay")
-                        .and_then(Value::as_str)
-                        .and_then(parse_go_duration);
-                } else if ty.ends_with("google.rpc.QuotaFailure") {
-                    let violations = detail.get("violations").and_then(Value::as_array);
-                    for v in violations
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_object)
-                    {
-                        if let Some(id) = str_field(v, "quotaId") {
-                            out.quota_ids.push(id);
-                        }
-                    }
-                } else if ty.ends_with("google.rpc.ErrorInfo")
-                    && let Some(reason) = str_field(detail, "reason")
-                {
-                    out.reasons.push(reason);
-                }
-            }
-        }
-        _ => {}
-    }
-    if let Some(meta) = err.get("metadata").and_then(Value::as_object) {
-        out.moderation = meta.contains_key("reasons") || meta.contains_key("flagged_input");
-        out.metadata_error_type = str_field(meta, "error_type");
-    }
-}
-
-/// Gemini finish reasons that mean the content filter stopped the answer.
-const GEMINI_FILTER_REASONS: &[&str] = &[
-    "SAFETY",
-    "RECITATION",
-    "BLOCKLIST",
-    "PROHIBITED_CONTENT",
-    "SPII",
-    "IMAGE_SAFETY",
-    "IMAGE_PROHIBITED_CONTENT",
-    "IMAGE_RECITATION",
-];
-
-fn filter_finish(obj: &Map<String, Value>) -> Option<String> {
-    let first = |key: &str| {
-        obj.get(key)
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-            .and_then(Value::as_object)
-    };
-    if let Some(reason) = first("choices").and_then(|c| str_field(c, "finish_reason"))
-        && reason == "content_filter"
-    {
-        return Some(reason);
-    }
-    if let Some(reason) = first("candidates").and_then(|c| str_field(c, "finishReason"))
-        && GEMINI_FILTER_REASONS.contains(&reason.as_str())
-    {
-        return Some(reason);
-    }
-    obj.get("promptFeedback")
-        .and_then(Value::as_object)
-        .and_then(|f| str_field(f, "blockReason"))
-}
-
+/// The body without a UTF-8 BOM and surrounding ASCII whitespace.
 fn trim(bytes: &[u8]) -> &[u8] {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let start = bytes
@@ -302,6 +139,7 @@ fn trim(bytes: &[u8]) -> &[u8] {
     &bytes[start..end]
 }
 
+/// A body that is not JSON: an HTML page, truncated JSON, or other text.
 fn parse_text(bytes: &[u8]) -> ErrorBody {
     let text = String::from_utf8_lossy(bytes);
     let head = text.trim_start();
@@ -344,33 +182,6 @@ fn html_title(html: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn openai_shape_with_tolerant_code() {
-        let b = parse_error_body(br#"{"error":{"message":"m","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#);
-        assert!(b.found());
-        assert_eq!(b.code.as_deref(), Some("rate_limit_exceeded"));
-        assert_eq!(b.kind.as_deref(), Some("tokens"));
-        let b = parse_error_body(
-            br#"{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}"#,
-        );
-        assert_eq!((b.code.as_deref(), b.code_num), (None, Some(400)));
-        let b = parse_error_body(br#"{"error":{"message":"m","code":"429"}}"#);
-        assert_eq!(b.named_status(), Some(429));
-        let b = parse_error_body(br#"{"error":{"message":"m","code":null}}"#);
-        assert_eq!((b.code.as_deref(), b.code_num), (None, None));
-    }
-
-    #[test]
-    fn gemini_details() {
-        let b = parse_error_body(br#"{"error":{"code":429,"message":"x","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"53s"}]}}"#);
-        assert_eq!(b.status.as_deref(), Some("RESOURCE_EXHAUSTED"));
-        assert_eq!(
-            b.quota_ids,
-            ["GenerateRequestsPerDayPerProjectPerModel-FreeTier"]
-        );
-        assert_eq!(b.retry_delay, Some(Duration::from_secs(53)));
-    }
 
     #[test]
     fn text_html_and_broken_json() {

@@ -95,6 +95,7 @@
 mod body;
 mod class;
 mod classifier;
+mod contract;
 mod error;
 mod future;
 mod layer;
