@@ -28,7 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceExt;
 use tower_llm_failover::client::UpstreamClient;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 /// A proxy that forwards every request to the upstream and streams the
 /// answer back untouched.

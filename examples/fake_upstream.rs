@@ -25,11 +25,11 @@
 //!
 //! `--fault SPEC` arms a fault for every request from the start (a flaky
 //! provider). The spec syntax is documented on
-//! `tower_llm_failover::testing::upstream`.
+//! `tower_llm_testing::upstream`.
 
 use std::time::Duration;
 
-use tower_llm_failover::testing::upstream::{DEFAULT_TOKENS, FakeUpstream, Fault};
+use tower_llm_testing::upstream::{DEFAULT_TOKENS, FakeUpstream, Fault};
 
 const USAGE: &str = "usage: fake_upstream [--port N] [--name NAME] [--tokens N] [--pace-ms MS] [--fault SPEC] [--api-key KEY]";
 

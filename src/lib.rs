@@ -47,7 +47,6 @@
 //!   keyed by the application.
 //! - `client` (feature `client`, on by default): `UpstreamClient`, the real
 //!   upstream HTTP client (hyper, rustls).
-//! - `testing` (feature `testing`): scripted fake providers.
 //!
 //! # How a request and its body flow
 //!
@@ -79,7 +78,7 @@
 //! use tower_llm_failover::budget::BudgetLayer;
 //! use tower_llm_failover::failover::{Capabilities, Failover, Target};
 //! use tower_llm_failover::stream::StreamPolicy;
-//! use tower_llm_failover::testing::{chunks, FakeProvider, Reply, Step};
+//! use tower_llm_testing::{chunks, FakeProvider, Reply, Step};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -147,9 +146,6 @@ pub mod redis;
 pub mod shutdown;
 pub mod sse;
 pub mod stream;
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
 mod time;
 mod util;
 mod vocab;

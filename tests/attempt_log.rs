@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::testing::{FakeProvider, Reply};
+use tower_llm_testing::{FakeProvider, Reply};
 use tracing_subscriber::layer::SubscriberExt;
 
 type Fields = BTreeMap<&'static str, String>;
@@ -165,8 +165,8 @@ async fn an_attempt_cut_short_by_a_cancelled_turn_still_leaves_its_line() {
 async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_stop() {
     captured();
     use tower_llm_failover::dialect::{Dialect, OpenAiChat};
-    use tower_llm_failover::testing::{Step, chunks};
     use tower_llm_failover::{Cost, budget::Pricing};
+    use tower_llm_testing::{Step, chunks};
     // Rate limited in-band after its role chunk: a failure the provider
     // processed (charged at its estimate), which is retried on the same
     // target after a backoff.

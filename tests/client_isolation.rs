@@ -18,8 +18,8 @@ use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
-use tower_llm_failover::testing::{FakeProvider, Reply};
 use tower_llm_failover::{failover::Failover, failover::Target, health::CooldownPolicy};
+use tower_llm_testing::{FakeProvider, Reply};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
 

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
-use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tower_llm_testing::{FakeProvider, Reply, Step};
 
 const LEAKY_500: &str = r#"{"error":{"message":"Internal error for org-Ab12Cd34 in proj_Zz9Yy8 via 10.20.30.40:3128","type":"server_error","param":null,"code":null}}"#;
 

@@ -17,8 +17,8 @@ use hyper::body::Incoming;
 use support::{Ca, Proxy, ProxyMode, Scratch, server_config};
 use tower::ServiceExt as _;
 use tower_llm_failover::client::{SendError, UpstreamClient, UpstreamClientBuilder};
-use tower_llm_failover::testing::upstream::FakeUpstream;
 use tower_llm_failover::{FailureClass, Phase, classify::Classification, classify::Classifier};
+use tower_llm_testing::upstream::FakeUpstream;
 
 /// Every wait in this file is bounded by this.
 const LIMIT: Duration = Duration::from_secs(10);

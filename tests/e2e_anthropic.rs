@@ -25,7 +25,7 @@ use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::AnthropicMessages;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 const ROUTES: &str = r#"
 [[routes]]

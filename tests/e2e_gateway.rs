@@ -13,7 +13,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 /// A gateway in front of `primary` and `backup`, with `extra` TOML appended
 /// to `[budget]` and `[failover]` sections given as text.

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 const ROUTES: &str = r#"
 [[routes]]

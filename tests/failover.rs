@@ -12,8 +12,6 @@ use tower::ServiceExt;
 use tower_llm_failover::Decision;
 use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
 use tower_llm_failover::observe::TurnRecord;
-use tower_llm_failover::testing::chunks;
-use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 use tower_llm_failover::{
     Cost, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig, budget::TurnLimits,
 };
@@ -22,6 +20,8 @@ use tower_llm_failover::{
     failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
     failover::Target, health::Availability, health::CooldownPolicy, stream::CommitWindow,
 };
+use tower_llm_testing::chunks;
+use tower_llm_testing::{FakeProvider, Reply, Step};
 
 const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on requests per min.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
 const ANTHROPIC_429: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#;

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_failover::client::{Auth, UpstreamClient};
-use tower_llm_failover::testing::upstream::{ErrorFixture, FakeUpstream, Fault};
+use tower_llm_testing::upstream::{ErrorFixture, FakeUpstream, Fault};
 
 /// Bound on any wait that should end at once; only reached on failure.
 const PATIENCE: Duration = Duration::from_secs(5);

@@ -28,8 +28,8 @@ use tower_llm_failover::dialect::{Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseItem, SseScanner};
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::StreamStateLayer;
-use tower_llm_failover::testing::{Step, sse_response};
 use tower_llm_failover::{Phase, classify::Classifier};
+use tower_llm_testing::{Step, sse_response};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")

@@ -15,7 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 struct Reply {
     status: StatusCode,
@@ -385,7 +385,7 @@ targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
     };
     let slow = || {
         "slow_first_token=2000"
-            .parse::<tower_llm_failover::testing::upstream::Fault>()
+            .parse::<tower_llm_testing::upstream::Fault>()
             .unwrap()
     };
     // Key a: five requests the primary is slow to answer; each moves on.

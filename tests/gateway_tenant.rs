@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_failover::observe::TURN_ID_HEADER;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 use tracing_subscriber::layer::SubscriberExt;
 
 type Fields = BTreeMap<&'static str, String>;

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::{Ca, Proxy, ProxyMode, Scratch, server_config, toml_path};
-use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 const LIMIT: Duration = Duration::from_secs(20);
 

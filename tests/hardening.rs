@@ -24,8 +24,8 @@ use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
-use tower_llm_failover::testing::upstream::FakeUpstream;
-use tower_llm_failover::testing::{
+use tower_llm_testing::upstream::FakeUpstream;
+use tower_llm_testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
 };
 

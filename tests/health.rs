@@ -17,13 +17,13 @@ use proptest::prelude::*;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::stream::StreamPolicy;
-use tower_llm_failover::testing::{FakeProvider, Reply, ScriptedBody, Step};
 use tower_llm_failover::{
     failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability,
     health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
     health::KeyState, health::MemoryHealthStore, health::Scope, health::ScopeRules,
     health::SuccessReport,
 };
+use tower_llm_testing::{FakeProvider, Reply, ScriptedBody, Step};
 
 const RATE_429: &str = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
 const QUOTA_429: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
@@ -629,8 +629,8 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
 
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::identity::ClientId;
-use tower_llm_failover::testing::chunks;
 use tower_llm_failover::{Phase, classify::Classification, classify::Note};
+use tower_llm_testing::chunks;
 
 /// A primary that fails as scripted and a backup that answers; three
 /// hintless failures in 30 s cool the primary (the default policy), and a

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 /// The gateway example's allocator (`examples/gateway/main.rs`): the
 /// gateway child is this binary, measured with what ships.

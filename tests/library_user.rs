@@ -20,8 +20,8 @@ use tower_llm_failover::BoxError;
 use tower_llm_failover::budget::BudgetLayer;
 use tower_llm_failover::client::UpstreamClient;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::testing::upstream::FakeUpstream;
-use tower_llm_failover::testing::{Step, chunks, json_response, sse_response};
+use tower_llm_testing::upstream::FakeUpstream;
+use tower_llm_testing::{Step, chunks, json_response, sse_response};
 
 const LIMIT: Duration = Duration::from_secs(10);
 

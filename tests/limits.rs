@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitError, ReadLimitLayer, ReadLimits};
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 // ---------------------------------------------------------------- library
 

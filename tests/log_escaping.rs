@@ -15,7 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::testing::{FakeProvider, Reply};
+use tower_llm_testing::{FakeProvider, Reply};
 
 const FORGING_MODEL: &str = "evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred";
 

@@ -14,7 +14,7 @@ use tower_llm_failover::Decision;
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
 use tower_llm_failover::failover::{Capabilities, Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
-use tower_llm_failover::testing::{FakeProvider, Reply};
+use tower_llm_testing::{FakeProvider, Reply};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
 

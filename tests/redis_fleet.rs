@@ -308,7 +308,7 @@ async fn gateway_turn(state: &str) -> Result<u16, String> {
     use http_body_util::Full;
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    use tower_llm_failover::testing::upstream::FakeUpstream;
+    use tower_llm_testing::upstream::FakeUpstream;
 
     let upstream = FakeUpstream::builder("primary")
         .tokens(4)

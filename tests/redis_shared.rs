@@ -33,8 +33,6 @@ use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
 };
-use tower_llm_failover::testing::FakeProvider;
-use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
 use tower_llm_failover::{
     Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
     budget::TenantRefusal, budget::TenantSpend,
@@ -44,6 +42,8 @@ use tower_llm_failover::{
     health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
     health::Scope,
 };
+use tower_llm_testing::FakeProvider;
+use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 /// A bounded wait for something another replica learns in the background
 /// (200 × 25 ms); the assertion is on the outcome, not on the time.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 /// Set in the child: the gateway config it serves.
 const CHILD_CONFIG: &str = "TOWER_LLM_FAILOVER_SHUTDOWN_CHILD_CONFIG";

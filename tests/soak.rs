@@ -48,7 +48,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use tower_llm_failover::testing::{ScriptedBody, Step};
+use tower_llm_testing::{ScriptedBody, Step};
 
 const TOKENS: usize = 8;
 const UPSTREAMS: [&str; 3] = ["alpha", "beta", "gamma"];

@@ -15,7 +15,7 @@ use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
-use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks, sse_response};
+use tower_llm_testing::{FakeProvider, Reply, Step, chunks, sse_response};
 
 fn request() -> Request<Full<Bytes>> {
     Request::post("/v1/chat/completions")

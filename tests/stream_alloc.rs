@@ -16,7 +16,7 @@ use http_body::{Body, Frame};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::dialect::OpenAiChat;
 use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
-use tower_llm_failover::testing::chunks::{content, done, finish, role};
+use tower_llm_testing::chunks::{content, done, finish, role};
 
 const FRAMES: usize = 200;
 

@@ -14,9 +14,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::dialect::TerminalMode;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::{StreamState, StreamStateBody, StreamStateLayer, StreamStatus};
-use tower_llm_failover::testing::chunks::{self, content, done, finish, role};
-use tower_llm_failover::testing::{ScriptedBody, Step, json_response, sse_response};
 use tower_llm_failover::{FailureClass, Phase};
+use tower_llm_testing::chunks::{self, content, done, finish, role};
+use tower_llm_testing::{ScriptedBody, Step, json_response, sse_response};
 
 type ClientResponse =
     Response<StreamStateBody<ScriptedBody, tower_llm_failover::dialect::OpenAiChat>>;

@@ -20,8 +20,8 @@ use tower::ServiceExt;
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::failover::{Failover, Target};
-use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 use tower_llm_failover::{StopReason, TurnOutcome, observe::TurnRecord};
+use tower_llm_testing::{FakeProvider, Reply, Step};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 

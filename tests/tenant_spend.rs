@@ -14,7 +14,6 @@ use tower::{Layer, ServiceExt};
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::observe::TurnRecord;
-use tower_llm_failover::testing::{FakeProvider, Reply, Step};
 use tower_llm_failover::{
     Cost, budget::Budget, budget::BudgetLayer, budget::MemorySpendStore, budget::Pricing,
     budget::Reservation, budget::SpendCheck, budget::SpendError, budget::SpendFuture,
@@ -22,6 +21,7 @@ use tower_llm_failover::{
 };
 use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::{Usage, dialect::Dialect, dialect::OpenAiChat};
+use tower_llm_testing::{FakeProvider, Reply, Step};
 
 /// Output tokens a request asks for at most: what a whole answer cut
 /// before its head is charged.

@@ -21,7 +21,7 @@ use tower_llm_failover::dialect::{
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::sse::SseEvent;
-use tower_llm_failover::testing::{FakeProvider, Reply, Step};
+use tower_llm_testing::{FakeProvider, Reply, Step};
 
 // ---- The dialect ---------------------------------------------------------
 

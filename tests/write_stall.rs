@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tower_llm_failover::limit::{WriteStallLimit, WriteStalled};
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 // ---------------------------------------------------------------- library
 

@@ -32,7 +32,7 @@ mod app;
 use std::time::Duration;
 
 use app::{Config, Gateway};
-use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_testing::upstream::FakeUpstream;
 
 fn usage() -> ! {
     eprintln!("usage: gateway [--config PATH] [--listen ADDR]");

@@ -19,7 +19,7 @@ use crate::health::MemoryHealthStore;
 /// # use http_body_util::Full;
 /// use tower::ServiceBuilder;
 /// use tower_llm_failover::failover::{FailoverBuilder, FailoverLayer, Target};
-/// use tower_llm_failover::testing::json_response;
+/// use tower_llm_testing::json_response;
 ///
 /// let upstream = || tower::service_fn(|_req: Request<Full<Bytes>>| async {
 ///     Ok::<_, std::convert::Infallible>(json_response(503, "{}"))

@@ -88,7 +88,7 @@
 //! use http_body_util::{BodyExt, Full};
 //! use tower::ServiceExt;
 //! use tower_llm_failover::failover::{Failover, Target};
-//! use tower_llm_failover::testing::{json_response, ScriptedBody};
+//! use tower_llm_testing::{json_response, ScriptedBody};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {

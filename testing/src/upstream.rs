@@ -83,7 +83,7 @@
 //! # Example
 //!
 //! ```
-//! use tower_llm_failover::testing::upstream::{Fault, FakeUpstream};
+//! use tower_llm_testing::upstream::{Fault, FakeUpstream};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {

@@ -1,4 +1,4 @@
-//! Scriptable fakes for tests and demos (feature `testing`).
+//! Scriptable fake LLM providers for tests and demos.
 //!
 //! - [`FakeProvider`]: an in-process Tower service that answers each attempt
 //!   from a script of [`Reply`]s and remembers what it was sent.
@@ -9,25 +9,14 @@
 //!   frames, waits, a stall, an error (a reset), or the end.
 //! - [`chunks`] writes OpenAI chat-chunk SSE events for those scripts.
 //!
-//! Everything here builds from the crate's own dependencies (the feature
-//! turns on hyper's HTTP/1 and HTTP/2 server, tokio's `net` and
-//! tokio-rustls for the fake's TLS mode), so it works from a
-//! dev-dependency:
+//! A test-only companion of `tower-llm-failover`: it depends on none of
+//! that crate's types (fakes speak HTTP, bytes and JSON), so any stack can
+//! use it from a dev-dependency:
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tower-llm-failover = { version = "0.1", features = ["testing"] }
+//! tower-llm-testing = "0.1"
 //! ```
-//!
-//! # Reading these docs
-//!
-//! `cargo doc` documents a project's normal dependencies only, with the
-//! features they have as such, and cargo refuses `--features` for a package
-//! outside the workspace. With `testing` enabled only as a dev-dependency,
-//! this module is therefore missing from the project's local docs. Read it on
-//! docs.rs (built with every feature), or enable the feature on the normal
-//! dependency while reading: `tower-llm-failover = { version = "0.1",
-//! features = ["testing"] }` under `[dependencies]`, then `cargo doc --open`.
 //!
 //! # Example
 //!
@@ -36,7 +25,7 @@
 //! use http::Request;
 //! use http_body_util::{BodyExt, Full};
 //! use tower::ServiceExt;
-//! use tower_llm_failover::testing::{FakeProvider, Reply, Step, chunks};
+//! use tower_llm_testing::{FakeProvider, Reply, Step, chunks};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
