@@ -17,7 +17,7 @@ use criterion::{Criterion, Throughput};
 use http::Response;
 use http_body::{Body, Frame};
 use tower::{Layer, Service};
-use tower_llm_failover::dialect::{Dialect, OpenAiChat, StreamMemo};
+use tower_llm_failover::dialect::{ChatMemo, Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;
 
@@ -71,7 +71,11 @@ fn scanner_and_dialect(frames: &[Bytes]) -> usize {
     for frame in frames {
         scanner.feed(frame, |item| {
             if let SseItem::Event(event) = item {
-                outputs += usize::from(OpenAiChat.inspect(&event).commits());
+                outputs += usize::from(
+                    OpenAiChat
+                        .inspect(&event, &mut ChatMemo::default())
+                        .commits(),
+                );
             }
         });
     }
@@ -82,12 +86,12 @@ fn scanner_and_dialect(frames: &[Bytes]) -> usize {
 /// the commit machine reads them.
 fn scanner_and_dialect_next(frames: &[Bytes]) -> usize {
     let mut scanner = SseScanner::new();
-    let mut memo = StreamMemo::default();
+    let mut memo = ChatMemo::default();
     let mut outputs = 0;
     for frame in frames {
         scanner.feed(frame, |item| {
             if let SseItem::Event(event) = item {
-                outputs += usize::from(OpenAiChat.inspect_next(&event, &mut memo).commits());
+                outputs += usize::from(OpenAiChat.inspect(&event, &mut memo).commits());
             }
         });
     }
@@ -111,7 +115,11 @@ fn scanned_events(frames: &[Bytes]) -> Vec<SseEvent> {
 fn dialect_only(events: &[SseEvent]) -> usize {
     events
         .iter()
-        .filter(|event| OpenAiChat.inspect(event).commits())
+        .filter(|event| {
+            OpenAiChat
+                .inspect(event, &mut ChatMemo::default())
+                .commits()
+        })
         .count()
 }
 

@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use tower_llm_failover::dialect::ChatMemo;
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 use tower_llm_failover::{
     Usage, dialect::Chunk, dialect::ChunkKind, dialect::Dialect, dialect::OpenAiChat,
@@ -114,7 +115,7 @@ fn provider_stream_events_read_as_documented() {
     ];
     for (wire, kind, finish) in cases {
         let event = one(wire);
-        let chunk = OpenAiChat.inspect(&event);
+        let chunk = OpenAiChat.inspect(&event, &mut ChatMemo::default());
         assert_eq!(chunk.kind, *kind, "{wire}");
         assert_eq!(chunk.finish_reason.as_deref(), *finish, "{wire}");
     }
@@ -125,7 +126,7 @@ fn usage_and_identity_are_read() {
     let event = one(
         "data: {\"id\":\"chatcmpl-9\",\"object\":\"chat.completion.chunk\",\"created\":1732968000,\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":40,\"total_tokens\":52,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n",
     );
-    let chunk = OpenAiChat.inspect(&event);
+    let chunk = OpenAiChat.inspect(&event, &mut ChatMemo::default());
     assert_eq!(chunk.kind, ChunkKind::Preamble);
     assert_eq!(chunk.usage, Some(Usage::new(12, 40)));
     assert_eq!(chunk.identity.id.as_deref(), Some("chatcmpl-9"));
@@ -138,7 +139,7 @@ fn plain_strings_are_borrowed_and_escaped_ones_decoded() {
     let plain = one(
         "data: {\"id\":\"chatcmpl-1\",\"model\":\"m\",\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
     );
-    let chunk = OpenAiChat.inspect(&plain);
+    let chunk = OpenAiChat.inspect(&plain, &mut ChatMemo::default());
     assert!(matches!(
         chunk.identity.id,
         Some(Cow::Borrowed("chatcmpl-1"))
@@ -149,7 +150,7 @@ fn plain_strings_are_borrowed_and_escaped_ones_decoded() {
     let escaped = one(
         "data: {\"id\":\"chatcmpl-\\u00e9\\ud83d\\ude00\",\"model\":\"org\\/m\",\"choices\":[{\"delta\":{},\"finish_reason\":\"st\\u006fp\"}]}\n\n",
     );
-    let chunk = OpenAiChat.inspect(&escaped);
+    let chunk = OpenAiChat.inspect(&escaped, &mut ChatMemo::default());
     assert!(matches!(&chunk.identity.id, Some(Cow::Owned(id)) if id == "chatcmpl-é😀"));
     assert!(matches!(&chunk.identity.model, Some(Cow::Owned(m)) if m == "org/m"));
     assert!(matches!(&chunk.finish_reason, Some(Cow::Owned(f)) if f == "stop"));
@@ -169,7 +170,7 @@ fn inspecting_plain_chunks_allocates_nothing() {
     let mut kinds = Vec::with_capacity(events.len());
     let counted = allocation_counter::measure(|| {
         for event in &events {
-            kinds.push(OpenAiChat.inspect(event).kind);
+            kinds.push(OpenAiChat.inspect(event, &mut ChatMemo::default()).kind);
         }
     });
     assert_eq!(counted.count_total, 0);
@@ -178,7 +179,9 @@ fn inspecting_plain_chunks_allocates_nothing() {
     // An escaped id is decoded, which is the one allocation allowed.
     let escaped = one("data: {\"id\":\"chatcmpl-\\u0031\",\"choices\":[]}\n\n");
     let mut chunk = None;
-    let counted = allocation_counter::measure(|| chunk = Some(OpenAiChat.inspect(&escaped)));
+    let mut memo = ChatMemo::default();
+    let counted =
+        allocation_counter::measure(|| chunk = Some(OpenAiChat.inspect(&escaped, &mut memo)));
     assert_eq!(counted.count_total, 1);
     assert_eq!(chunk.unwrap().identity.id.as_deref(), Some("chatcmpl-1"));
 }
@@ -190,7 +193,7 @@ fn inspect_on_small_stack(wire: String) -> ChunkKind {
         .stack_size(128 * 1024)
         .spawn(move || {
             let event = one(&wire);
-            let chunk: Chunk<'_> = OpenAiChat.inspect(&event);
+            let chunk: Chunk<'_> = OpenAiChat.inspect(&event, &mut ChatMemo::default());
             chunk.kind
         })
         .unwrap()

@@ -24,7 +24,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm_failover::dialect::{Dialect, OpenAiChat};
+use tower_llm_failover::dialect::{ChatMemo, Dialect, ErrorSource, OpenAiChat};
 use tower_llm_failover::sse::{SseItem, SseScanner};
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::StreamStateLayer;
@@ -190,8 +190,8 @@ proptest! {
         let mut scanner = SseScanner::new();
         scanner.feed(&wire, |item| {
             if let SseItem::Event(event) = item {
-                let _ = OpenAiChat.inspect(&event);
-                let _ = OpenAiChat.error_facts(&event);
+                let _ = OpenAiChat.inspect(&event, &mut ChatMemo::default());
+                let _ = OpenAiChat.error_facts(ErrorSource::Event(&event));
             }
         });
         let out = through_commit_machine(vec![wire]);
@@ -210,8 +210,8 @@ proptest! {
         body in prop_oneof![wire_bytes(3000), json_like().prop_map(String::into_bytes)],
         status in 100u16..600,
     ) {
-        let _ = OpenAiChat.check_body(&body);
-        let _ = OpenAiChat.body_error_facts(&body);
+        let _ = OpenAiChat.check_answer(&body);
+        let _ = OpenAiChat.error_facts(ErrorSource::Body(&body));
         let classifier = Classifier::default();
         let status = StatusCode::from_u16(status).unwrap();
         let head = classifier.classify_head(Some("p"), status, &HeaderMap::new(), &body);

@@ -401,8 +401,7 @@ async fn sse_response_loses_its_content_length() {
 async fn terminal_modes() {
     let steps = || data([role("m"), content("m", "a")]);
     let (frames, _) = run(
-        StreamStateLayer::new()
-            .policy(StreamPolicy::new().terminal_mode(TerminalMode::FinishReasonOnly)),
+        StreamStateLayer::new().policy(StreamPolicy::new().terminal_mode(TerminalMode::Finish)),
         steps(),
     )
     .await;
@@ -413,7 +412,8 @@ async fn terminal_modes() {
     assert_eq!(all[3], "data: [DONE]");
 
     let (frames, _) = run(
-        StreamStateLayer::new().policy(StreamPolicy::new().terminal_mode(TerminalMode::ErrorEvent)),
+        StreamStateLayer::new()
+            .policy(StreamPolicy::new().terminal_mode(TerminalMode::ErrorEventOnly)),
         steps(),
     )
     .await;

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
-    BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorFacts, ErrorReply,
-    RequestError, Requirements, TerminalError, TerminalMode,
+    AnswerFacts, BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorFacts,
+    ErrorReply, ErrorSource, RequestError, Requirements, TerminalError, TerminalMode,
 };
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
@@ -70,6 +70,7 @@ fn frame(data: &Value) -> Bytes {
 
 impl Dialect for LineDialect {
     type Request = LineRequest;
+    type Memo = ();
 
     fn read_request(&self, body: Bytes) -> Result<(Requirements, LineRequest), RequestError> {
         let value: Value =
@@ -95,7 +96,7 @@ impl Dialect for LineDialect {
         Bytes::from(body.to_string())
     }
 
-    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
+    fn inspect<'a>(&self, event: &'a SseEvent, _memo: &mut ()) -> Chunk<'a> {
         let Ok(line) = serde_json::from_slice::<Line<'a>>(event.data()) else {
             return Chunk::of(ChunkKind::Malformed);
         };
@@ -117,12 +118,12 @@ impl Dialect for LineDialect {
         }
     }
 
-    fn error_facts(&self, event: &SseEvent) -> Option<ErrorFacts> {
-        fail_facts(event.data())
-    }
-
-    fn body_error_facts(&self, body: &[u8]) -> Option<ErrorFacts> {
-        fail_facts(body)
+    fn error_facts(&self, source: ErrorSource<'_>) -> Option<ErrorFacts> {
+        match source {
+            ErrorSource::Event(event) => fail_facts(event.data()),
+            ErrorSource::Body(body) => fail_facts(body),
+            _ => None,
+        }
     }
 
     fn terminal(
@@ -134,13 +135,11 @@ impl Dialect for LineDialect {
     ) -> Bytes {
         let fail = json!({"kind": error.class.as_str(), "msg": error.message});
         match mode {
-            TerminalMode::ErrorEvent => {
+            TerminalMode::ErrorEventOnly => {
                 Bytes::from(format!("event: error\ndata: {}\n\n", json!({"fail": fail})))
             }
-            TerminalMode::FinishReasonOnly => {
-                frame(&json!({"done": true, "reason": finish_reason}))
-            }
-            TerminalMode::ErrorChunk => {
+            TerminalMode::Finish => frame(&json!({"done": true, "reason": finish_reason})),
+            TerminalMode::Raise => {
                 frame(&json!({"done": true, "reason": finish_reason, "fail": fail}))
             }
         }
@@ -150,17 +149,20 @@ impl Dialect for LineDialect {
         frame(&json!({"done": true, "reason": "stop"}))
     }
 
-    fn check_body(&self, body: &[u8]) -> BodyCheck {
+    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
         let (fault, message) = match serde_json::from_slice::<Line<'_>>(body) {
             Ok(line) if line.text.is_some() && line.done && line.fail.is_none() => {
                 let (usage, model) = (None, None);
-                return BodyCheck::Valid { usage, model };
+                return (BodyCheck::Valid { usage, model }, AnswerFacts::default());
             }
             Ok(_) => (BodyFault::NoAnswer, "no text, or not done".to_owned()),
             Err(e) if e.is_data() => (BodyFault::UnexpectedJson, e.to_string()),
             Err(e) => (BodyFault::NotJson, e.to_string()),
         };
-        BodyCheck::Invalid { fault, message }
+        (
+            BodyCheck::Invalid { fault, message },
+            AnswerFacts::default(),
+        )
     }
 
     fn error_body(&self, error: &ErrorReply<'_>) -> Bytes {

@@ -507,9 +507,9 @@ impl Gateway {
             other => return Err(format!("failover.strategy: unknown {other}")),
         };
         let terminal_mode = match f.terminal_mode.as_str() {
-            "error_chunk" => TerminalMode::ErrorChunk,
-            "finish_reason_only" => TerminalMode::FinishReasonOnly,
-            "error_event" => TerminalMode::ErrorEvent,
+            "error_chunk" => TerminalMode::Raise,
+            "finish_reason_only" => TerminalMode::Finish,
+            "error_event" => TerminalMode::ErrorEventOnly,
             other => return Err(format!("failover.terminal_mode: unknown {other}")),
         };
         let mut commit = CommitWindow::output_events(f.commit_output_events);

@@ -5,7 +5,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -237,12 +236,9 @@ fn answer<B, D: Dialect>(
     status: StatusCode,
     reply: &ErrorReply<'_>,
 ) -> Response<BudgetBody<B>> {
-    let mut response = Response::new(BudgetBody::whole(dialect.error_body(reply), budget.clone()));
-    *response.status_mut() = dialect.error_status(reply.class, status);
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(dialect.error_content_type()),
-    );
+    let mut response = dialect
+        .error_response(status, reply)
+        .map(|body| BudgetBody::whole(body, budget.clone()));
     response.extensions_mut().insert(budget.clone());
     response
 }

@@ -288,7 +288,7 @@ impl Classifier {
             (BodyCheck::Valid { usage, model }, facts) => return Ok((usage, model, facts)),
             (BodyCheck::Invalid { fault, message }, _) => (fault, message),
         };
-        if let Some(facts) = dialect.body_error_facts(body) {
+        if let Some(facts) = dialect.error_facts(crate::dialect::ErrorSource::Body(body)) {
             return Err(self
                 .classify_error_facts(provider, &facts, Phase::Preamble)
                 .with_note(Note::ErrorOn200));

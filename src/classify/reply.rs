@@ -2,12 +2,13 @@
 //! [`Dialect`] shapes (OpenAI's `{"error":{...}}`, or another API's).
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use super::Classification;
 use super::error::UpstreamError;
-use crate::dialect::{Dialect, ErrorReply, client_status};
+use crate::FailureClass;
+use crate::dialect::{Dialect, ErrorReply};
 
 impl Classification {
     /// The status a gateway answers with when this failure is final (see
@@ -55,13 +56,46 @@ impl UpstreamError {
 
     /// [`to_error`](Self::to_error) as a ready response.
     pub fn to_response<D: Dialect>(&self, dialect: &D) -> Response<Full<Bytes>> {
-        let (status, body) = self.to_error(dialect);
-        let mut response = Response::new(Full::new(body));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(dialect.error_content_type()),
-        );
-        response
+        let c = self.classification();
+        let message = format!("upstream failure: {}", c.class);
+        let reply = if c.message.is_empty() {
+            ErrorReply {
+                message: &message,
+                ..c.error_reply()
+            }
+        } else {
+            c.error_reply()
+        };
+        dialect
+            .error_response(c.client_status(), &reply)
+            .map(Full::new)
+    }
+}
+
+/// The status a client is answered with when a failure of `class` is final
+/// and the provider's own `status` (if any) says no more.
+///
+/// Request errors keep the provider's 4xx when it means the same to a
+/// client (not 401/402/403/407/408/429/499), else 400 (413 for payload too
+/// large); an unknown model is 404; rate limits and spent quota 429; auth
+/// and permission failures 502 (the gateway's credential failed, not the
+/// client's); overload and shutdown 503; timeouts 504; other provider trouble 502; a
+/// cancelled request 499.
+fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
+    use FailureClass::*;
+    let own_4xx = status.filter(|s| {
+        s.is_client_error() && !matches!(s.as_u16(), 401 | 402 | 403 | 407 | 408 | 429 | 499)
+    });
+    match class {
+        InvalidRequest | ContextLengthExceeded | ContentFiltered => {
+            own_4xx.unwrap_or(StatusCode::BAD_REQUEST)
+        }
+        PayloadTooLarge => own_4xx.unwrap_or(StatusCode::PAYLOAD_TOO_LARGE),
+        ModelNotFound => StatusCode::NOT_FOUND,
+        RateLimited | QuotaExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Overloaded | Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+        Timeout => StatusCode::GATEWAY_TIMEOUT,
+        Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        _ => StatusCode::BAD_GATEWAY,
     }
 }

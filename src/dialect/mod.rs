@@ -32,7 +32,7 @@
 //! let mut kinds = Vec::new();
 //! SseScanner::new().feed(&wire, |item| {
 //!     if let SseItem::Event(event) = item {
-//!         kinds.push(OpenAiChat.inspect(&event).kind);
+//!         kinds.push(OpenAiChat.inspect(&event, &mut Default::default()).kind);
 //!     }
 //! });
 //! assert_eq!(kinds, [ChunkKind::Preamble, ChunkKind::Output, ChunkKind::Done]);
@@ -52,7 +52,7 @@ use crate::sse::SseEvent;
 use crate::{FailureClass, Phase, Usage};
 
 pub use anthropic::{AnthropicMessages, MessagesRequest};
-pub use openai::{ChatRequest, OpenAiChat};
+pub use openai::{ChatMemo, ChatRequest, OpenAiChat};
 
 /// The dialect the layers speak unless told otherwise (OpenAI chat
 /// completions). The one place outside a dialect's own module that names
@@ -123,17 +123,21 @@ impl Chunk<'_> {
 /// How a failed stream is ended for the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TerminalMode {
-    /// A chunk in the stream's identity with `finish_reason` set and a
-    /// top-level `error` object, then `[DONE]`. The official OpenAI SDKs raise
-    /// it as an API error; clients that only read `finish_reason` still see
-    /// the stream ended in error. The shape OpenRouter documents.
+    /// End with the dialect's error, in the form its clients' SDKs raise:
+    /// for chat completions a chunk in the stream's identity with
+    /// `finish_reason` set and a top-level `error` object, then `[DONE]`
+    /// (the shape OpenRouter documents); for Messages an `error` event.
+    /// Clients that only read the finish reason still see the stream ended
+    /// in error.
     #[default]
-    ErrorChunk,
-    /// The same chunk with the error under a non-standard key
-    /// (`stream_error`), then `[DONE]`, for clients that must not raise.
-    FinishReasonOnly,
-    /// A bare `event: error` with `data: {"error":{...}}`, nothing after it.
-    ErrorEvent,
+    Raise,
+    /// End with the finish reason, the error reported where SDKs do not
+    /// look (chat: under `stream_error`), then the end marker: for clients
+    /// that must not raise.
+    Finish,
+    /// Only an error event (`event: error`, `data: {"error":{...}}`), no
+    /// end marker after it.
+    ErrorEventOnly,
 }
 
 /// The facts a terminal event reports about a failure.
@@ -358,25 +362,14 @@ impl AnswerFacts {
     }
 }
 
-/// What the crate's dialects keep of one stream's earlier events to read
-/// the next with less work ([`Dialect::inspect_next`]). Opaque; a dialect
-/// of another crate ignores it.
-#[derive(Debug, Default)]
-pub struct StreamMemo {
-    /// The chat dialect's: the last valid chunk's text before `choices`.
-    pub(crate) chat_prefix: openai::skim::ChunkPrefix,
-    /// The chat dialect's: which choices appeared and which finished.
-    pub(crate) chat_choices: openai::skim::ChoiceSet,
-}
-
-impl StreamMemo {
-    /// Whether a finish reason seen so far leaves part of the answer open:
-    /// with `n > 1`, one choice finished while another has not. A stream
-    /// is whole only when every choice that appeared has finished (or its
-    /// end marker came). Always `false` for a dialect that keeps no memo.
-    pub(crate) fn answer_open(&self) -> bool {
-        self.chat_choices.open()
-    }
+/// Where an error a dialect reads came from.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum ErrorSource<'a> {
+    /// An in-band error event of a stream.
+    Event(&'a SseEvent),
+    /// A whole body (a success status carrying an error).
+    Body(&'a [u8]),
 }
 
 /// Why a whole answer is not valid.
@@ -411,6 +404,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// What the dialect keeps of a parsed request.
     type Request: Clone + Send + Sync + 'static;
 
+    /// What the dialect keeps of one stream's earlier events to read the
+    /// next ([`inspect`](Self::inspect)); `()` when it keeps nothing.
+    type Memo: Default + Send + 'static;
+
     /// Reads a client's request body once: what it needs from a target,
     /// and what the upstream bodies are built from.
     fn read_request(&self, body: Bytes) -> Result<(Requirements, Self::Request), RequestError>;
@@ -427,18 +424,28 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         let _ = (client, upstream);
     }
 
-    /// Reads one dispatched event.
-    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a>;
+    /// Client request headers of this API that the provider needs to read
+    /// the request (an API version, beta flags). The failover layer
+    /// forwards them beside its header policy's lists. Default: none.
+    fn forwarded_request_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
 
-    /// Reads the next dispatched event of a stream, as
-    /// [`inspect`](Self::inspect) does, with the stream's `memo` (one per
-    /// stream, given every event in order) to skip work the earlier events
-    /// already did. The reading must not change: the same kind, finish
-    /// reason and usage. Identity fields equal to those of an earlier event
-    /// may read as `None`. Default: `inspect`, the memo unused.
-    fn inspect_next<'a>(&self, event: &'a SseEvent, memo: &mut StreamMemo) -> Chunk<'a> {
+    /// Reads the next dispatched event of a stream, with the stream's
+    /// `memo` (one per stream, given every event in order), which a
+    /// dialect may use to skip work the earlier events already did. The
+    /// reading must not depend on the memo: the same kind, finish reason
+    /// and usage as for a fresh memo. Identity fields equal to those of an
+    /// earlier event may read as `None`.
+    fn inspect<'a>(&self, event: &'a SseEvent, memo: &mut Self::Memo) -> Chunk<'a>;
+
+    /// Whether a finish reason seen so far leaves part of the answer open
+    /// (a chat stream with `n > 1`: one choice finished, another not). A
+    /// stream is whole only when this is `false` at its finish. Default:
+    /// `false`.
+    fn answer_open(&self, memo: &Self::Memo) -> bool {
         let _ = memo;
-        self.inspect(event)
+        false
     }
 
     /// The frames that end a failed stream in `identity`, per `mode`.
@@ -453,34 +460,39 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// The end-of-stream frame to append when a stream finished without one.
     fn done_frame(&self) -> Bytes;
 
-    /// What an in-band error event says (an event [`inspect`](Self::inspect)
-    /// called [`ChunkKind::Error`]). Default `None`: the classifier reads
-    /// the event's data with the error shapes it knows.
-    fn error_facts(&self, event: &SseEvent) -> Option<ErrorFacts> {
-        let _ = event;
+    /// What an error says: an in-band error event (one
+    /// [`inspect`](Self::inspect) called [`ChunkKind::Error`]) or an error
+    /// carried by a success body. Default `None`: the classifier reads it
+    /// with the error shapes it knows.
+    fn error_facts(&self, source: ErrorSource<'_>) -> Option<ErrorFacts> {
+        let _ = source;
         None
     }
 
-    /// Checks a whole non-streaming answer before it is released.
-    fn check_body(&self, body: &[u8]) -> BodyCheck;
-
-    /// Checks a whole answer as [`check_body`](Self::check_body) does and,
-    /// in the same pass, reads what identifies it (its id and finish
-    /// reason) for the records. Default: `check_body`, nothing read.
-    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
-        (self.check_body(body), AnswerFacts::default())
-    }
-
-    /// What an error carried by a success body says. Default `None`: the
-    /// classifier reads the body with the error shapes it knows.
-    fn body_error_facts(&self, body: &[u8]) -> Option<ErrorFacts> {
-        let _ = body;
-        None
-    }
+    /// Checks a whole non-streaming answer before it is released and, in
+    /// the same pass, reads what identifies it (its id and finish reason)
+    /// for the records.
+    fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts);
 
     /// The body of an error answer, in the shape this API's clients raise
-    /// on. The status is the gateway's to choose ([`client_status`]).
+    /// on. The status is the gateway's to choose.
     fn error_body(&self, error: &ErrorReply<'_>) -> Bytes;
+
+    /// The whole error answer a layer of the gateway gives itself: this
+    /// API's status for `status` ([`error_status`](Self::error_status)),
+    /// its error body and content type. Every layer that answers (the
+    /// failover, budget, limit and identity layers, and
+    /// [`UpstreamError::to_response`](crate::classify::UpstreamError::to_response))
+    /// builds its answer here.
+    fn error_response(&self, status: StatusCode, error: &ErrorReply<'_>) -> http::Response<Bytes> {
+        let mut response = http::Response::new(self.error_body(error));
+        *response.status_mut() = self.error_status(error.class, status);
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(self.error_content_type()),
+        );
+        response
+    }
 
     /// The content type of [`error_body`](Self::error_body).
     fn error_content_type(&self) -> &'static str {
@@ -493,33 +505,5 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     fn error_status(&self, class: FailureClass, status: StatusCode) -> StatusCode {
         let _ = class;
         status
-    }
-}
-
-/// The status a client is answered with when a failure of `class` is final
-/// and the provider's own `status` (if any) says no more.
-///
-/// Request errors keep the provider's 4xx when it means the same to a
-/// client (not 401/402/403/407/408/429/499), else 400 (413 for payload too
-/// large); an unknown model is 404; rate limits and spent quota 429; auth
-/// and permission failures 502 (the gateway's credential failed, not the
-/// client's); overload and shutdown 503; timeouts 504; other provider trouble 502; a
-/// cancelled request 499.
-pub(crate) fn client_status(class: FailureClass, status: Option<StatusCode>) -> StatusCode {
-    use FailureClass::*;
-    let own_4xx = status.filter(|s| {
-        s.is_client_error() && !matches!(s.as_u16(), 401 | 402 | 403 | 407 | 408 | 429 | 499)
-    });
-    match class {
-        InvalidRequest | ContextLengthExceeded | ContentFiltered => {
-            own_4xx.unwrap_or(StatusCode::BAD_REQUEST)
-        }
-        PayloadTooLarge => own_4xx.unwrap_or(StatusCode::PAYLOAD_TOO_LARGE),
-        ModelNotFound => StatusCode::NOT_FOUND,
-        RateLimited | QuotaExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Overloaded | Shutdown => StatusCode::SERVICE_UNAVAILABLE,
-        Timeout => StatusCode::GATEWAY_TIMEOUT,
-        Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        _ => StatusCode::BAD_GATEWAY,
     }
 }

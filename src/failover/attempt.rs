@@ -33,7 +33,7 @@ use crate::{
 };
 
 /// What an attempt came to.
-pub(crate) enum Outcome<B, D> {
+pub(crate) enum Outcome<B, D: Dialect> {
     /// The answer was released to the client.
     Committed {
         // Boxed: a response is far larger than a failure.
@@ -322,7 +322,7 @@ where
     }
 }
 
-fn failed<B, D>(failure: Classification, output_events: u64) -> Outcome<B, D> {
+fn failed<B, D: Dialect>(failure: Classification, output_events: u64) -> Outcome<B, D> {
     Outcome::Failed {
         failure,
         output_events,

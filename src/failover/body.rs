@@ -16,7 +16,7 @@ pin_project! {
     /// [commit machine](crate::stream::commit)'s body that held the preamble back,
     /// releasing it and then the rest of the upstream, so a later failure
     /// ends it cleanly.
-    pub struct FailoverBody<B, D = DefaultDialect> {
+    pub struct FailoverBody<B, D: Dialect = DefaultDialect> {
         #[pin]
         kind: Kind<B, D>,
     }
@@ -24,13 +24,13 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B, D> {
+    enum Kind<B, D: Dialect> {
         Full { bytes: Option<Bytes> },
         Stream { body: Pin<Box<StreamStateBody<B, D>>> },
     }
 }
 
-impl<B, D> FailoverBody<B, D> {
+impl<B, D: Dialect> FailoverBody<B, D> {
     pub(crate) fn full(bytes: Bytes) -> Self {
         Self {
             kind: Kind::Full { bytes: Some(bytes) },
@@ -49,7 +49,7 @@ impl<B, D> FailoverBody<B, D> {
     }
 }
 
-impl<B, D> std::fmt::Debug for FailoverBody<B, D> {
+impl<B, D: Dialect> std::fmt::Debug for FailoverBody<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             Kind::Full { bytes } => f
@@ -61,7 +61,7 @@ impl<B, D> std::fmt::Debug for FailoverBody<B, D> {
     }
 }
 
-impl<B, D> Body for FailoverBody<B, D>
+impl<B, D: Dialect> Body for FailoverBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,

@@ -11,22 +11,21 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 ///   (the gateway sets `content-type: application/json` itself);
 /// - `x-request-id`, `traceparent`, `tracestate`: the client's request id
 ///   and W3C trace context, so one request can be followed end to end;
-/// - `anthropic-version`, `anthropic-beta`: the shape of an Anthropic
-///   Messages request (which API version and beta features it is written
-///   for), which the provider needs to read it.
+/// - and the headers the route's dialect names
+///   ([`Dialect::forwarded_request_headers`](crate::dialect::Dialect::forwarded_request_headers)):
+///   for Anthropic Messages `anthropic-version` and `anthropic-beta`, the
+///   shape of the request, which the provider needs to read it.
 ///
 /// Not forwarded by default: `user-agent` (the gateway is the provider's
 /// client), `accept-encoding` (the gateway reads the answer, so it takes
 /// it uncompressed), SDK telemetry such as `x-stainless-*`, and every
 /// other custom header.
-pub(crate) const DEFAULT_REQUEST_HEADERS: [&str; 7] = [
+pub(crate) const DEFAULT_REQUEST_HEADERS: [&str; 5] = [
     "accept",
     "content-type",
     "x-request-id",
     "traceparent",
     "tracestate",
-    "anthropic-version",
-    "anthropic-beta",
 ];
 
 /// The `anthropic-beta` values that reach the provider by default; any
@@ -229,15 +228,16 @@ impl HeaderPolicy {
 
     /// Whether a client request header named `name` reaches the provider
     /// (when no `Connection` header names it).
-    #[cfg(test)]
-    pub(crate) fn forwards_request_header(&self, name: &str) -> bool {
+    /// Whether a client request header of this name reaches the provider
+    /// (before the route's dialect adds its own).
+    pub fn forwards_request_header(&self, name: &str) -> bool {
         allowed(&self.request, &name.to_ascii_lowercase())
     }
 
     /// Whether a provider response header named `name` reaches the client
     /// (when no `Connection` header names it).
-    #[cfg(test)]
-    pub(crate) fn forwards_response_header(&self, name: &str) -> bool {
+    /// Whether a provider response header of this name reaches the client.
+    pub fn forwards_response_header(&self, name: &str) -> bool {
         allowed(&self.response, &name.to_ascii_lowercase())
     }
 

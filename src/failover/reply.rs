@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::body::FailoverBody;
@@ -16,7 +15,7 @@ use crate::observe::TurnRecord;
 use crate::{FailureClass, classify::Classification};
 
 /// Headers and extensions every answer of a turn carries.
-pub(super) fn finish<B, D>(
+pub(super) fn finish<B, D: Dialect>(
     mut response: Response<FailoverBody<B, D>>,
     run: &TurnRecord,
     budget: &TurnBudget,
@@ -39,24 +38,9 @@ pub(super) fn error<B, D: Dialect>(
     status: StatusCode,
     reply: &ErrorReply<'_>,
 ) -> Response<FailoverBody<B, D>> {
-    whole(
-        dialect.error_status(reply.class, status),
-        dialect.error_body(reply),
-        dialect.error_content_type(),
-    )
-}
-
-fn whole<B, D>(
-    status: StatusCode,
-    body: Bytes,
-    content_type: &'static str,
-) -> Response<FailoverBody<B, D>> {
-    let mut response = Response::new(FailoverBody::full(body));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
+    dialect
+        .error_response(status, reply)
+        .map(FailoverBody::full)
 }
 
 /// The client's request cannot be served (the gateway's own check).
@@ -99,7 +83,7 @@ pub(super) fn classified<B, D: Dialect>(
     )
 }
 
-fn with_retry_after<B, D>(
+fn with_retry_after<B, D: Dialect>(
     mut response: Response<FailoverBody<B, D>>,
     after: Option<Duration>,
 ) -> Response<FailoverBody<B, D>> {

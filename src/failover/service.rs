@@ -431,6 +431,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         stream.apply(&self.stream);
         stream.classifier = classifier.clone();
         stream.shutdown = self.shutdown.clone();
+        let headers = self
+            .headers
+            .forward_request_headers(self.dialect.forwarded_request_headers());
         let mut timeouts = self.timeouts;
         timeouts.idle = self.stream.idle().unwrap_or(Duration::MAX);
         Failover {
@@ -450,7 +453,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 limits: self.limits,
                 commit: self.commit,
                 timeouts,
-                headers: self.headers,
+                headers,
                 max_request_bytes: self.max_request_bytes,
                 max_response_bytes: self.max_response_bytes,
                 max_held_bytes: self.max_held_bytes,
@@ -468,20 +471,20 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
 /// several attempts, backoff sleeps and the held-back preamble, which a
 /// hand-written state machine would only make harder to read; one
 /// allocation per turn is noise next to the upstream call.
-pub struct ResponseFuture<B, D = DefaultDialect> {
+pub struct ResponseFuture<B, D: Dialect = DefaultDialect> {
     inner: BoxTurn<B, D>,
 }
 
 /// A turn in progress, boxed.
 type BoxTurn<B, D> = Pin<Box<dyn Future<Output = Response<FailoverBody<B, D>>> + Send>>;
 
-impl<B, D> std::fmt::Debug for ResponseFuture<B, D> {
+impl<B, D: Dialect> std::fmt::Debug for ResponseFuture<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("failover::ResponseFuture")
     }
 }
 
-impl<B, D> Future for ResponseFuture<B, D> {
+impl<B, D: Dialect> Future for ResponseFuture<B, D> {
     type Output = Result<Response<FailoverBody<B, D>>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

@@ -1,7 +1,7 @@
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use tower_service::Service;
 
@@ -75,14 +75,10 @@ fn refusal<D: Dialect>(dialect: &D, refusal: Refusal) -> Response<Bytes> {
         Refusal::Unknown => "the API key is not valid for this gateway",
     };
     let reply = ErrorReply::new(FailureClass::Auth, message).code("invalid_api_key");
-    let mut response = Response::new(dialect.error_body(&reply));
-    *response.status_mut() = dialect.error_status(FailureClass::Auth, StatusCode::UNAUTHORIZED);
-    let headers = response.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(dialect.error_content_type()),
-    );
-    headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    let mut response = dialect.error_response(StatusCode::UNAUTHORIZED, &reply);
+    response
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     response
 }
 

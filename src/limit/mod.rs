@@ -49,7 +49,7 @@ pub use write_stall::{WriteStallLimit, WriteStalled};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
@@ -105,16 +105,10 @@ pub(crate) fn shed_answer<D: Dialect>(dialect: &D, retry_after: Duration) -> Res
         "the gateway is at its limit of concurrent requests; retry later",
     )
     .code("overloaded");
-    let mut response = Response::new(dialect.error_body(&reply));
-    *response.status_mut() =
-        dialect.error_status(FailureClass::Overloaded, StatusCode::SERVICE_UNAVAILABLE);
+    let mut response = dialect.error_response(StatusCode::SERVICE_UNAVAILABLE, &reply);
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(dialect.error_content_type()),
-    );
     response
 }

@@ -21,7 +21,7 @@ use crate::dialect::TerminalMode;
 /// use tower_llm_failover::stream::StreamPolicy;
 ///
 /// let policy = StreamPolicy::new()
-///     .terminal_mode(TerminalMode::FinishReasonOnly)
+///     .terminal_mode(TerminalMode::Finish)
 ///     .idle_timeout(Duration::from_secs(30));
 /// assert_eq!(policy.idle(), Some(Duration::from_secs(30)));
 /// ```

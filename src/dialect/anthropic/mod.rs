@@ -59,7 +59,7 @@ const OVERLOADED: u16 = 529;
 /// let mut kinds = Vec::new();
 /// SseScanner::new().feed(&wire, |item| {
 ///     if let SseItem::Event(event) = item {
-///         kinds.push(AnthropicMessages.inspect(&event).kind);
+///         kinds.push(AnthropicMessages.inspect(&event, &mut ()).kind);
 ///     }
 /// });
 /// use ChunkKind::*;
@@ -70,6 +70,7 @@ pub struct AnthropicMessages;
 
 impl Dialect for AnthropicMessages {
     type Request = MessagesRequest;
+    type Memo = ();
 
     fn read_request(&self, body: Bytes) -> Result<(Requirements, MessagesRequest), RequestError> {
         request::read(body)
@@ -79,11 +80,15 @@ impl Dialect for AnthropicMessages {
         request::upstream_body(request, model)
     }
 
+    fn forwarded_request_headers(&self) -> &'static [&'static str] {
+        &["anthropic-version", "anthropic-beta"]
+    }
+
     fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap) {
         request::upstream_headers(client, upstream);
     }
 
-    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
+    fn inspect<'a>(&self, event: &'a SseEvent, _memo: &mut ()) -> Chunk<'a> {
         stream::inspect(event)
     }
 
@@ -99,10 +104,6 @@ impl Dialect for AnthropicMessages {
 
     fn done_frame(&self) -> Bytes {
         Bytes::from_static(stream::MESSAGE_STOP)
-    }
-
-    fn check_body(&self, body: &[u8]) -> BodyCheck {
-        reply::check_answer(body).0
     }
 
     fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {
@@ -136,7 +137,7 @@ mod tests {
         let mut out = Vec::new();
         SseScanner::new().feed(&Bytes::copy_from_slice(wire.as_bytes()), |item| {
             if let SseItem::Event(event) = item {
-                let chunk = AnthropicMessages.inspect(&event);
+                let chunk = AnthropicMessages.inspect(&event, &mut ());
                 let name = String::from_utf8_lossy(event.event().unwrap_or(b"")).into_owned();
                 out.push((
                     name,
@@ -290,7 +291,7 @@ mod tests {
         let error = TerminalError::new(FailureClass::Overloaded, Phase::Committed, "Overloaded")
             .provider_code(Some("overloaded_error".to_owned()))
             .sent(1234, 40);
-        for mode in [TerminalMode::ErrorChunk, TerminalMode::ErrorEvent] {
+        for mode in [TerminalMode::Raise, TerminalMode::ErrorEventOnly] {
             let frames =
                 AnthropicMessages.terminal(&ChunkIdentity::default(), "error", &error, mode);
             let text = std::str::from_utf8(&frames).unwrap();
@@ -309,7 +310,7 @@ mod tests {
             &ChunkIdentity::default(),
             "error",
             &error,
-            TerminalMode::FinishReasonOnly,
+            TerminalMode::Finish,
         );
         let quiet = std::str::from_utf8(&quiet).unwrap();
         let delta = data_of(quiet, "message_delta");
@@ -368,7 +369,7 @@ mod tests {
         );
         let empty_after_tool = br#"{"type":"message","content":[],"stop_reason":"end_turn"}"#;
         assert!(matches!(
-            AnthropicMessages.check_body(empty_after_tool),
+            AnthropicMessages.check_answer(empty_after_tool).0,
             BodyCheck::Valid { .. }
         ));
         for (bad, fault) in [
@@ -380,7 +381,7 @@ mod tests {
             (br#"[{"type":"message"}]"#, BodyFault::UnexpectedJson),
             (b"not json", BodyFault::NotJson),
         ] {
-            match AnthropicMessages.check_body(bad) {
+            match AnthropicMessages.check_answer(bad).0 {
                 BodyCheck::Invalid { fault: got, .. } => {
                     assert_eq!(got, fault, "{}", String::from_utf8_lossy(bad))
                 }

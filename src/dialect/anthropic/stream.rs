@@ -169,7 +169,7 @@ fn empty_start(block: &BlockStart<'_>) -> bool {
 ///
 /// Anthropic has no error `stop_reason`, and `message_stop` means success,
 /// so a failure is an `event: error` (the SDKs raise on it) and nothing
-/// after it. [`TerminalMode::FinishReasonOnly`], for clients that must not
+/// after it. [`TerminalMode::Finish`], for clients that must not
 /// raise, ends the message instead: a `message_delta` whose `stop_reason`
 /// is the gateway's finish reason (`"error"`), the error under
 /// `stream_error`, then `message_stop`. Its `usage` is an empty object: the
@@ -198,14 +198,14 @@ pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: Termina
     };
     let mut out = Vec::with_capacity(384);
     let written = match mode {
-        TerminalMode::ErrorChunk | TerminalMode::ErrorEvent => {
+        TerminalMode::Raise | TerminalMode::ErrorEventOnly => {
             out.extend_from_slice(b"event: error\ndata: ");
             serde_json::to_writer(
                 &mut out,
                 &serde_json::json!({"type": "error", "error": body}),
             )
         }
-        TerminalMode::FinishReasonOnly => {
+        TerminalMode::Finish => {
             out.extend_from_slice(b"event: message_delta\ndata: ");
             serde_json::to_writer(
                 &mut out,
@@ -228,7 +228,7 @@ pub(super) fn terminal(finish_reason: &str, error: &TerminalError, mode: Termina
         );
     }
     out.extend_from_slice(b"\n\n");
-    if mode == TerminalMode::FinishReasonOnly && written.is_ok() {
+    if mode == TerminalMode::Finish && written.is_ok() {
         out.extend_from_slice(MESSAGE_STOP);
     }
     Bytes::from(out)
@@ -301,7 +301,7 @@ mod tests {
             "Overloaded",
         )
         .sent(1234, 40);
-        let frames = terminal("error", &error, TerminalMode::FinishReasonOnly);
+        let frames = terminal("error", &error, TerminalMode::Finish);
         let text = std::str::from_utf8(&frames).unwrap();
         let prefix = "event: message_delta\ndata: ";
         let at = text.find(prefix).unwrap() + prefix.len();

@@ -18,9 +18,18 @@ pub use request::ChatRequest;
 
 use super::{
     AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
-    StreamMemo, TerminalError, TerminalMode,
+    TerminalError, TerminalMode,
 };
 use crate::sse::SseEvent;
+
+/// What the chat dialect keeps of a stream's earlier events: the last
+/// valid chunk's text before `choices` (so the next chunk's shared prefix
+/// is skipped), and which choices appeared and finished.
+#[derive(Debug, Default)]
+pub struct ChatMemo {
+    prefix: skim::ChunkPrefix,
+    choices: skim::ChoiceSet,
+}
 
 /// The OpenAI chat completions dialect.
 ///
@@ -39,6 +48,7 @@ pub struct OpenAiChat;
 
 impl Dialect for OpenAiChat {
     type Request = ChatRequest;
+    type Memo = ChatMemo;
 
     fn read_request(&self, body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
         request::read(body)
@@ -48,12 +58,12 @@ impl Dialect for OpenAiChat {
         request::upstream_body(request, model)
     }
 
-    fn inspect<'a>(&self, event: &'a SseEvent) -> Chunk<'a> {
-        stream::inspect(event)
+    fn inspect<'a>(&self, event: &'a SseEvent, memo: &mut ChatMemo) -> Chunk<'a> {
+        stream::inspect_next(event, &mut memo.prefix, &mut memo.choices)
     }
 
-    fn inspect_next<'a>(&self, event: &'a SseEvent, memo: &mut StreamMemo) -> Chunk<'a> {
-        stream::inspect_next(event, &mut memo.chat_prefix, &mut memo.chat_choices)
+    fn answer_open(&self, memo: &ChatMemo) -> bool {
+        memo.choices.open()
     }
 
     fn terminal(
@@ -68,10 +78,6 @@ impl Dialect for OpenAiChat {
 
     fn done_frame(&self) -> Bytes {
         Bytes::from_static(stream::DONE_FRAME)
-    }
-
-    fn check_body(&self, body: &[u8]) -> BodyCheck {
-        reply::check_answer(body).0
     }
 
     fn check_answer(&self, body: &[u8]) -> (BodyCheck, AnswerFacts) {

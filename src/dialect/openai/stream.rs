@@ -1,13 +1,17 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::skim::{ChoiceSet, ChunkPrefix, Invalid, Skim, skim, skim_next};
+#[cfg(test)]
+use super::skim::skim;
+use super::skim::{ChoiceSet, ChunkPrefix, Invalid, Skim, skim_next};
 use crate::dialect::{Chunk, ChunkIdentity, ChunkKind, TerminalError, TerminalMode};
 use crate::sse::SseEvent;
 
 pub(super) const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
 
-/// Reads the data of a `message` or `error` event (not `[DONE]`).
+/// Reads the data of a `message` or `error` event (not `[DONE]`), with no
+/// memo: the reference the memo-resuming read is tested against.
+#[cfg(test)]
 pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
     chunk_of(error_event, skim(data))
 }
@@ -56,7 +60,8 @@ fn chunk_of(error_event: bool, skimmed: Result<Skim<'_>, Invalid>) -> Chunk<'_> 
     }
 }
 
-/// Reads one dispatched event of a chat chunk stream.
+/// Reads one dispatched event of a chat chunk stream, with no memo.
+#[cfg(test)]
 pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
     match chunk_data(event) {
         Ok((error_event, data)) => read_chunk(error_event, data),
@@ -148,7 +153,7 @@ pub(super) fn terminal(
             output_events: error.output_events,
         };
         let mut out = Vec::with_capacity(512);
-        let written = if mode == TerminalMode::ErrorEvent {
+        let written = if mode == TerminalMode::ErrorEventOnly {
             out.extend_from_slice(b"event: error\ndata: ");
             serde_json::to_writer(&mut out, &ErrorEvent { error: &body })
         } else {
@@ -163,8 +168,8 @@ pub(super) fn terminal(
                     delta: Delta {},
                     finish_reason,
                 }],
-                error: (mode == TerminalMode::ErrorChunk).then_some(&body),
-                stream_error: (mode == TerminalMode::FinishReasonOnly).then_some(&body),
+                error: (mode == TerminalMode::Raise).then_some(&body),
+                stream_error: (mode == TerminalMode::Finish).then_some(&body),
             };
             serde_json::to_writer(&mut out, &chunk)
         };
@@ -175,7 +180,7 @@ pub(super) fn terminal(
             out.extend_from_slice(b"data: {\"error\":{\"message\":\"stream failed\"}}");
         }
         out.extend_from_slice(b"\n\n");
-        if mode != TerminalMode::ErrorEvent {
+        if mode != TerminalMode::ErrorEventOnly {
             out.extend_from_slice(DONE_FRAME);
         }
         Bytes::from(out)
@@ -326,7 +331,7 @@ mod tests {
             "Rate limit \"reached\"",
         )
         .sent(400, 40);
-        let frames = terminal(&identity, "error", &error, TerminalMode::ErrorChunk);
+        let frames = terminal(&identity, "error", &error, TerminalMode::Raise);
         let text = std::str::from_utf8(&frames).unwrap();
         let (chunk, done) = text.split_once("\n\n").unwrap();
         assert_eq!(done, "data: [DONE]\n\n");
@@ -343,7 +348,7 @@ mod tests {
         assert_eq!(json["error"]["bytes_sent"], 400);
         assert_eq!(json["error"]["output_events"], 40);
 
-        let quiet = terminal(&identity, "error", &error, TerminalMode::FinishReasonOnly);
+        let quiet = terminal(&identity, "error", &error, TerminalMode::Finish);
         let quiet: serde_json::Value = serde_json::from_str(
             std::str::from_utf8(&quiet)
                 .unwrap()
@@ -357,7 +362,7 @@ mod tests {
         assert!(quiet.get("error").is_none());
         assert_eq!(quiet["stream_error"]["code"], "rate_limit_exceeded");
 
-        let event = terminal(&identity, "error", &error, TerminalMode::ErrorEvent);
+        let event = terminal(&identity, "error", &error, TerminalMode::ErrorEventOnly);
         let event = std::str::from_utf8(&event).unwrap();
         assert!(event.starts_with("event: error\ndata: {\"error\":{"));
         assert!(event.ends_with("}}\n\n"));

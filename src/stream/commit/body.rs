@@ -17,7 +17,7 @@ use crate::time::Alarm;
 use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
-use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, StreamMemo, TerminalError};
+use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, ErrorSource, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 use crate::{Phase, classify::Classification};
 
@@ -31,7 +31,7 @@ pin_project! {
     /// an incomplete event is held back until its blank line arrives, and a
     /// failure after commit ends the stream with the dialect's terminal
     /// event instead of the upstream's remaining bytes.
-    pub struct StreamStateBody<B, D> {
+    pub struct StreamStateBody<B, D: Dialect> {
         #[pin]
         inner: B,
         // Boxed so the body is `Unpin` whenever the upstream body is.
@@ -54,7 +54,7 @@ pin_project! {
     }
 }
 
-impl<B, D> std::fmt::Debug for StreamStateBody<B, D> {
+impl<B, D: Dialect> std::fmt::Debug for StreamStateBody<B, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamStateBody")
             .field("inspected", &self.inspector.is_some())
@@ -98,7 +98,7 @@ pub(crate) enum Release {
     },
 }
 
-impl<B, D> StreamStateBody<B, D>
+impl<B, D: Dialect> StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -222,7 +222,7 @@ enum Decision {
     Drop(u64),
 }
 
-struct Inspector<D> {
+struct Inspector<D: Dialect> {
     config: Arc<InspectConfig<D>>,
     scanner: SseScanner,
     state: StreamState,
@@ -234,7 +234,7 @@ struct Inspector<D> {
     /// Reused for every frame so per-frame work allocates nothing.
     decisions: Vec<Decision>,
     /// What the dialect keeps between this stream's events.
-    memo: StreamMemo,
+    memo: D::Memo,
     out: VecDeque<Frame<Bytes>>,
     /// Boxed: rare, and large beside the rest of a held stream's state.
     pending_failure: Option<Box<FailureKind>>,
@@ -287,7 +287,7 @@ impl<D: Dialect> Inspector<D> {
             // Room for a frame's usual events; a held stream keeps it, so
             // it is small (it grows once if a frame carries more).
             decisions: Vec::with_capacity(2),
-            memo: StreamMemo::default(),
+            memo: D::Memo::default(),
             out: VecDeque::with_capacity(2),
             pending_failure: None,
             identity: StreamIdentity::default(),
@@ -629,11 +629,11 @@ impl<D: Dialect> Inspector<D> {
 
 /// What one frame's events update, borrowed from the inspector while the
 /// scanner feeds the frame.
-struct Feed<'a, D> {
+struct Feed<'a, D: Dialect> {
     config: &'a InspectConfig<D>,
     state: &'a StreamState,
     decisions: &'a mut Vec<Decision>,
-    memo: &'a mut StreamMemo,
+    memo: &'a mut D::Memo,
     pending_failure: &'a mut Option<Box<FailureKind>>,
     identity: &'a mut StreamIdentity,
     output_events: &'a mut u64,
@@ -671,7 +671,7 @@ impl<D: Dialect> Feed<'_, D> {
     }
 
     fn event(&mut self, event: &crate::sse::SseEvent) {
-        let chunk = self.config.dialect.inspect_next(event, self.memo);
+        let chunk = self.config.dialect.inspect(event, self.memo);
         let end = event.range().end;
         update_identity(self.identity, self.state, &chunk.identity);
         if let Some(usage) = chunk.usage {
@@ -687,7 +687,7 @@ impl<D: Dialect> Feed<'_, D> {
         // Whole only when no choice is left open: with `n > 1`, one
         // choice's finish says nothing of the others (a bit test per event).
         if *self.finish_seen {
-            *self.finished = !self.memo.answer_open();
+            *self.finished = !self.config.dialect.answer_open(self.memo);
         }
         match chunk.kind {
             ChunkKind::Output => {
@@ -723,7 +723,7 @@ impl<D: Dialect> Feed<'_, D> {
                 *self.pending_failure = Some(Box::new(FailureKind::InBand {
                     event: event.event().map(Bytes::copy_from_slice),
                     data: event.data().clone(),
-                    facts: self.config.dialect.error_facts(event),
+                    facts: self.config.dialect.error_facts(ErrorSource::Event(event)),
                 }));
             }
             ChunkKind::Malformed => self.malformed(Some(end)),
@@ -754,7 +754,7 @@ impl<D: Dialect> Feed<'_, D> {
     }
 }
 
-impl<D> Drop for Inspector<D> {
+impl<D: Dialect> Drop for Inspector<D> {
     fn drop(&mut self) {
         self.cancel_if_running();
         if let Some(on_end) = self.on_end.take() {
@@ -763,7 +763,7 @@ impl<D> Drop for Inspector<D> {
     }
 }
 
-impl<D> Inspector<D> {
+impl<D: Dialect> Inspector<D> {
     fn cancel_if_running(&mut self) {
         if self.state.status().is_terminal() {
             return;
@@ -815,7 +815,7 @@ fn update_identity(local: &mut StreamIdentity, state: &StreamState, seen: &Chunk
     }
 }
 
-impl<B, D> StreamStateBody<B, D>
+impl<B, D: Dialect> StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -926,7 +926,7 @@ where
     }
 }
 
-impl<B, D> Body for StreamStateBody<B, D>
+impl<B, D: Dialect> Body for StreamStateBody<B, D>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
