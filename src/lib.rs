@@ -1,5 +1,7 @@
-//! Tower middleware for LLM gateways that put several OpenAI-compatible
-//! providers behind one endpoint.
+//! Tower middleware for LLM gateways that put several model providers
+//! behind one endpoint, in the API their clients speak: OpenAI chat
+//! completions and Anthropic Messages today, any other through a
+//! [`Dialect`](dialect::Dialect) of your own.
 //!
 //! The one rule everything here serves: **a request may move to another
 //! provider only while nothing of the model's answer has reached the client.**
@@ -11,8 +13,9 @@
 //!
 //! 1. Failover is legal only at zero tokens: before commit a failed attempt
 //!    is retried or rerouted invisibly; after it, never.
-//! 2. After commit, never append: a failure ends the stream with one terminal
-//!    chunk (`finish_reason` set, an `error` object) and `[DONE]`.
+//! 2. After commit, never append: a failure ends the stream with the
+//!    dialect's one terminal event (for chat completions a chunk with
+//!    `finish_reason` set and an `error` object, then `[DONE]`).
 //! 3. Classify by the provider's contract, not by catch-all: only some
 //!    classes retry or reroute; request errors stop.
 //! 4. One budget per turn: deadline, attempts and spend are shared by every
@@ -24,29 +27,39 @@
 //! 7. Every hop is visible: one turn id per turn, one record per attempt,
 //!    with the bytes flushed before the failure.
 //!
+//! The words every layer shares live at the crate root: [`FailureClass`],
+//! [`Phase`], [`Decision`], [`TurnId`], [`TurnDeadline`], [`TurnOutcome`],
+//! [`StopReason`], [`Usage`], [`Cost`].
+//!
 //! Modules, outermost layer first:
+//! - [`identity`]: `IdentityLayer`: API keys, and the
+//!   [`ClientId`](identity::ClientId) every shared count (retry shares,
+//!   spend, health evidence, limits) is kept per.
+//! - [`limit`]: request-body read limits, per-client rates, and an
+//!   in-flight cap that sheds with the dialect's 503.
 //! - [`budget`]: `BudgetLayer`: one deadline, attempt cap and spend ceiling
 //!   per turn, published in the request extensions.
 //! - [`failover`]: `Failover`: zero-token failover across compatible
-//!   targets, health keyed by (provider, model), the decision per failure.
-//! - [`stream`]: `StreamStateLayer`: commit tracking and clean termination
-//!   around a single upstream (`Failover` contains the same machine).
+//!   targets, and the decision per failure.
+//! - [`health`]: passive health keyed by (provider, model), shared by a
+//!   whole gateway; the backend trait and the memory store.
+//! - [`stream`]: `StreamStateLayer` and the commit machine (Preamble →
+//!   Committed → Ended) that it and `Failover` run every stream through.
 //! - [`classify`]: failure classes from the providers' own contracts.
-//! - [`commit`]: the commit machine (Preamble → Committed → Ended) both of
-//!   the above run every stream through.
-//! - [`dialect`]: everything about a wire format (OpenAI chat completions
-//!   first); [`sse`]: the zero-copy SSE scanner underneath.
-//! - [`record`]: run and attempt records; [`telemetry`]: GenAI spans and
-//!   metrics through `tracing` and the `metrics` facade.
-//! - [`identity`]: the [`ClientId`](identity::ClientId) every shared count
-//!   (retry shares, spend, health evidence, limits) is kept per.
-//! - [`limit`]: request-body read limits and an in-flight cap that sheds
-//!   with the dialect's 503; [`shutdown`]: the signal that ends running
-//!   streams cleanly when a gateway's grace period is over.
+//! - [`dialect`]: everything about a wire format; [`sse`]: the zero-copy
+//!   SSE scanner underneath.
+//! - [`observe`]: turn and attempt records, GenAI spans and metrics through
+//!   `tracing` and the `metrics` facade.
+//! - [`shutdown`]: the signal that ends running streams cleanly when a
+//!   gateway's grace period is over.
 //! - `action` (feature `actions`, on by default): idempotent tool actions
 //!   keyed by the application.
 //! - `client` (feature `client`, on by default): `UpstreamClient`, the real
 //!   upstream HTTP client (hyper, rustls).
+//! - `redis` (feature `redis`): the shared stores on Redis.
+//!
+//! Scripted fake providers for tests live in the companion crate
+//! `tower-llm-testing`.
 //!
 //! # How a request and its body flow
 //!
@@ -58,7 +71,7 @@
 //! skips those whose health key rests, and sends each attempt the client's
 //! bytes with the target's model spliced in, through a
 //! [`ClassifyLayer`](classify::ClassifyLayer) that names every failure. A
-//! streamed answer runs through one [`StreamStateBody`](commit::StreamStateBody):
+//! streamed answer runs through one [`StreamStateBody`](stream::StreamStateBody):
 //! held back until the commit window, so an attempt that fails before then
 //! is rerouted and the client never sees it; then released, frame for frame
 //! the same bytes, ending with the dialect's terminal event if the stream

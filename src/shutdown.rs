@@ -70,8 +70,7 @@ impl Shutdown {
     }
 
     /// Whether [`end_streams`](Self::end_streams) was called.
-    #[cfg(test)]
-    pub(crate) fn is_ending(&self) -> bool {
+    pub fn is_ending(&self) -> bool {
         self.fired.load(Ordering::Acquire)
     }
 

@@ -59,7 +59,7 @@
 //! let c = error.classification();
 //! assert_eq!(c.class, FailureClass::QuotaExhausted); // a 429, but not a rate limit
 //! assert_eq!(c.phase, Phase::Head);
-//! assert_eq!(c.recovery, Recovery::Reroute);
+//! assert_eq!(c.recovery, Decision::Reroute);
 //! assert_eq!(c.provider_code.as_deref(), Some("insufficient_quota"));
 //!
 //! // What a gateway answers when no other provider is left, in the shape

@@ -34,7 +34,7 @@ pub struct RateLimitHeaders(Option<Arc<Vec<(HeaderName, HeaderValue)>>>);
 
 impl RateLimitHeaders {
     /// The rate-limit headers among `headers`.
-    pub(crate) fn from_headers(headers: &HeaderMap) -> Self {
+    pub fn from_headers(headers: &HeaderMap) -> Self {
         let kept: Vec<_> = headers
             .iter()
             .filter(|(name, value)| {

@@ -400,8 +400,10 @@ mod tests {
         );
         client.append("anthropic-beta", "mcp-client-2025-04-04".parse().unwrap());
         client.append("anthropic-beta", "output-128k-2025-02-19".parse().unwrap());
+        // The Messages dialect names the header; its values are filtered.
+        let messages = || HeaderPolicy::new().forward_request_headers(["anthropic-beta"]);
         let mut upstream = HeaderMap::new();
-        HeaderPolicy::new().copy_request(&client, &mut upstream);
+        messages().copy_request(&client, &mut upstream);
         let sent: Vec<_> = upstream.get_all("anthropic-beta").iter().collect();
         assert_eq!(
             sent,
@@ -410,7 +412,7 @@ mod tests {
         // An operator may allow more; a policy that does not forward the
         // header sends none.
         let mut upstream = HeaderMap::new();
-        HeaderPolicy::new()
+        messages()
             .allow_anthropic_betas(["files-api-2025-04-14"])
             .copy_request(&client, &mut upstream);
         let sent: Vec<_> = upstream.get_all("anthropic-beta").iter().collect();
