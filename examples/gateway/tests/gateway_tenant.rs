@@ -1,4 +1,4 @@
-//! The gateway example's tenant checks in memory, over 127.0.0.1: a turn
+//! The gateway's tenant checks in memory, over 127.0.0.1: a turn
 //! refused by the tenant ceiling, or for naming no tenant when one is
 //! required (`[state] require_tenant`), reaches no provider and still
 //! leaves its one `turn` line, under the run id the response names.
@@ -6,10 +6,7 @@
 //! One test in its own binary: it installs the process-wide subscriber
 //! (tracing caches per-callsite interest, which a thread-local subscriber
 //! cannot rely on while other tests run in parallel).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,6 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_failover::record::RUN_ID_HEADER;
 use tower_llm_failover::testing::upstream::FakeUpstream;
+use tower_llm_gateway::app;
 use tracing_subscriber::layer::SubscriberExt;
 
 type Fields = BTreeMap<&'static str, String>;

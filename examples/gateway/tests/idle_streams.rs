@@ -16,10 +16,7 @@
 //! beyond it is ours. CI opens 300 streams and guards against regressions
 //! with a ceiling on the difference; the README reports the figures of
 //! `benches/idle_streams.sh` (release build, 1,000 streams by default).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -28,8 +25,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_gateway::app;
 
-/// The gateway example's allocator (`examples/gateway/main.rs`): the
+/// The gateway's allocator (`src/main.rs`): the
 /// gateway child is this binary, measured with what ships.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1,10 +1,7 @@
-//! End to end over 127.0.0.1: fake upstreams and the gateway example run
+//! End to end over 127.0.0.1: fake upstreams and the gateway run
 //! in-process on free ports, and a real HTTP client checks what it receives
 //! and how many attempts each upstream saw.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
@@ -14,6 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_gateway::app;
 
 /// A gateway in front of `primary` and `backup`, with `extra` TOML appended
 /// to `[budget]` and `[failover]` sections given as text.

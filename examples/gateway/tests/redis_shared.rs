@@ -5,11 +5,12 @@
 //!
 //! Without `redis-server` these tests skip loudly, except under `CI=true`,
 //! where they fail (`.ci/run` installs it).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../examples/gateway/app.rs"]
-mod app;
-#[path = "support/redis_server.rs"]
+// The library's test support (tests/support/), shared by #[path]: each
+// includer uses part of it.
+#[allow(unreachable_pub)]
+#[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use tower_llm_failover::redis::{
 };
 use tower_llm_failover::testing::FakeProvider;
 use tower_llm_failover::testing::upstream::{FakeUpstream, Fault};
+use tower_llm_gateway::app;
 
 /// A bounded wait for something another replica learns in the background
 /// (200 × 25 ms); the assertion is on the outcome, not on the time.
@@ -1399,7 +1401,7 @@ async fn redis_killed_mid_run_then_restarted() {
 
 // ---------------------------------------------------------------- processes
 
-/// A gateway example process, killed when dropped.
+/// A gateway process, killed when dropped.
 struct GatewayProcess {
     child: std::process::Child,
     addr: std::net::SocketAddr,
@@ -1412,11 +1414,10 @@ impl Drop for GatewayProcess {
     }
 }
 
-/// `target/<profile>/examples/gateway`, built by `cargo test`.
+/// The package's `tower-llm-gateway` binary, which cargo builds before
+/// the integration tests.
 fn gateway_binary() -> Option<std::path::PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let profile = exe.parent()?.parent()?;
-    let binary = profile.join("examples").join("gateway");
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tower-llm-gateway"));
     binary.is_file().then_some(binary)
 }
 

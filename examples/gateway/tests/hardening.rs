@@ -1,10 +1,7 @@
 //! Hardening (issue #13): which headers cross the failover layer each way,
 //! timeouts that reroute a silent non-streaming upstream while the turn
 //! still has time, and logs a client cannot forge.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 use std::future::Ready;
@@ -27,6 +24,7 @@ use tower_llm_failover::testing::upstream::FakeUpstream;
 use tower_llm_failover::testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
 };
+use tower_llm_gateway::app;
 
 fn request(model: &str, stream: bool) -> Request<Full<Bytes>> {
     let body = serde_json::json!({
@@ -458,7 +456,7 @@ fn log_safe_cuts_a_long_value() {
 }
 
 // ---------------------------------------------------------------------------
-// The gateway example's `[failover]` header lists, over loopback.
+// The gateway's `[failover]` header lists, over loopback.
 
 async fn gateway(failover: &str, upstream: &FakeUpstream) -> app::Running {
     let config = format!(
