@@ -8,7 +8,7 @@
 //!
 //! The target is the bare hyper pass-through's own cost per stream plus at
 //! most 4 KiB, measured side by side in one run: the pass-through
-//! (`examples/passthrough.rs`, built with the tests) holds the same streams
+//! (`fixtures/passthrough.rs`, built with the tests) holds the same streams
 //! through the same upstream first, then the gateway. Every stream holds
 //! two HTTP/1.1 connections in either proxy, and hyper keeps an 8 KiB read
 //! buffer and an 8 KiB head write buffer per connection for its life
@@ -257,7 +257,7 @@ base_url = "{}"
                 "the passthrough example is not built; CI=true, so the baseline cannot be skipped"
             );
             eprintln!(
-                "!!!!!!!! SKIPPED the baseline: the passthrough example is not built (run the whole `cargo test`, or `cargo build --example passthrough`)"
+                "!!!!!!!! SKIPPED the baseline: the passthrough example is not built (run the whole `cargo test`, or `cargo build -p tower-llm-gateway --example passthrough`)"
             );
             None
         }
