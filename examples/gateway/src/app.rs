@@ -1,5 +1,5 @@
 //! The gateway's configuration and router: the TOML [`Config`], the
-//! [`Gateway`] it builds, and [`serve`], which serves it.
+//! [`Gateway`] it builds, and [`serve()`], which serves it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
