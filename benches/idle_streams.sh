@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Memory per idle, committed stream, as users measure it: the gateway, the
-# slow upstream and the clients in three processes (tests/idle_streams.rs).
+# slow upstream and the clients in three processes
+# (examples/gateway/tests/idle_streams.rs).
 #
 #   benches/idle_streams.sh [STREAMS]     # default 1000
 #
-# The bare pass-through (examples/passthrough.rs) holds the same streams
-# first, in its own process: the target is its figure plus at most 4 KiB.
+# The bare pass-through (examples/gateway/fixtures/passthrough.rs) holds
+# the same streams first, in its own process: the target is its figure plus
+# at most 4 KiB.
 #
 # Each stream costs the gateway two sockets and the clients and upstream
 # one each; the gateway needs about 2 x STREAMS descriptors. The script
@@ -25,6 +27,6 @@ if [ "$hard" != unlimited ]; then
 else
   ulimit -n 65536
 fi
-cargo build --release --example passthrough
-IDLE_STREAMS=$want cargo test --release --all-features --test idle_streams \
+cargo build --release -p tower-llm-gateway --example passthrough
+IDLE_STREAMS=$want cargo test --release -p tower-llm-gateway --test idle_streams \
   -- memory_per_idle_committed_stream --exact --nocapture

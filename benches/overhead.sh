@@ -2,9 +2,12 @@
 # benches/overhead.sh: the out-of-process overhead benchmark (issue 11).
 #
 # Builds release binaries and runs, as separate processes on 127.0.0.1:
-#   - the fake upstream (examples/fake_upstream.rs), answering at once (no pacing);
-#   - a bare hyper pass-through proxy (examples/passthrough.rs), the baseline;
-#   - the gateway example (examples/gateway) with one provider, no routes, RUST_LOG=warn;
+#   - the fake upstream (examples/gateway/fixtures/fake_upstream.rs), answering
+#     at once (no pacing);
+#   - a bare hyper pass-through proxy (examples/gateway/fixtures/passthrough.rs),
+#     the baseline;
+#   - the gateway (target/release/tower-llm-gateway, package tower-llm-gateway)
+#     with one provider, no routes, RUST_LOG=warn;
 #   - wrk as the load generator (installed with apt-get when missing).
 # Four workloads (small completion and 100-token stream, at 1 and 32
 # connections), pass-through and gateway interleaved in every round; prints
@@ -77,13 +80,15 @@ ensure_tool curl curl
 
 # --- build --------------------------------------------------------------------
 
-echo "building release binaries (fake_upstream, passthrough, gateway)..." >&2
-cargo build --release --quiet --example fake_upstream --example passthrough --example gateway
+echo "building release binaries (tower-llm-gateway and its fixtures fake_upstream, passthrough)..." >&2
+cargo build --release --quiet -p tower-llm-gateway \
+    --bin tower-llm-gateway --example fake_upstream --example passthrough
 TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
-for b in fake_upstream passthrough gateway; do
-    [[ -x $BIN/$b ]] || die "missing $BIN/$b"
+GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
+for b in "$BIN/fake_upstream" "$BIN/passthrough" "$GATEWAY"; do
+    [[ -x $b ]] || die "missing $b"
 done
 
 # --- processes ----------------------------------------------------------------
@@ -136,7 +141,7 @@ listen = "127.0.0.1:0"
 name = "up"
 base_url = "$UP_BASE"
 EOF
-RUST_LOG=warn "$BIN/gateway" --config "$WORK/gateway.toml" >"$WORK/gateway.log" 2>&1 &
+RUST_LOG=warn "$GATEWAY" --config "$WORK/gateway.toml" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 PIDS+=("$GW_PID")
 GW_ADDR=$(wait_ready "$GW_PID" "$WORK/gateway.log" 'ready on http://127\.0\.0\.1:[0-9]+')

@@ -1,14 +1,11 @@
 //! The Anthropic Messages dialect end to end over 127.0.0.1: fake upstreams
-//! that speak Messages, the gateway example's `/v1/messages`, and the
+//! that speak Messages, the gateway's `/v1/messages`, and the
 //! official SDKs (Python `anthropic`, npm `@anthropic-ai/sdk`) as clients.
 //!
 //! `.ci/run` installs both SDKs under `target/sdk/` next to the OpenAI
 //! ones. Without them the SDK tests say so loudly and skip, except under
 //! `CI=true`, where a missing SDK fails the test.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -25,6 +22,7 @@ use tower_llm_failover::client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::AnthropicMessages;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 const ROUTES: &str = r#"
@@ -92,7 +90,8 @@ targets = [{ provider = "openai", model = "gpt-upstream" }]
 struct Gateway {
     primary: FakeUpstream,
     backup: FakeUpstream,
-    openai: FakeUpstream,
+    /// Held for the chat route's provider to keep serving.
+    _openai: FakeUpstream,
     running: app::Running,
 }
 
@@ -146,7 +145,7 @@ dialect = "openai"
     Gateway {
         primary,
         backup,
-        openai,
+        _openai: openai,
         running: app::serve(gateway, listener),
     }
 }
@@ -337,7 +336,7 @@ targets = [{ provider = "claude" }, { provider = "gpt" }]
 "#,
     )
     .unwrap();
-    let error = app::Gateway::from_config(&config).err().expect("refused");
+    let error = app::Gateway::from_config(&config).expect_err("refused");
     assert!(error.contains("route mixed"), "{error}");
     assert!(error.contains("a route serves one dialect"), "{error}");
     assert!(
@@ -354,7 +353,7 @@ dialect = "gemini"
 "#,
     )
     .unwrap();
-    let error = app::Gateway::from_config(&config).err().expect("refused");
+    let error = app::Gateway::from_config(&config).expect_err("refused");
     assert!(error.contains("unknown dialect"), "{error}");
 
     // Without routes, each dialect gets its own catch-all route.
@@ -526,6 +525,17 @@ fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The workspace root (this package is `examples/gateway/` in it), whose
+/// `target/sdk/` is where `.ci/run` installs the SDKs.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = manifest_dir();
+    manifest_dir
+        .ancestors()
+        .nth(2)
+        .expect("examples/gateway sits two levels below the workspace root")
+        .to_path_buf()
+}
+
 /// An SDK client: the program and the script it runs.
 struct Sdk {
     name: &'static str,
@@ -569,7 +579,7 @@ async fn works(program: &PathBuf, args: &[&str], node_path: Option<&PathBuf>) ->
 async fn python_sdk() -> Option<Sdk> {
     let program = std::env::var_os("ANTHROPIC_SDK_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("target/sdk/venv/bin/python"));
+        .unwrap_or_else(|| workspace_root().join("target/sdk/venv/bin/python"));
     if !works(&program, &["-c", "import anthropic"], None).await {
         missing(
             "the official Python anthropic SDK tests",
@@ -588,7 +598,7 @@ async fn python_sdk() -> Option<Sdk> {
 async fn node_sdk() -> Option<Sdk> {
     let node_path = std::env::var_os("ANTHROPIC_SDK_NODE_PATH")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("target/sdk/node/node_modules"));
+        .unwrap_or_else(|| workspace_root().join("target/sdk/node/node_modules"));
     let program = PathBuf::from("node");
     if !works(
         &program,

@@ -3,16 +3,14 @@
 //! `target/sdk/`. Without them these tests say so loudly and skip, except
 //! under `CI=true`, where a missing SDK fails the test: a CI run that
 //! skipped them would report `ok` for something it never checked.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 const ROUTES: &str = r#"
@@ -104,6 +102,17 @@ fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The workspace root (this package is `examples/gateway/` in it), whose
+/// `target/sdk/` is where `.ci/run` installs the SDKs.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = manifest_dir();
+    manifest_dir
+        .ancestors()
+        .nth(2)
+        .expect("examples/gateway sits two levels below the workspace root")
+        .to_path_buf()
+}
+
 /// An SDK client: the program and the script it runs.
 struct Sdk {
     name: &'static str,
@@ -147,7 +156,7 @@ async fn works(program: &PathBuf, args: &[&str], node_path: Option<&PathBuf>) ->
 async fn python_sdk() -> Option<Sdk> {
     let program = std::env::var_os("OPENAI_SDK_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("target/sdk/venv/bin/python"));
+        .unwrap_or_else(|| workspace_root().join("target/sdk/venv/bin/python"));
     if !works(&program, &["-c", "import openai"], None).await {
         missing(
             "the official Python openai SDK tests",
@@ -166,7 +175,7 @@ async fn python_sdk() -> Option<Sdk> {
 async fn node_sdk() -> Option<Sdk> {
     let node_path = std::env::var_os("OPENAI_SDK_NODE_PATH")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("target/sdk/node/node_modules"));
+        .unwrap_or_else(|| workspace_root().join("target/sdk/node/node_modules"));
     let program = PathBuf::from("node");
     if !works(&program, &["-e", "require('openai')"], Some(&node_path)).await {
         missing(

@@ -1,11 +1,12 @@
-//! The gateway example against TLS upstreams, over 127.0.0.1: the provider
+//! The gateway against TLS upstreams, over 127.0.0.1: the provider
 //! config's TLS and proxy keys, a whole answer and a post-commit failure
 //! over HTTPS, and an untrusted upstream rerouted to the backup.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../examples/gateway/app.rs"]
-mod app;
-#[path = "support/tls.rs"]
+// The library's test support (tests/support/), shared by #[path]: each
+// includer uses part of it.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../../tests/support/tls.rs"]
 mod support;
 
 use std::time::Duration;
@@ -16,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::{Ca, Proxy, ProxyMode, Scratch, server_config, toml_path};
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 const LIMIT: Duration = Duration::from_secs(20);

@@ -3,18 +3,15 @@
 //!
 //! One process on loopback runs the fake upstream, a bare hyper
 //! pass-through proxy (no inspection; the same upstream client, the same
-//! axum server and socket settings), and the gateway example's stack in
+//! axum server and socket settings), and the gateway's stack in
 //! front of the same upstream. Each is driven with the same concurrent load
 //! — small non-streaming completions, then 100-token streams — and the
 //! bench prints requests per second and p50/p99 latency for each, and the
 //! gateway's added latency and throughput as ratios against the bare proxy.
 //!
-//! `cargo bench --bench gateway_overhead` (`-- --seconds N --concurrency C
+//! `cargo bench -p tower-llm-gateway --bench gateway_overhead` (`-- --seconds N --concurrency C
 //! --workload 1|2`).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -28,6 +25,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceExt;
 use tower_llm_failover::client::UpstreamClient;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 /// A proxy that forwards every request to the upstream and streams the

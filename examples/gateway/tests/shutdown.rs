@@ -1,18 +1,16 @@
-//! Graceful shutdown of the gateway example: by a real SIGTERM to a
+//! Graceful shutdown of the gateway: by a real SIGTERM to a
 //! separate process running the gateway's code (this test binary re-run as
-//! a child, with the example's own signal handler), and a stream still
+//! a child, with the gateway's own signal handler), and a stream still
 //! running when the grace period ends, which must end with the terminal
 //! chunk (class `shutdown`) and `[DONE]`, not be cut mid-body.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 /// Set in the child: the gateway config it serves.
@@ -86,7 +84,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The child: the example's serving path with its real signal handler.
+/// The child: the gateway's serving path with its real signal handler.
 #[tokio::test]
 async fn child_gateway() {
     let Ok(text) = std::env::var(CHILD_CONFIG) else {

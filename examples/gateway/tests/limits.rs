@@ -1,11 +1,8 @@
 //! Connection and request limits: the library's layers (paused time) and
-//! the gateway example served through hyper-util with a timer (loopback,
+//! the gateway served through hyper-util with a timer (loopback,
 //! raw sockets). No assertion reads the wall clock: each checks what the
 //! client received, or that the server acted before the client finished.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -17,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_llm_failover::limit::{InFlightLimitLayer, ReadLimitError, ReadLimitLayer, ReadLimits};
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 // ---------------------------------------------------------------- library
@@ -34,7 +32,7 @@ fn channel_body() -> (
 /// A `Stream` over an mpsc receiver, without another dependency.
 mod tokio_stream_shim {
     use super::*;
-    pub struct Stream(pub Frames);
+    pub(crate) struct Stream(pub(crate) Frames);
     impl futures_core::Stream for Stream {
         type Item = Result<http_body::Frame<Bytes>, Infallible>;
         fn poll_next(

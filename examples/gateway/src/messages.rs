@@ -20,7 +20,7 @@ use tower_llm_failover::client::UpstreamClient;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect, ErrorReply, ParsedRequest};
 use tower_llm_failover::failover::Failover;
 
-use super::{Gateway, ProviderConfig, RouteConfig, pattern_matches};
+use crate::app::{Gateway, ProviderConfig, ReadTurn, RouteConfig, pattern_matches, read_turn};
 
 /// The stack behind one Messages route.
 pub(crate) type MessagesService =
@@ -149,11 +149,11 @@ fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &s
 /// by model, and hands the parsed request to its stack.
 pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
-    let super::ReadTurn {
+    let ReadTurn {
         bytes,
         requirements,
         request: messages,
-    } = match super::read_turn(
+    } = match read_turn(
         &AnthropicMessages,
         gateway.max_request_bytes,
         body,
@@ -198,7 +198,7 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             Err(never) => match never {},
         }
     };
-    super::keys::hold(turn.await, slot)
+    crate::keys::hold(turn.await, slot)
 }
 
 /// The embedded demo's Messages providers and routes (TOML to append to the
@@ -209,7 +209,7 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
 /// - `claude-demo-cut`: the primary is cut after 5 deltas; the stream ends
 ///   with `event: error`, nothing spliced.
 /// - `claude-*`: primary, then backup, with the client's model.
-pub(crate) fn demo_routes(primary: &str, backup: &str) -> String {
+pub fn demo_routes(primary: &str, backup: &str) -> String {
     format!(
         r#"
 [[providers]]

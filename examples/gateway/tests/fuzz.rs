@@ -7,15 +7,12 @@
 //! Bounded in CI (48 cases per property, about 20 s in a debug build); longer on demand:
 //!
 //! ```text
-//! PROPTEST_CASES=100000 cargo test --release --all-features --test fuzz
+//! PROPTEST_CASES=100000 cargo test --release -p tower-llm-gateway --test fuzz
 //! ```
 //!
 //! Findings become named regression tests at the end of this file (none
 //! so far; the edge cases there were seeded by hand).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 
@@ -29,6 +26,7 @@ use tower_llm_failover::sse::{SseItem, SseScanner};
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::StreamStateLayer;
 use tower_llm_failover::{Phase, classify::Classifier};
+use tower_llm_gateway::app;
 use tower_llm_testing::{Step, sse_response};
 
 fn cases() -> u32 {

@@ -1,8 +1,9 @@
-//! An OpenAI-compatible LLM gateway on axum with safe failover.
+//! `tower-llm-gateway`: an OpenAI-compatible LLM gateway on axum with safe
+//! failover.
 //!
 //! ```text
-//! cargo run --release --example gateway                      # embedded fake providers
-//! cargo run --release --example gateway -- --config gw.toml  # your providers
+//! cargo run --release -p tower-llm-gateway                      # embedded fake providers
+//! cargo run --release -p tower-llm-gateway -- --config gw.toml  # your providers
 //! ```
 //!
 //! Without a config it starts two fake providers on loopback and routes
@@ -27,15 +28,14 @@
 //! SIGINT/SIGTERM stop accepting and let running streams finish within
 //! `failover.shutdown_grace_ms`.
 
-mod app;
-
 use std::time::Duration;
 
-use app::{Config, Gateway};
+use tower_llm_gateway::app::{self, Config, Gateway};
+use tower_llm_gateway::{messages, telemetry};
 use tower_llm_testing::upstream::FakeUpstream;
 
 fn usage() -> ! {
-    eprintln!("usage: gateway [--config PATH] [--listen ADDR]");
+    eprintln!("usage: tower-llm-gateway [--config PATH] [--listen ADDR]");
     std::process::exit(2);
 }
 
@@ -98,7 +98,7 @@ async fn main() {
         config.listen = listen;
     }
     // Logs, `GET /metrics` and OTLP export, as `[telemetry]` says.
-    let telemetry = app::telemetry::Telemetry::install(&config.telemetry, std::io::stderr)
+    let telemetry = telemetry::Telemetry::install(&config.telemetry, std::io::stderr)
         .unwrap_or_else(|e| {
             eprintln!("{e}");
             std::process::exit(1)
@@ -195,7 +195,7 @@ targets = [
 model = "*"
 targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
 "#
-    ) + &app::messages::demo_routes(primary, backup);
+    ) + &messages::demo_routes(primary, backup);
     match Config::from_toml(&text) {
         Ok(config) => config,
         Err(e) => {

@@ -1,11 +1,8 @@
 //! A client that stops reading cannot hold anything: the library's
 //! `WriteStallLimit` alone (in-memory pipes on paused time, and a loopback
-//! TCP pair on the wall clock), then the gateway example over loopback with
+//! TCP pair on the wall clock), then the gateway over loopback with
 //! two clients that ask for a long stream and never read.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -16,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tower_llm_failover::limit::{WriteStallLimit, WriteStalled};
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 // ---------------------------------------------------------------- library

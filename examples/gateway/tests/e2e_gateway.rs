@@ -1,10 +1,7 @@
-//! End to end over 127.0.0.1: fake upstreams and the gateway example run
+//! End to end over 127.0.0.1: fake upstreams and the gateway run
 //! in-process on free ports, and a real HTTP client checks what it receives
 //! and how many attempts each upstream saw.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
@@ -13,6 +10,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
 /// A gateway in front of `primary` and `backup`, with `extra` TOML appended

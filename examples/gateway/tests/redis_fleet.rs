@@ -1,17 +1,19 @@
 //! Redis for a fleet: every store over `rediss://` (a TLS-only
 //! `redis-server` trusting a test CA), over a three-node Redis Cluster
-//! (`redis-cli --cluster create`, feature `redis-cluster`) and over a
+//! (`redis-cli --cluster create`) and over a
 //! Sentinel-managed primary, each started by the test on loopback.
 //!
 //! Without `redis-server`/`redis-cli` these tests skip loudly, except under
 //! `CI=true`, where they fail (`.ci/run` installs them).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../examples/gateway/app.rs"]
-mod app;
-#[path = "support/redis_server.rs"]
+// The library's test support (tests/support/), shared by #[path]: each
+// includer uses part of it.
+#[allow(unreachable_pub)]
+#[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
-#[path = "support/tls.rs"]
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../../tests/support/tls.rs"]
 mod tls;
 
 use std::fmt::Debug;
@@ -34,6 +36,7 @@ use tower_llm_failover::{
     health::Availability, health::FailureReport, health::HealthKey, health::HealthStore,
     health::Scope,
 };
+use tower_llm_gateway::app;
 
 /// Runs one operation of each store over connections from `connection`
 /// (two replicas where sharing is the point) and asserts the outcomes.
@@ -221,7 +224,6 @@ async fn rediss_refuses_a_server_it_does_not_trust() {
 
 // -------------------------------------------------------------- cluster
 
-#[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_works_on_a_three_node_cluster() {
     use tower_llm_failover::redis::connect_cluster;
@@ -249,7 +251,6 @@ async fn every_store_works_on_a_three_node_cluster() {
     assert!(holding >= 2, "keys on {holding} node(s) of 3");
 }
 
-#[cfg(feature = "redis-cluster")]
 #[tokio::test]
 async fn a_cluster_needs_a_node() {
     let none: [&str; 0] = [];
@@ -378,7 +379,6 @@ async fn spent_on(servers: &[&RedisServer]) -> bool {
     false
 }
 
-#[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_meters_tenants_on_a_cluster() {
     let Some(cluster) = redis_server::RedisCluster::start("the_gateway_on_a_cluster").await else {

@@ -1,4 +1,4 @@
-//! The gateway example's telemetry end to end over 127.0.0.1: scripted
+//! The gateway's telemetry end to end over 127.0.0.1: scripted
 //! failovers, then `GET /metrics` scraped and checked (and validated by
 //! `promtool check metrics` when it is installed: `.ci/run` installs it),
 //! one JSON log line per attempt, and spans and metrics exported over
@@ -6,10 +6,7 @@
 //!
 //! One test in its own binary: it installs the process-wide subscriber and
 //! metrics recorder, as the gateway's `main` does.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
@@ -24,6 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 /// What the OTLP receiver got.
@@ -250,7 +248,8 @@ targets = [
     ))
     .unwrap();
     let logs = Logs::default();
-    let telemetry = app::telemetry::Telemetry::install(&config.telemetry, logs.clone()).unwrap();
+    let telemetry =
+        tower_llm_gateway::telemetry::Telemetry::install(&config.telemetry, logs.clone()).unwrap();
     let gateway = app::Gateway::from_config(&config)
         .unwrap()
         .with_prometheus(telemetry.prometheus.clone());

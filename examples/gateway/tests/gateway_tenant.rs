@@ -1,4 +1,4 @@
-//! The gateway example's tenant checks in memory, over 127.0.0.1: a turn
+//! The gateway's tenant checks in memory, over 127.0.0.1: a turn
 //! refused by the tenant ceiling, or for naming no tenant when one is
 //! required (`[state] require_tenant`), reaches no provider and still
 //! leaves its one `turn` line, under the turn id the response names.
@@ -6,10 +6,7 @@
 //! One test in its own binary: it installs the process-wide subscriber
 //! (tracing caches per-callsite interest, which a thread-local subscriber
 //! cannot rely on while other tests run in parallel).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_failover::observe::TURN_ID_HEADER;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 use tracing_subscriber::layer::SubscriberExt;
 

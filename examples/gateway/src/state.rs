@@ -1,8 +1,7 @@
 //! `[state]`: where the gateway keeps what its replicas share — health,
 //! the retry budget and tenant spend. With one of `redis_url` (`redis://`
-//! or `rediss://`), `redis_cluster_urls` (feature `redis-cluster`) or
-//! `redis_sentinel` every store is on Redis (feature `redis`); without
-//! them, everything is in memory.
+//! or `rediss://`), `redis_cluster_urls` or `redis_sentinel` every store
+//! is on Redis; without them, everything is in memory.
 
 use std::sync::Arc;
 
@@ -19,48 +18,46 @@ use tower_llm_failover::{health::CooldownPolicy, health::HealthStore, health::Me
 /// `[state]`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct StateConfig {
+pub struct StateConfig {
     /// `redis://host:port` or `rediss://host:port` (TLS): every store on
     /// one Redis.
-    pub(crate) redis_url: Option<String>,
+    pub redis_url: Option<String>,
     /// PEM file of the CA(s) to trust for `rediss://` (`redis_url`,
     /// `redis_cluster_urls`) instead of the platform's roots.
-    pub(crate) redis_ca_file: Option<String>,
+    pub redis_ca_file: Option<String>,
     /// Some nodes of a Redis Cluster: every store on the cluster.
-    pub(crate) redis_cluster_urls: Option<Vec<String>>,
+    pub redis_cluster_urls: Option<Vec<String>>,
     /// A Sentinel-managed primary: every store on it.
-    pub(crate) redis_sentinel: Option<SentinelConfig>,
+    pub redis_sentinel: Option<SentinelConfig>,
     /// Key prefix in Redis (default `tlf`).
-    pub(crate) prefix: Option<String>,
+    pub prefix: Option<String>,
     /// How often a replica fetches the fleet's health view.
-    pub(crate) health_refresh_ms: Option<u64>,
+    pub health_refresh_ms: Option<u64>,
     /// The request header naming the tenant, trusted as it is (a gateway
     /// behind an authenticating proxy): a client without a key identity
     /// is metered as the tenant it names.
-    pub(crate) tenant_header: Option<String>,
+    pub tenant_header: Option<String>,
     /// The tenant ceiling per window, in USD.
-    pub(crate) tenant_ceiling_usd: Option<f64>,
+    pub tenant_ceiling_usd: Option<f64>,
     /// `day` (default) or `month`, UTC.
-    pub(crate) tenant_window: Option<String>,
+    pub tenant_window: Option<String>,
     /// Let turns through when the spend store is unreachable (default:
     /// refuse them).
-    pub(crate) spend_fail_open: bool,
+    pub spend_fail_open: bool,
     /// Refuse requests whose client names no tenant (400
     /// `tenant_required`; default: they are not metered).
-    pub(crate) require_tenant: bool,
+    pub require_tenant: bool,
 }
 
 /// `[state] redis_sentinel = { urls = [...], service = "mymaster" }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-// Read only by the Redis backend; parsed (and refused) without it.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) struct SentinelConfig {
+pub struct SentinelConfig {
     /// The sentinels (`redis://` or `rediss://`; with `rediss://` the
     /// primary is reached with TLS too).
-    pub(crate) urls: Vec<String>,
+    pub urls: Vec<String>,
     /// The name the sentinels monitor the primary under.
-    pub(crate) service: String,
+    pub service: String,
 }
 
 /// The per-key rate-limit store, when shared.
@@ -155,7 +152,6 @@ impl Stores {
     }
 }
 
-#[cfg(feature = "redis")]
 fn on_redis(
     state: &StateConfig,
     cooldown: CooldownPolicy,
@@ -210,7 +206,6 @@ fn on_redis(
     Err("state: no Redis configured".to_owned())
 }
 
-#[cfg(all(feature = "redis", feature = "redis-cluster"))]
 fn on_cluster(
     urls: &[String],
     tls: Option<tower_llm_failover::redis::TlsCertificates>,
@@ -227,26 +222,11 @@ fn on_cluster(
     )
 }
 
-#[cfg(all(feature = "redis", not(feature = "redis-cluster")))]
-fn on_cluster(
-    _urls: &[String],
-    _tls: Option<tower_llm_failover::redis::TlsCertificates>,
-    _state: &StateConfig,
-    _cooldown: CooldownPolicy,
-    _retry: RetryBudgetConfig,
-) -> Result<Built, String> {
-    Err(
-        "state.redis_cluster_urls: this gateway was built without the `redis-cluster` feature"
-            .to_owned(),
-    )
-}
-
 /// Every store on connections from `connect`. The health store gets a
 /// connection of its own: its refresh (every `health_refresh_ms`, a reply
 /// that grows with the fleet's keys) must not queue ahead of the spend
 /// reservations and rate-limit takes on a request's path. The retry
 /// budget (a background sync) shares the spend store's.
-#[cfg(feature = "redis")]
 fn stores_on<C>(
     connect: impl Fn() -> Result<C, String>,
     state: &StateConfig,
@@ -284,15 +264,6 @@ where
         Arc::new(spend),
         Some(Arc::new(rate_limits)),
     ))
-}
-
-#[cfg(not(feature = "redis"))]
-fn on_redis(
-    _state: &StateConfig,
-    _cooldown: CooldownPolicy,
-    _retry: RetryBudgetConfig,
-) -> Result<Built, String> {
-    Err("state: Redis needs a gateway built with the `redis` feature".to_owned())
 }
 
 /// Writes an error answer in a route's dialect: status, class, message, code.

@@ -5,11 +5,12 @@
 //!
 //! Without `redis-server` these tests skip loudly, except under `CI=true`,
 //! where they fail (`.ci/run` installs it).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../examples/gateway/app.rs"]
-mod app;
-#[path = "support/redis_server.rs"]
+// The library's test support (tests/support/), shared by #[path]: each
+// includer uses part of it.
+#[allow(unreachable_pub)]
+#[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use tower_llm_failover::{
     health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
     health::Scope,
 };
+use tower_llm_gateway::app;
 use tower_llm_testing::FakeProvider;
 use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
@@ -1401,7 +1403,7 @@ async fn redis_killed_mid_run_then_restarted() {
 
 // ---------------------------------------------------------------- processes
 
-/// A gateway example process, killed when dropped.
+/// A gateway process, killed when dropped.
 struct GatewayProcess {
     child: std::process::Child,
     addr: std::net::SocketAddr,
@@ -1414,11 +1416,10 @@ impl Drop for GatewayProcess {
     }
 }
 
-/// `target/<profile>/examples/gateway`, built by `cargo test`.
+/// The package's `tower-llm-gateway` binary, which cargo builds before
+/// the integration tests.
 fn gateway_binary() -> Option<std::path::PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let profile = exe.parent()?.parent()?;
-    let binary = profile.join("examples").join("gateway");
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tower-llm-gateway"));
     binary.is_file().then_some(binary)
 }
 

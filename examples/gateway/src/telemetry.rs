@@ -28,16 +28,16 @@ use tracing_subscriber::{EnvFilter, Layer};
 /// `[telemetry]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct TelemetryConfig {
+pub struct TelemetryConfig {
     /// `text` (default) or `json`: one JSON object per line.
-    pub(crate) log_format: String,
+    pub log_format: String,
     /// Base URL of an OTLP/HTTP collector (`http://127.0.0.1:4318`): spans
     /// and metrics are exported there when set.
-    pub(crate) otlp_endpoint: Option<String>,
+    pub otlp_endpoint: Option<String>,
     /// `service.name` of the exported resource.
-    pub(crate) service_name: String,
+    pub service_name: String,
     /// How often metrics are pushed over OTLP.
-    pub(crate) otlp_metrics_interval_ms: u64,
+    pub otlp_metrics_interval_ms: u64,
 }
 
 impl Default for TelemetryConfig {
@@ -53,8 +53,10 @@ impl Default for TelemetryConfig {
 
 /// Installed telemetry: the Prometheus handle `GET /metrics` renders, and
 /// the OTLP providers flushed at shutdown.
-pub(crate) struct Telemetry {
-    pub(crate) prometheus: PrometheusHandle,
+#[derive(Debug)]
+pub struct Telemetry {
+    /// Renders the Prometheus exposition (`Gateway::with_prometheus`).
+    pub prometheus: PrometheusHandle,
     tracer: Option<SdkTracerProvider>,
     meter: Option<SdkMeterProvider>,
 }
@@ -62,7 +64,7 @@ pub(crate) struct Telemetry {
 impl Telemetry {
     /// Installs the process-wide subscriber and metrics recorder. Logs go
     /// to `writer` (stderr in the gateway).
-    pub(crate) fn install<W>(config: &TelemetryConfig, writer: W) -> Result<Self, String>
+    pub fn install<W>(config: &TelemetryConfig, writer: W) -> Result<Self, String>
     where
         W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
     {
@@ -151,8 +153,7 @@ impl Telemetry {
 
     /// Pushes everything still buffered to the OTLP collector (blocking).
     /// Used by the tests; the gateway flushes at shutdown.
-    #[allow(dead_code)]
-    pub(crate) fn flush(&self) -> Result<(), String> {
+    pub fn flush(&self) -> Result<(), String> {
         if let Some(tracer) = &self.tracer {
             tracer.force_flush().map_err(|e| e.to_string())?;
         }
@@ -163,7 +164,7 @@ impl Telemetry {
     }
 
     /// Flushes and stops the OTLP exporters (blocking).
-    pub(crate) fn shutdown(self) {
+    pub fn shutdown(self) {
         if let Some(tracer) = self.tracer {
             let _ = tracer.shutdown();
         }

@@ -1,16 +1,5 @@
-//! The gateway's configuration and router: shared by the example's `main`
-//! and by the end-to-end tests, which include this file as a module.
-
-// Anthropic Messages routes; a submodule so the tests that include this
-// file get it too.
-#[path = "messages.rs"]
-pub(crate) mod messages;
-// `[state]`: health, retry budget and tenant spend in memory or on Redis.
-#[path = "state.rs"]
-mod state;
-// `[[keys]]`, `[tenants]`, `[admin]`: client keys and their limits.
-#[path = "keys.rs"]
-pub(crate) mod keys;
+//! The gateway's configuration and router: the TOML [`Config`], the
+//! [`Gateway`] it builds, and [`serve()`], which serves it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,51 +33,45 @@ use tower_llm_failover::{
     health::CooldownPolicy, health::HealthStore, health::KeyState, stream::CommitWindow,
 };
 
-// Connection and request limits, and graceful shutdown.
-#[path = "serve.rs"]
-mod serve;
-#[allow(unused_imports)] // each includer of this file uses some
-pub(crate) use serve::{Running, ServerConfig, shutdown_signal};
-// A module of this file (not of main.rs): the tests that include this file
-// get the `[telemetry]` table and `GET /metrics` with it.
-#[path = "telemetry.rs"]
-pub(crate) mod telemetry;
+use crate::serve::ServerConfig;
+pub use crate::serve::{Running, shutdown_signal};
+use crate::{keys, messages, serve, state, telemetry};
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Config {
+pub struct Config {
     /// Address to listen on.
     #[serde(default = "default_listen")]
-    pub(crate) listen: String,
+    pub listen: String,
     /// The per-turn budget.
     #[serde(default)]
-    pub(crate) budget: BudgetConfig,
+    pub budget: BudgetConfig,
     /// Failover settings beyond the budget.
     #[serde(default)]
-    pub(crate) failover: FailoverConfig,
+    pub failover: FailoverConfig,
     /// Connection and request limits.
     #[serde(default)]
-    pub(crate) server: ServerConfig,
+    pub server: ServerConfig,
     /// The upstream providers.
-    pub(crate) providers: Vec<ProviderConfig>,
+    pub providers: Vec<ProviderConfig>,
     /// Client-facing models and their targets, matched in file order.
     #[serde(default)]
-    pub(crate) routes: Vec<RouteConfig>,
+    pub routes: Vec<RouteConfig>,
     /// Shared state (Redis) and tenant ceilings; absent: all in memory.
-    pub(crate) state: Option<state::StateConfig>,
+    pub state: Option<state::StateConfig>,
     /// Logs, metrics and OTLP export.
     #[serde(default)]
-    pub(crate) telemetry: telemetry::TelemetryConfig,
+    pub telemetry: telemetry::TelemetryConfig,
     /// Client keys; none: every request is the anonymous client.
     #[serde(default)]
-    pub(crate) keys: Vec<keys::KeyConfig>,
+    pub keys: Vec<keys::KeyConfig>,
     /// Whether a tenant header is trusted.
     #[serde(default)]
-    pub(crate) tenants: keys::TenantsConfig,
+    pub tenants: keys::TenantsConfig,
     /// The operator's key for `/metrics` and `/v1/health/targets`.
     #[serde(default)]
-    pub(crate) admin: keys::AdminConfig,
+    pub admin: keys::AdminConfig,
 }
 
 fn default_listen() -> String {
@@ -98,30 +81,37 @@ fn default_listen() -> String {
 /// `[budget]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct BudgetConfig {
-    pub(crate) deadline_ms: u64,
-    pub(crate) max_attempts: u32,
-    pub(crate) first_token_timeout_ms: u64,
-    pub(crate) idle_timeout_ms: u64,
+pub struct BudgetConfig {
+    /// Time allowed for the whole turn, every attempt and wait included.
+    pub deadline_ms: u64,
+    /// Upstream attempts per turn, the first included.
+    pub max_attempts: u32,
+    /// How long a stream may take to its first output, for targets that
+    /// set no `first_output_timeout_ms` of their own.
+    pub first_token_timeout_ms: u64,
+    /// Longest gap between two frames of an upstream body.
+    pub idle_timeout_ms: u64,
     /// Response head of a stream (the library's 10 s when absent).
-    pub(crate) head_timeout_ms: Option<u64>,
+    pub head_timeout_ms: Option<u64>,
     /// Response head of a non-streaming answer (30 s: half the default
     /// deadline, so a silent upstream leaves the backup time). `None`: the
     /// library's 60 s.
-    pub(crate) non_streaming_head_timeout_ms: Option<u64>,
+    pub non_streaming_head_timeout_ms: Option<u64>,
     /// A whole non-streaming answer (the turn deadline when absent).
-    pub(crate) response_timeout_ms: Option<u64>,
-    pub(crate) spend_ceiling_usd: Option<f64>,
+    pub response_timeout_ms: Option<u64>,
+    /// What one turn may spend over all its attempts, in USD (targets
+    /// priced with `input_per_million` and `output_per_million`).
+    pub spend_ceiling_usd: Option<f64>,
     /// Extra attempts allowed across turns, as a fraction of first attempts.
-    pub(crate) retry_percent: f32,
+    pub retry_percent: f32,
     /// Extra attempts allowed per second whatever the first attempts
     /// (tower's reserve; 10 by default).
-    pub(crate) retry_min_per_sec: u32,
+    pub retry_min_per_sec: u32,
     /// How long a first attempt counts toward the retry budget (1–60 s).
-    pub(crate) retry_ttl_ms: u64,
+    pub retry_ttl_ms: u64,
     /// Each client's own reserve of extra attempts per second inside the
     /// fleet's budget (default: half of `retry_min_per_sec`, at least 1).
-    pub(crate) retry_client_min_per_sec: Option<u32>,
+    pub retry_client_min_per_sec: Option<u32>,
 }
 
 impl Default for BudgetConfig {
@@ -146,41 +136,47 @@ impl Default for BudgetConfig {
 /// `[failover]`: the library's own names.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct FailoverConfig {
+pub struct FailoverConfig {
     /// `ordered`, `cheapest_healthy` or `lowest_latency`.
-    pub(crate) strategy: String,
+    pub strategy: String,
     /// Output events held back before commit (1 = commit on first output).
-    pub(crate) commit_output_events: u64,
-    pub(crate) commit_output_bytes: Option<u64>,
-    pub(crate) commit_after_first_output_ms: Option<u64>,
-    pub(crate) max_retries_per_target: u32,
+    pub commit_output_events: u64,
+    /// Or commit once this many bytes of output are held back.
+    pub commit_output_bytes: Option<u64>,
+    /// Or commit this long after the first output.
+    pub commit_after_first_output_ms: Option<u64>,
+    /// Retries on one target (for failures whose recovery is to retry the
+    /// same target) before rerouting.
+    pub max_retries_per_target: u32,
     /// With another target left, a longer wait reroutes instead.
-    pub(crate) max_same_target_wait_ms: u64,
+    pub max_same_target_wait_ms: u64,
     /// `error_chunk`, `finish_reason_only` or `error_event`.
-    pub(crate) terminal_mode: String,
-    pub(crate) max_request_bytes: usize,
+    pub terminal_mode: String,
+    /// The largest request body accepted (`413` beyond it).
+    pub max_request_bytes: usize,
     /// How long running streams may go on after SIGINT/SIGTERM.
-    pub(crate) shutdown_grace_ms: u64,
+    pub shutdown_grace_ms: u64,
     /// Cooldown of account-scope failures (quota, auth, permission).
-    pub(crate) cooldown_account_ms: Option<u64>,
+    pub cooldown_account_ms: Option<u64>,
     /// Hintless model-scope failures inside the window that cool a model.
-    pub(crate) cooldown_failures: Option<u32>,
-    pub(crate) cooldown_window_ms: Option<u64>,
+    pub cooldown_failures: Option<u32>,
+    /// The window `cooldown_failures` are counted in.
+    pub cooldown_window_ms: Option<u64>,
     /// The first model-scope cooldown; doubles for each one in a row.
-    pub(crate) cooldown_base_ms: Option<u64>,
+    pub cooldown_base_ms: Option<u64>,
     /// The longest cooldown, retry hints included.
-    pub(crate) cooldown_max_ms: Option<u64>,
+    pub cooldown_max_ms: Option<u64>,
     /// Refuse at once when every target rests instead of probing one.
-    pub(crate) refuse_when_cooling: bool,
+    pub refuse_when_cooling: bool,
     /// Client request headers that reach the provider, besides the
     /// library's defaults (`openai-organization`, say).
-    pub(crate) forward_request_headers: Vec<String>,
+    pub forward_request_headers: Vec<String>,
     /// Provider response headers that reach the client, besides the
     /// library's defaults.
-    pub(crate) forward_response_headers: Vec<String>,
+    pub forward_response_headers: Vec<String>,
     /// `anthropic-beta` values clients may send on, besides the library's
     /// allow-list (`DEFAULT_ANTHROPIC_BETAS`).
-    pub(crate) allow_anthropic_betas: Vec<String>,
+    pub allow_anthropic_betas: Vec<String>,
 }
 
 impl Default for FailoverConfig {
@@ -211,40 +207,43 @@ impl Default for FailoverConfig {
 /// `[[providers]]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ProviderConfig {
-    pub(crate) name: String,
-    pub(crate) base_url: String,
+pub struct ProviderConfig {
+    /// The name targets refer to; also the provider in logs and metrics.
+    pub name: String,
+    /// The provider's API base URL (`https://api.openai.com/v1`).
+    pub base_url: String,
     /// The wire dialect it speaks: `openai` (default) or `anthropic`.
     #[serde(default)]
-    pub(crate) dialect: Option<String>,
+    pub dialect: Option<String>,
     /// The key is read from this environment variable.
-    pub(crate) api_key_env: Option<String>,
+    pub api_key_env: Option<String>,
     /// `bearer` (default; `x-api-key` for an `anthropic` provider),
     /// `x-api-key` or `api-key`.
     #[serde(default)]
-    pub(crate) auth: Option<String>,
-    pub(crate) connect_timeout_ms: Option<u64>,
+    pub auth: Option<String>,
+    /// How long a TCP connect may take (the client's default when absent).
+    pub connect_timeout_ms: Option<u64>,
     // Upstream TLS trust, client certificate and egress proxy.
     /// PEM bundle of CAs trusted for this provider, added to the roots.
-    pub(crate) ca_file: Option<String>,
+    pub ca_file: Option<String>,
     /// Trust the Mozilla roots compiled in (default true); false with
     /// `ca_file` trusts only that bundle.
-    pub(crate) webpki_roots: Option<bool>,
+    pub webpki_roots: Option<bool>,
     /// Trust the platform's store too (default false).
-    pub(crate) native_roots: Option<bool>,
+    pub native_roots: Option<bool>,
     /// PEM certificate chain presented to the provider (mTLS).
-    pub(crate) client_cert_file: Option<String>,
+    pub client_cert_file: Option<String>,
     /// PEM private key of `client_cert_file`.
-    pub(crate) client_key_file: Option<String>,
+    pub client_key_file: Option<String>,
     /// HTTP CONNECT proxy, `http://[user:password@]host:port`.
-    pub(crate) proxy_url: Option<String>,
+    pub proxy_url: Option<String>,
     /// Hosts that bypass `proxy_url` (NO_PROXY syntax).
-    pub(crate) no_proxy: Option<String>,
+    pub no_proxy: Option<String>,
     /// Take the proxy from HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
     #[serde(default)]
-    pub(crate) proxy_from_env: bool,
+    pub proxy_from_env: bool,
     /// Offer HTTP/2 by ALPN (default true).
-    pub(crate) http2: Option<bool>,
+    pub http2: Option<bool>,
 }
 
 impl ProviderConfig {
@@ -293,40 +292,55 @@ impl ProviderConfig {
 /// `[[routes]]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RouteConfig {
+pub struct RouteConfig {
     /// Client-facing model name, `*` as wildcard.
-    pub(crate) model: String,
+    pub model: String,
     /// The model names `GET /v1/models` lists for a wildcard route (a
     /// route without `*` lists its own name).
     #[serde(default)]
-    pub(crate) models: Vec<String>,
-    pub(crate) targets: Vec<TargetConfig>,
+    pub models: Vec<String>,
+    /// Where the route's turns go, tried as `[failover] strategy` says
+    /// (in this order with `ordered`).
+    pub targets: Vec<TargetConfig>,
 }
 
 /// One target of a route: a provider plus an upstream model.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct TargetConfig {
-    pub(crate) provider: String,
+pub struct TargetConfig {
+    /// The `[[providers]]` name.
+    pub provider: String,
     /// Upstream model; the client's when absent.
-    pub(crate) model: Option<String>,
-    pub(crate) context_window: Option<u64>,
-    pub(crate) max_output_tokens: Option<u64>,
-    pub(crate) tools: Option<bool>,
-    pub(crate) parallel_tool_calls: Option<bool>,
-    pub(crate) json_schema: Option<bool>,
-    pub(crate) json_object: Option<bool>,
-    pub(crate) streaming: Option<bool>,
-    pub(crate) image_input: Option<bool>,
-    pub(crate) input_per_million: Option<f64>,
-    pub(crate) output_per_million: Option<f64>,
+    pub model: Option<String>,
+    // What the target can do (a request goes only to targets that can
+    // serve it); everything when absent.
+    /// The context window, in tokens.
+    pub context_window: Option<u64>,
+    /// The largest output the target accepts, in tokens.
+    pub max_output_tokens: Option<u64>,
+    /// Function/tool calling (`tools`).
+    pub tools: Option<bool>,
+    /// Several tool calls in one turn (`parallel_tool_calls`).
+    pub parallel_tool_calls: Option<bool>,
+    /// `response_format: {"type": "json_schema"}`.
+    pub json_schema: Option<bool>,
+    /// `response_format: {"type": "json_object"}`.
+    pub json_object: Option<bool>,
+    /// Streamed answers.
+    pub streaming: Option<bool>,
+    /// Images in the input.
+    pub image_input: Option<bool>,
+    /// Price of a million input tokens, USD (with `output_per_million`).
+    pub input_per_million: Option<f64>,
+    /// Price of a million output tokens, USD (with `input_per_million`).
+    pub output_per_million: Option<f64>,
     /// How long a stream from this target may take to its first output;
-    /// the gateway's `first_output_timeout_ms` when absent.
-    pub(crate) first_output_timeout_ms: Option<u64>,
+    /// `[budget] first_token_timeout_ms` when absent.
+    pub first_output_timeout_ms: Option<u64>,
     /// The same for a request that asks for reasoning or thinking (a
     /// reasoning model often takes 30–60 s); `first_output_timeout_ms`
     /// when absent.
-    pub(crate) reasoning_first_output_timeout_ms: Option<u64>,
+    pub reasoning_first_output_timeout_ms: Option<u64>,
 }
 
 impl TargetConfig {
@@ -352,7 +366,7 @@ impl TargetConfig {
 
 impl Config {
     /// Reads a TOML config.
-    pub(crate) fn from_toml(text: &str) -> Result<Self, String> {
+    pub fn from_toml(text: &str) -> Result<Self, String> {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 }
@@ -373,10 +387,11 @@ struct Route {
 }
 
 /// What the handlers share.
-pub(crate) struct Gateway {
+pub struct Gateway {
     routes: Vec<Route>,
-    messages: Vec<messages::MessagesRoute>,
-    max_request_bytes: usize,
+    /// The Messages routes (`POST /v1/messages`).
+    pub(crate) messages: Vec<messages::MessagesRoute>,
+    pub(crate) max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
@@ -391,8 +406,23 @@ pub(crate) struct Gateway {
     server: ServerConfig,
 }
 
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The routes by pattern: their stacks hold every target's client.
+        let chat: Vec<&str> = self.routes.iter().map(|r| r.pattern.as_str()).collect();
+        let messages: Vec<&str> = self.messages.iter().map(|r| r.pattern.as_str()).collect();
+        f.debug_struct("Gateway")
+            .field("routes", &chat)
+            .field("messages", &messages)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("metrics", &self.prometheus.is_some())
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
 /// `*` matches any run of characters; everything else literally.
-pub(crate) fn pattern_matches(pattern: &str, model: &str) -> bool {
+pub fn pattern_matches(pattern: &str, model: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == model;
@@ -416,7 +446,7 @@ pub(crate) fn pattern_matches(pattern: &str, model: &str) -> bool {
 
 impl Gateway {
     /// Builds every route's stack from a config.
-    pub(crate) fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, String> {
         let mut clients: HashMap<&str, UpstreamClient> = HashMap::new();
         for provider in &config.providers {
             let auth = match &provider.api_key_env {
@@ -683,7 +713,7 @@ impl Gateway {
     }
 
     /// Serves `GET /metrics` from this Prometheus recorder's handle.
-    pub(crate) fn with_prometheus(
+    pub fn with_prometheus(
         mut self,
         handle: metrics_exporter_prometheus::PrometheusHandle,
     ) -> Self {
@@ -967,7 +997,7 @@ fn admin_refused() -> Response {
 
 /// Serves `gateway` on `listener` with the `[server]` limits (see
 /// `serve.rs`).
-pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
+pub fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
     let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
     serve::serve(gateway.router(), listener, &config, shutdown)
 }

@@ -3,10 +3,7 @@
 //! requests per minute and its in-flight slots without touching another
 //! key, the key never reaches a provider, and the operator endpoints need
 //! the admin key.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
@@ -15,6 +12,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 
 struct Reply {

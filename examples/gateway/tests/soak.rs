@@ -1,6 +1,6 @@
 //! Soak: fake upstreams inject random faults at random byte offsets while
 //! concurrent streaming and non-streaming clients drive the whole gateway
-//! example over loopback. From the client's bytes alone, each response must
+//! over loopback. From the client's bytes alone, each response must
 //! be exactly one of:
 //!
 //! - complete, from one upstream;
@@ -25,15 +25,12 @@
 //! CI runs until 5,000 faults (16 clients). On demand:
 //!
 //! ```text
-//! SOAK_FAULTS=100000 SOAK_CLIENTS=64 cargo test --release --all-features --test soak -- --nocapture
+//! SOAK_FAULTS=100000 SOAK_CLIENTS=64 cargo test --release -p tower-llm-gateway --test soak -- --nocapture
 //! ```
 //!
 //! It prints faults by kind, outcomes, splices (must be 0), hung requests
 //! (must be 0), RSS and open file descriptors before and after.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -48,6 +45,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
+use tower_llm_gateway::app;
 use tower_llm_testing::{ScriptedBody, Step};
 
 const TOKENS: usize = 8;

@@ -67,27 +67,28 @@ use tower_llm_failover::shutdown::Shutdown;
 /// `[server]`: connection and request limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct ServerConfig {
+pub struct ServerConfig {
     /// A request head (and the first byte of a connection, and the gap
     /// between two requests on one connection) must arrive within this.
-    pub(crate) header_read_timeout_ms: u64,
+    pub header_read_timeout_ms: u64,
     /// A whole request body must arrive within this.
-    pub(crate) body_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
     /// After the grace period a body must average at least this (0: off).
-    pub(crate) body_min_bytes_per_second: u64,
-    pub(crate) body_min_rate_grace_ms: u64,
+    pub body_min_bytes_per_second: u64,
+    /// How long a body is read before `body_min_bytes_per_second` applies.
+    pub body_min_rate_grace_ms: u64,
     /// Open client connections; the next one is answered 503 and closed.
-    pub(crate) max_connections: usize,
+    pub max_connections: usize,
     /// Requests in flight (a stream until its end); the next is shed.
-    pub(crate) max_in_flight: usize,
+    pub max_in_flight: usize,
     /// The `retry-after` of a shed answer, in seconds.
-    pub(crate) shed_retry_after_s: u64,
+    pub shed_retry_after_s: u64,
     /// A connection that takes no bytes for this long while there are
     /// bytes for it is closed (0: off).
-    pub(crate) write_stall_timeout_ms: u64,
+    pub write_stall_timeout_ms: u64,
     /// After the grace period, how long the streams just ended get to
     /// write their terminal event before their connections are closed.
-    pub(crate) shutdown_drain_ms: u64,
+    pub shutdown_drain_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -163,8 +164,10 @@ impl Drop for AbortOnDrop {
 const MAX_SHED_CONNECTIONS: usize = 64;
 
 /// A gateway serving on a bound listener, stopped by `shutdown`.
-pub(crate) struct Running {
-    pub(crate) addr: SocketAddr,
+#[derive(Debug)]
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     streams: Shutdown,
     drain: Duration,
@@ -177,7 +180,7 @@ impl Running {
     /// the dialect's terminal event (class `shutdown`); turns still waiting
     /// for a response head or in backoff answer the dialect's `503`.
     /// Returns whether every response finished within `grace`.
-    pub(crate) async fn shutdown(mut self, grace: Duration) -> bool {
+    pub async fn shutdown(mut self, grace: Duration) -> bool {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -366,7 +369,7 @@ async fn shed_connection(
 }
 
 /// Resolves at SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -45,53 +45,57 @@ use tower_llm_failover::{
     Cost, budget::SpendCeilings, budget::SpendStore, budget::SpendWindow, budget::TenantSpend,
 };
 
-use super::pattern_matches;
-use super::state::ErrorAnswer;
+use crate::app::pattern_matches;
+use crate::state::ErrorAnswer;
 
 /// One `[[keys]]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct KeyConfig {
+pub struct KeyConfig {
     /// The operator's name for the key: logs, records and limits use it.
-    pub(crate) name: String,
+    pub name: String,
     /// The environment variable holding the key.
-    pub(crate) key_env: Option<String>,
+    pub key_env: Option<String>,
     /// Or the key's SHA-256, as 64 hex digits.
-    pub(crate) key_sha256: Option<String>,
+    pub key_sha256: Option<String>,
     /// Who pays (default: the name).
-    pub(crate) tenant: Option<String>,
+    pub tenant: Option<String>,
     /// Model patterns the key may ask for (`*` as wildcard; default all).
-    pub(crate) models: Option<Vec<String>>,
+    pub models: Option<Vec<String>>,
     /// Answer a model outside `models` with 404 instead of 403.
     #[serde(default)]
-    pub(crate) hide_unlisted_models: bool,
-    pub(crate) requests_per_minute: Option<u32>,
-    pub(crate) tokens_per_minute: Option<u32>,
+    pub hide_unlisted_models: bool,
+    /// Model requests of this key per minute.
+    pub requests_per_minute: Option<u32>,
+    /// Tokens of this key per minute: each request's prompt estimate plus
+    /// its output limit, taken at admission.
+    pub tokens_per_minute: Option<u32>,
     /// Model requests of this key at once (a stream until its end).
-    pub(crate) max_in_flight: Option<usize>,
+    pub max_in_flight: Option<usize>,
     /// This key's own spend ceilings, USD per UTC day and month (beside
     /// its tenant's `[state] tenant_ceiling_usd`).
-    pub(crate) spend_usd_per_day: Option<f64>,
-    pub(crate) spend_usd_per_month: Option<f64>,
+    pub spend_usd_per_day: Option<f64>,
+    /// The key's ceiling per UTC month, USD.
+    pub spend_usd_per_month: Option<f64>,
 }
 
 /// `[tenants]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct TenantsConfig {
+pub struct TenantsConfig {
     /// The request header naming the tenant, trusted (set it only behind a
     /// proxy that authenticates clients and sets the header itself).
-    pub(crate) trust_header: Option<String>,
+    pub trust_header: Option<String>,
 }
 
 /// `[admin]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct AdminConfig {
+pub struct AdminConfig {
     /// The environment variable holding the admin key.
-    pub(crate) key_env: Option<String>,
+    pub key_env: Option<String>,
     /// Or the admin key's SHA-256, as 64 hex digits.
-    pub(crate) key_sha256: Option<String>,
+    pub key_sha256: Option<String>,
 }
 
 /// What one key may do.

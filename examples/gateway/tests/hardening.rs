@@ -1,10 +1,7 @@
 //! Hardening (issue #13): which headers cross the failover layer each way,
 //! timeouts that reroute a silent non-streaming upstream while the turn
 //! still has time, and logs a client cannot forge.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 use std::future::Ready;
@@ -24,6 +21,7 @@ use tower_llm_failover::FailureClass;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 use tower_llm_testing::{
     FakeProvider, Reply, ScriptedBody, Step, chunks, json_response, sse_response,
@@ -436,12 +434,7 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
 }
 
 // ---------------------------------------------------------------------------
-// Logs a client cannot forge.
-
-const FORGING_MODEL: &str = "evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred";
-
-// ---------------------------------------------------------------------------
-// The gateway example's `[failover]` header lists, over loopback.
+// The gateway's `[failover]` header lists, over loopback.
 
 async fn gateway(failover: &str, upstream: &FakeUpstream) -> app::Running {
     let config = format!(

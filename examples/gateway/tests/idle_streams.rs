@@ -8,7 +8,7 @@
 //!
 //! The target is the bare hyper pass-through's own cost per stream plus at
 //! most 4 KiB, measured side by side in one run: the pass-through
-//! (`examples/passthrough.rs`, built with the tests) holds the same streams
+//! (`fixtures/passthrough.rs`, built with the tests) holds the same streams
 //! through the same upstream first, then the gateway. Every stream holds
 //! two HTTP/1.1 connections in either proxy, and hyper keeps an 8 KiB read
 //! buffer and an 8 KiB head write buffer per connection for its life
@@ -16,10 +16,7 @@
 //! beyond it is ours. CI opens 300 streams and guards against regressions
 //! with a ceiling on the difference; the README reports the figures of
 //! `benches/idle_streams.sh` (release build, 1,000 streams by default).
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[path = "../examples/gateway/app.rs"]
-mod app;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
@@ -27,9 +24,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tower_llm_gateway::app;
 use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
-/// The gateway example's allocator (`examples/gateway/main.rs`): the
+/// The gateway's allocator (`src/main.rs`): the
 /// gateway child is this binary, measured with what ships.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -259,7 +257,7 @@ base_url = "{}"
                 "the passthrough example is not built; CI=true, so the baseline cannot be skipped"
             );
             eprintln!(
-                "!!!!!!!! SKIPPED the baseline: the passthrough example is not built (run the whole `cargo test`, or `cargo build --example passthrough`)"
+                "!!!!!!!! SKIPPED the baseline: the passthrough example is not built (run the whole `cargo test`, or `cargo build -p tower-llm-gateway --example passthrough`)"
             );
             None
         }
