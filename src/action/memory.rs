@@ -144,7 +144,7 @@ impl MemoryStore {
     /// ([`StoreError::Full`]).
     pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
-    /// A store with [`DEFAULT_MAX_RECORDS`](Self::DEFAULT_MAX_RECORDS) and
+    /// A store with `DEFAULT_MAX_RECORDS` and
     /// [`DEFAULT_TTL`](Self::DEFAULT_TTL).
     pub fn new() -> Self {
         Self {

@@ -119,8 +119,7 @@ impl<D> BudgetLayer<D> {
     /// without one is the anonymous client, which names no tenant). Each
     /// attempt a failover layer inside makes reserves its estimate first,
     /// the first being the turn's admission, and the end of the turn (its
-    /// body done or dropped) settles against what it really cost (see
-    /// [`TurnBudget::meter_tenant`](super::TurnBudget::meter_tenant)).
+    /// body done or dropped) settles against what it really cost .
     ///
     /// Refusals are answered in the dialect's shape: 402
     /// `tenant_spend_ceiling_reached`, 400 `tenant_required` (no tenant,

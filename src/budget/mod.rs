@@ -14,7 +14,7 @@
 //!   first.
 //! - **Attempts**: [`TurnBudget::try_begin_attempt`] claims the next
 //!   1-based attempt number or refuses with [`BudgetExhausted`].
-//! - **Spend** in money ([`Cost`], nano-USD): [`TurnBudget::record_spend`]
+//! - **Spend** in money ([`Cost`](crate::Cost), nano-USD): [`TurnBudget::record_spend`]
 //!   after each attempt (marked when estimated), [`TurnBudget::check_spend`]
 //!   with the next attempt's estimate before it (the turn's own ceiling).
 //! - **Backoff** between attempts on the same target ([`Backoff`]), with
@@ -24,7 +24,7 @@
 //!   [`SpendStore`]: in memory, or shared by replicas on Redis), for the
 //!   tenant of the request's [`ClientId`](crate::identity::ClientId)
 //!   ([`BudgetLayer::tenant_spend`]). Each attempt reserves its estimate
-//!   before it is sent ([`TurnBudget::reserve_tenant`]; the first is the
+//!   before it is sent (the first is the
 //!   turn's admission), and the end of the turn settles the tenant's total
 //!   to what the turn cost, so concurrent turns of one tenant pass its
 //!   ceiling by at most one attempt's estimate each.

@@ -475,7 +475,7 @@ impl TenantSpend {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// The tenant `client` names, if any: at most [`MAX_TENANT_LEN`] bytes
+    /// The tenant `client` names, if any: at most 128 bytes
     /// after trimming; a longer one names no tenant (it would be a key in
     /// the store).
     pub fn tenant(&self, client: &ClientId) -> Option<String> {

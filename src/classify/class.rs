@@ -297,7 +297,7 @@ impl Classification {
     }
 
     /// Sets the phase.
-    pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
+    pub fn with_phase(mut self, phase: Phase) -> Self {
         self.phase = phase;
         self
     }
@@ -327,7 +327,7 @@ impl Classification {
         self
     }
 
-    /// Sets the message, sanitized and bounded (see [`sanitize_message`]).
+    /// Sets the message, sanitized and bounded (see the [module docs](super)).
     pub fn with_message(mut self, message: impl AsRef<str>) -> Self {
         self.message = sanitize_message(message.as_ref());
         self

@@ -54,7 +54,7 @@ impl Default for Config {
 ///    recovery becomes the new class's default);
 /// 3. a `RetrySame` becomes `Reroute` when the provider said
 ///    `x-should-retry: false`, or asked to wait longer than
-///    [`max_retry_wait`](Self::max_retry_wait) (default 120 s). An
+///    [`with_max_retry_wait`](Self::with_max_retry_wait) (default 120 s). An
 ///    `x-should-retry: true` is kept in the hint but never turns a reroute or
 ///    a stop into a retry: the contract's class decides that;
 /// 4. the first matching [`Override`] that sets a recovery has the last word.

@@ -1,8 +1,8 @@
 //! Failure classification from the providers' own contracts.
 //!
-//! Every failure of an upstream call gets a [`FailureClass`], the [`Phase`]
+//! Every failure of an upstream call gets a [`FailureClass`](crate::FailureClass), the [`Phase`](crate::Phase)
 //! it happened in, the HTTP status, the provider's own code, retry hints, a
-//! bounded sanitized message, and a default [`Recovery`] the failover policy
+//! bounded sanitized message, and a default [`Decision`](crate::Decision) the failover policy
 //! reads: retry the same provider, reroute, or stop.
 //!
 //! Two ways in:
@@ -87,9 +87,9 @@
 //! # Credentials
 //!
 //! Messages are sanitized when a [`Classification`] is built
-//! ([`sanitize_message`]): keys echoed by a provider (`sk-...`, `AIza...`,
+//! : keys echoed by a provider (`sk-...`, `AIza...`,
 //! `Bearer ...`, long hex or base64 tokens) are replaced by `[REDACTED]`, and
-//! the message is cut to [`MAX_MESSAGE_CHARS`]. The raw error body kept in
+//! the message is cut to 512 characters. The raw error body kept in
 //! [`UpstreamError::body`] is not sanitized and is never printed by `Debug`.
 
 mod body;

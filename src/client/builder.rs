@@ -58,7 +58,7 @@ impl UpstreamClientBuilder {
     }
 
     /// How long a TCP connect may take; `None` waits for the OS (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]). A timeout surfaces as a connect error:
+    /// `DEFAULT_CONNECT_TIMEOUT`). A timeout surfaces as a connect error:
     /// the request was never sent.
     pub fn connect_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.connect_timeout = timeout.into();
@@ -66,7 +66,7 @@ impl UpstreamClientBuilder {
     }
 
     /// How long an idle pooled connection is kept; `None` keeps it until the
-    /// server closes it (default [`DEFAULT_POOL_IDLE_TIMEOUT`]).
+    /// server closes it (default `DEFAULT_POOL_IDLE_TIMEOUT`).
     pub fn pool_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.pool_idle_timeout = timeout.into();
         self
@@ -79,7 +79,7 @@ impl UpstreamClientBuilder {
     }
 
     /// The gateway-side path prefix replaced by the base URL's path
-    /// (default [`DEFAULT_STRIP_PREFIX`], `/v1`). See [the join
+    /// (default `DEFAULT_STRIP_PREFIX`, `/v1`). See [the join
     /// rule](super#the-url-join-rule).
     pub fn strip_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.strip_prefix = Some(prefix.into());

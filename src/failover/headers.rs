@@ -108,8 +108,7 @@ const NEVER: [&str; 9] = [
 /// Which headers cross the failover layer, each way.
 ///
 /// Both directions are allow-lists: a header passes only when a list
-/// names it ([`DEFAULT_REQUEST_HEADERS`] and [`DEFAULT_RESPONSE_HEADERS`]
-/// by default). A name ending in `*` is a prefix (`x-ratelimit-*`). Names
+/// names it (the lists below by default). A name ending in `*` is a prefix (`x-ratelimit-*`). Names
 /// are case-insensitive.
 ///
 /// Three rules hold whatever the lists say:
@@ -156,8 +155,7 @@ impl Default for HeaderPolicy {
 }
 
 impl HeaderPolicy {
-    /// The default lists: [`DEFAULT_REQUEST_HEADERS`] and
-    /// [`DEFAULT_RESPONSE_HEADERS`].
+    /// The default lists (see the type's docs).
     pub fn new() -> Self {
         Self::empty()
             .forward_request_headers(DEFAULT_REQUEST_HEADERS)

@@ -21,7 +21,7 @@
 //!   eligibility. Request errors return to the client at once with the
 //!   provider's message; when every option is spent the client gets one
 //!   OpenAI-shaped error naming the first failure and the attempt count.
-//! - Passive health in a [`HealthStore`] shared by the whole gateway (see
+//! - Passive health in a [`HealthStore`](crate::health::HealthStore) shared by the whole gateway (see
 //!   [Health](#health) below).
 //! - Every attempt is recorded ([`TurnRecord`](crate::observe::TurnRecord) in
 //!   the response extensions, summary headers, one tracing event each).
@@ -38,12 +38,12 @@
 //! Headers cross the layer by allow-list, each way ([`HeaderPolicy`]):
 //!
 //! - **to the provider**, only the client headers in
-//!   [`DEFAULT_REQUEST_HEADERS`] (`accept`, `content-type`,
+//!   the default list of [`HeaderPolicy`] (`accept`, `content-type`,
 //!   `x-request-id`, `traceparent`, `tracestate`, `anthropic-version`,
 //!   `anthropic-beta`), so a client cannot choose the organisation or
 //!   project the gateway's key bills, nor send a credential of its own;
 //! - **to the client**, only the provider headers in
-//!   [`DEFAULT_RESPONSE_HEADERS`] (`content-type`, `cache-control`, the
+//!   the default list of [`HeaderPolicy`] (`content-type`, `cache-control`, the
 //!   provider's request id `x-request-id` / `request-id`, and rate limits
 //!   under the provider's names: `x-ratelimit-*`, `anthropic-ratelimit-*`,
 //!   `retry-after`, `retry-after-ms`), on streams and on whole answers
@@ -66,7 +66,7 @@
 //! | response head of a stream | 10 s (and never past the first-output timeout) | [`head_timeout`](FailoverBuilder::head_timeout) |
 //! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout); per target [`Target::first_output_timeout`], and [`Target::reasoning_first_output_timeout`] for a request that asks for reasoning |
 //! | response head of a non-streaming answer | 60 s | [`non_streaming_head_timeout`](FailoverBuilder::non_streaming_head_timeout) |
-//! | gap between body frames, streamed or whole | 30 s | [`idle_timeout`](FailoverBuilder::idle_timeout) |
+//! | gap between body frames, streamed or whole | 30 s | [`StreamPolicy::idle_timeout`](crate::stream::StreamPolicy::idle_timeout) |
 //! | a whole non-streaming answer, head and body | none | [`response_timeout`](FailoverBuilder::response_timeout) |
 //!
 //! A silent head or a stalled body before commit is rerouted while the turn

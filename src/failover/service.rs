@@ -296,7 +296,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     /// Time allowed for a whole non-streaming answer (head and body).
     /// `None` (the default): bounded only by the turn's deadline, the
     /// [head timeout](Self::non_streaming_head_timeout) and the
-    /// [idle timeout](Self::idle_timeout) between body frames.
+    /// [idle timeout](crate::stream::StreamPolicy::idle_timeout) between body frames.
     pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.timeouts.response = timeout;
         self

@@ -9,7 +9,7 @@ use crate::classify::Note;
 /// What a health entry is about: one upstream model of one provider
 /// credential, or (with no model) the credential itself.
 ///
-/// The provider is the target's [`provider`](super::Target::provider) name:
+/// The provider is the target's [`provider`](crate::failover::Target::provider) name:
 /// one provider name stands for one credential.
 ///
 /// A key made by [`client_model`](Self::client_model) is marked as naming a
@@ -166,7 +166,7 @@ impl fmt::Display for Scope {
 /// provider.
 ///
 /// Timeouts and stream faults at model scope are further counted once per
-/// client within the failure window ([`FailureReport::witness`]).
+/// client within the failure window (the report's witness).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScopeRules {
     overrides: Vec<(FailureClass, Scope)>,

@@ -145,7 +145,7 @@ impl MemoryHealthStore {
     }
 
     /// Caps the keys held (at least 16).
-    pub(crate) fn max_keys(mut self, max: usize) -> Self {
+    pub fn max_keys(mut self, max: usize) -> Self {
         self.max_keys = max.max(16);
         self
     }
@@ -285,7 +285,7 @@ pub struct FleetState {
 impl MemoryHealthStore {
     /// Whether `key` or its account holds anything but defaults: a success
     /// on a key without state changes nothing a fleet shares.
-    pub(crate) fn has_state(&self, key: &HealthKey) -> bool {
+    pub fn has_state(&self, key: &HealthKey) -> bool {
         let map = self.lock();
         let busy = |k: &HealthKey| map.get(k).is_some_and(|e| !e.is_idle());
         busy(key) || (key.model.is_some() && busy(&key.to_account()))
@@ -303,7 +303,7 @@ impl MemoryHealthStore {
 
     /// Takes the fleet's state of `key` into the local view (the latency
     /// figure and the local failure window stay local).
-    pub(crate) fn adopt(&self, key: &HealthKey, shared: &FleetState) {
+    pub fn adopt(&self, key: &HealthKey, shared: &FleetState) {
         let now = Instant::now();
         let mut map = self.lock();
         let idle =

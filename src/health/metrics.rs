@@ -8,7 +8,7 @@ use crate::observe::{attr, metric};
 /// The states a health gauge names.
 const HEALTH_STATES: [&str; 4] = ["healthy", "cooling", "probe", "probing"];
 
-/// Sets [`metric::HEALTH_STATE`] for every key `store` knows, each model
+/// Sets the `failover.health.state` gauge for every key `store` knows, each model
 /// as its own label value. For a gateway whose clients may name models,
 /// use [`record_health_labelled`]: every distinct label value is a series
 /// a Prometheus server keeps.
@@ -20,7 +20,7 @@ pub fn record_health(store: &dyn HealthStore) {
 /// in each of [`HEALTH_STATES`].
 type HealthSeries = (Arc<str>, Arc<str>, &'static str, [u32; 4]);
 
-/// Sets [`metric::HEALTH_STATE`] with only the models `configured` accepts
+/// Sets the `failover.health.state` gauge with only the models `configured` accepts
 /// as label values; every other model is labelled `other`, and the gauge
 /// of an `other` series counts the keys in each state (a configured
 /// key's gauge is 1 for its state and 0 for the others).

@@ -14,7 +14,7 @@ use std::time::Duration;
 ///   failures (default 3) fall inside `failure_window` (default 30 s): one
 ///   transient failure never cools anything. Timeouts and stream faults
 ///   count once per client in the window (a client's slow prompts are not
-///   the provider's fault; see [`FailureReport::witness`]), every other
+///   the provider's fault; see the report's witness), every other
 ///   failure counts each time. The first such cooldown lasts `base`
 ///   (default 5 s) and each further one in a row doubles it, up to
 ///   `max_probe_interval` (default 30 s): a recovered provider is probed,

@@ -39,7 +39,7 @@ pub enum Admission {
 pub struct FailureReport {
     /// The failure's class.
     pub class: FailureClass,
-    /// Where it is charged ([`ScopeRules`]).
+    /// Where it is charged ([`ScopeRules`](super::ScopeRules)).
     pub scope: Scope,
     /// The provider's retry hint, when it gave one.
     pub retry_after: Option<Duration>,
@@ -163,7 +163,7 @@ pub struct HealthSnapshot {
 }
 
 /// The health registry of a gateway: one per gateway, shared by every route
-/// and [`Failover`](super::Failover).
+/// and [`Failover`](crate::failover::Failover).
 ///
 /// Reads are served from a local view. Each state transition (a failure,
 /// a cooldown start, a probe claim, a recovery) is one call, so a

@@ -48,7 +48,7 @@ impl<D> IdentityLayer<D> {
     }
 
     /// Takes the tenant from this request header when present (at most
-    /// [`MAX_TENANT_LEN`](super::MAX_TENANT_LEN) bytes): only for
+    /// 128 bytes): only for
     /// a gateway whose every request comes through a proxy that sets it.
     pub fn trust_tenant_header(mut self, header: HeaderName) -> Self {
         self.tenant_header = Some(header);

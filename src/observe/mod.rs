@@ -8,7 +8,7 @@
 //! A turn has one turn id and one [`AttemptRecord`] per upstream attempt:
 //! target, upstream model, start and duration, the class and phase of the
 //! failure, the bytes flushed to the client before it (always 0 before
-//! commit), output events, usage and cost, and the [`Decision`] taken.
+//! commit), output events, usage and cost, and the [`Decision`](crate::Decision) taken.
 //! "429 after 0 bytes" and "429 after 40 bytes" are different facts and the
 //! records keep them apart.
 //!
@@ -57,7 +57,7 @@
 //! | `failover.cooldowns` | counter | `failover.scope` (`account`, `model`), `gen_ai.provider.name` |
 //! | `failover.health.state` | gauge, 1 for the key's state, 0 for the others | `gen_ai.provider.name`, `gen_ai.request.model` (`*` for an account key), `failover.scope`, `failover.state` |
 //! | `failover.retry_budget.deposits`, `failover.retry_budget.withdrawals` | counter | `failover.result` (`granted`, `refused`) on withdrawals |
-//! | `failover.retry_budget.level` | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`], e.g. the Redis one, cannot say: no gauge) | none |
+//! | `failover.retry_budget.level` | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`](crate::budget::RetryBudget::from_budget), e.g. the Redis one, cannot say: no gauge) | none |
 //! | `failover.bytes_flushed_before_failure` (By) | histogram | `failover.phase`, `failover.target` |
 //! | `failover.attempts_per_turn` | histogram | `failover.outcome` |
 //! | `failover.actions` (feature `actions`) | counter: every tool-action state change | `failover.action.state` (entered: `running`, `succeeded`, `failed`, `unknown`), `failover.action.cause` (`claim`, `complete`, `fail`, `effect_error`, `timeout`, `dropped`, `reconcile`) |

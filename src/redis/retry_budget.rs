@@ -19,9 +19,9 @@ use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError};
 ///
 /// The request path never waits for Redis: each replica holds a small
 /// *lease* of withdrawals the shared budget already granted
-/// ([`lease`](RedisRetryBudgetBuilder::lease), default 2) and its deposits
+/// (`lease`, default 2) and its deposits
 /// not yet shipped; a background task ships the deposits and tops the lease
-/// up every [`sync_every`](RedisRetryBudgetBuilder::sync_every) (default
+/// up every `sync_every` (default
 /// 50 ms), and at once when a withdrawal finds the lease empty.
 ///
 /// Each exchange also brings back the shared budget's *level* (the

@@ -18,7 +18,7 @@
 //!   `anthropic-ratelimit-*` headers on every answer); an in-band error
 //!   (`error_after=N`) is `event: error` with `overloaded_error` by default,
 //!   so `error_after=0` fails after `message_start`, before any output. See
-//!   [`messages`](super::messages).
+//!   the [`messages` module](crate::messages).
 //! - `GET /v1/models`: the configured model ids.
 //! - `POST /control/fault`: arms a fault (JSON below); `GET /control/attempts`
 //!   answers `{"attempts": N}`; `POST /control/reset` zeroes the attempt

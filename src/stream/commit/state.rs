@@ -128,7 +128,7 @@ struct Details {
 
 /// A handle on one stream's state, readable while the stream runs.
 ///
-/// [`StreamStateLayer`](super::StreamStateLayer) puts it in the extensions of
+/// [`StreamStateLayer`](crate::stream::StreamStateLayer) puts it in the extensions of
 /// every `text/event-stream` response, so logs and other layers can tell
 /// which phase a failure landed in and how many bytes the client received.
 #[derive(Debug, Clone)]
