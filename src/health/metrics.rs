@@ -66,3 +66,11 @@ pub fn record_health_labelled(store: &dyn HealthStore, configured: &dyn Fn(&str)
         }
     }
 }
+
+/// Counts a cooldown (`failover.cooldowns`, by provider and scope name).
+/// The failover layer counts the ones [`HealthStore::failure`] returns; a
+/// shared backend calls this for a cooldown it learns of otherwise (another
+/// replica's failures tipped it), as the Redis store does.
+pub fn record_cooldown(provider: &str, scope: &'static str) {
+    crate::observe::cooldown_started(provider, scope);
+}

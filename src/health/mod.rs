@@ -70,7 +70,7 @@ mod store;
 pub use key::{HealthKey, Scope, ScopeRules};
 pub(crate) use memory::Admitted;
 pub use memory::{FleetState, MemoryHealthStore};
-pub use metrics::{record_health, record_health_labelled};
+pub use metrics::{record_cooldown, record_health, record_health_labelled};
 pub use policy::CooldownPolicy;
 pub use store::{
     Admission, Availability, FailureReport, HealthSnapshot, HealthStore, KeyState, SuccessReport,

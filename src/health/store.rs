@@ -76,7 +76,7 @@ impl FailureReport {
     /// The client this failure counts once for, when its class counts per
     /// client (timeouts and stream faults; the provider's own statements,
     /// such as a status or a reset, count every time).
-    pub(crate) fn counted_per_client(&self) -> Option<&Arc<str>> {
+    pub fn counted_per_client(&self) -> Option<&Arc<str>> {
         matches!(
             self.class,
             FailureClass::Timeout | FailureClass::InvalidResponse

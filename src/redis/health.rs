@@ -623,7 +623,7 @@ where
                     )
                     && charged_scope != "none"
                 {
-                    crate::observe::cooldown_started(key.provider(), charged_scope);
+                    crate::health::record_cooldown(key.provider(), charged_scope);
                 }
                 // The fleet's state of the touched keys (after the version
                 // and the cooldown).
