@@ -75,6 +75,29 @@ pub(crate) fn find_in_chain<'a, T: StdError + 'static>(
     None
 }
 
+/// `get_ref`, `get_mut` and `into_inner` of a middleware service whose
+/// wrapped service is its `inner` field of type `S` (tower-http's
+/// `define_inner_service_accessors`).
+macro_rules! inner_service_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Consumes `self`, returning the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+pub(crate) use inner_service_accessors;
+
 #[cfg(test)]
 mod tests {
     use super::*;

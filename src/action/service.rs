@@ -59,20 +59,7 @@ impl<S, C> ActionExecutor<S, C> {
         ActionExecutorLayer::new(store)
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::util::inner_service_accessors!();
 }
 
 impl<S, C> Service<ToolCall> for ActionExecutor<S, C>

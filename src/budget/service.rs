@@ -76,20 +76,7 @@ impl<S, D> Budget<S, D> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::util::inner_service_accessors!();
 }
 
 impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for Budget<S, D>

@@ -61,20 +61,7 @@ impl<S> Classify<S> {
         self
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::util::inner_service_accessors!();
 }
 
 /// An inner service's error as an [`UpstreamError`]; `phase` forces the

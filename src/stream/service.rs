@@ -23,20 +23,7 @@ impl<S, D> StreamStateService<S, D> {
         Self { inner, config }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the wrapper, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::util::inner_service_accessors!();
 }
 
 impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for StreamStateService<S, D>
