@@ -111,7 +111,7 @@
 //!             .capabilities(Capabilities::default().context_window(200_000)),
 //!     )
 //!     .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(30)))
-//!     .max_retries_per_target(0)
+//!     .caps(|c| c.retries_per_target(0))
 //!     .build();
 //! let gateway = ServiceBuilder::new()
 //!     .layer(BudgetLayer::new().deadline(Duration::from_secs(60)))

@@ -17,8 +17,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
+use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::health::{CooldownPolicy, MemoryHealthStore};
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
-use tower_llm_failover::{failover::Failover, failover::Target, health::CooldownPolicy};
 use tower_llm_testing::{FakeProvider, Reply};
 
 const SERVER_500: &str = r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}"#;
@@ -121,9 +122,11 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .limits(TurnLimits::new().retry_budget(retry_budget.clone()))
-        .cooldown(CooldownPolicy::default().never_repeated())
+        .health(Arc::new(MemoryHealthStore::new(
+            CooldownPolicy::default().never_repeated(),
+        )))
         .build();
     let send = |client: ClientId| {
         let failover = failover.clone();

@@ -36,7 +36,7 @@ async fn an_all_options_spent_answer_names_the_class_not_the_providers_words() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary))
         .target(Target::new("backup", backup))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let response = failover.oneshot(request(false)).await.unwrap();
     let run = response.extensions().get::<TurnRecord>().unwrap().clone();

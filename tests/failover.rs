@@ -2,6 +2,7 @@
 //! client receives, how many attempts each upstream saw, and the records.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,6 +12,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_llm_failover::Decision;
 use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
+use tower_llm_failover::health::MemoryHealthStore;
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::{
     Cost, budget::Pricing, budget::RetryBudget, budget::RetryBudgetConfig, budget::TurnLimits,
@@ -127,7 +129,9 @@ async fn in_band_rate_limit_after_the_role_chunk_is_rerouted_invisibly() {
         Step::Data(chunks::rate_limit_error()),
     ]));
     let backup = FakeProvider::new("backup");
-    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    let failover = two(&primary, &backup)
+        .caps(|c| c.retries_per_target(0))
+        .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
     assert!(
@@ -222,7 +226,7 @@ async fn a_long_retry_after_reroutes_when_a_backup_is_left_but_is_waited_out_alo
         .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "30"));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .max_same_target_wait(Duration::from_secs(60))
+        .caps(|c| c.same_target_wait(Duration::from_secs(60)))
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -543,7 +547,7 @@ async fn a_silent_primary_is_rerouted_at_its_head_timeout_and_not_retried() {
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .head_timeout(Some(Duration::from_secs(2)))
+        .timeouts(|t| t.head(Some(Duration::from_secs(2))))
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -565,7 +569,7 @@ async fn a_slow_first_token_is_rerouted_within_the_first_output_timeout() {
     ]));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .first_output_timeout(Duration::from_secs(3))
+        .timeouts(|t| t.first_output(Duration::from_secs(3)))
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -580,7 +584,7 @@ async fn the_turn_never_exceeds_its_deadline() {
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup").always(Reply::Silent);
     let failover = two(&primary, &backup)
-        .head_timeout(Some(Duration::from_secs(30)))
+        .timeouts(|t| t.head(Some(Duration::from_secs(30))))
         .limits(TurnLimits::new().deadline(Duration::from_secs(5)))
         .build();
     let started = Instant::now();
@@ -608,7 +612,7 @@ async fn a_spent_ceiling_stops_the_turn_before_another_attempt() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()).pricing(price))
         .target(Target::new("backup", backup.clone()).pricing(price))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .default_output_tokens(0)
         .limits(TurnLimits::new().spend_ceiling(Cost::from_usd(1.0)))
         .build();
@@ -629,7 +633,9 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
     let primary = FakeProvider::new("primary").always(Reply::Refused);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .cooldown(CooldownPolicy::default().base(Duration::from_secs(5)))
+        .health(Arc::new(MemoryHealthStore::new(
+            CooldownPolicy::default().base(Duration::from_secs(5)),
+        )))
         .build();
     let mut winners = Vec::new();
     for turn in 0..20 {
@@ -673,7 +679,9 @@ async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget
     // retry budget alone hold it.
     let failover = two(&primary, &backup)
         .limits(TurnLimits::new().retry_budget(retry_budget))
-        .cooldown(CooldownPolicy::default().never_repeated())
+        .health(Arc::new(MemoryHealthStore::new(
+            CooldownPolicy::default().never_repeated(),
+        )))
         .build();
     let turns: Vec<_> = (0..100)
         .map(|_| {
@@ -844,7 +852,9 @@ async fn non_streaming_invalid_answers_are_rerouted() {
     ] {
         let primary = FakeProvider::new("primary").always(bad);
         let backup = FakeProvider::new("backup");
-        let failover = two(&primary, &backup).max_retries_per_target(0).build();
+        let failover = two(&primary, &backup)
+            .caps(|c| c.retries_per_target(0))
+            .build();
         let reply = send(&failover, request(false, serde_json::json!({}))).await;
         assert_eq!(reply.status, 200);
         let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
@@ -883,7 +893,7 @@ async fn bad_request_bodies_never_reach_an_upstream() {
     let primary = FakeProvider::new("primary");
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
-        .max_request_bytes(1024)
+        .caps(|c| c.request_bytes(1024))
         .build();
     for (body, status, code) in [
         ("not json".to_owned(), 400, "invalid_json"),
@@ -990,7 +1000,7 @@ async fn a_bad_request_body_is_answered_with_its_own_error_type_in_the_clients_d
     let failover = Failover::builder()
         .dialect(AnthropicMessages)
         .target(Target::new("primary", primary.clone()))
-        .max_request_bytes(1024)
+        .caps(|c| c.request_bytes(1024))
         .build();
     for (body, status, error_type) in [
         ("not json".to_owned(), 400, "invalid_request_error"),
@@ -1111,7 +1121,9 @@ async fn when_every_target_is_overloaded_the_turn_answers_503() {
     );
     let primary = FakeProvider::new("primary").always(overloaded.clone());
     let backup = FakeProvider::new("backup").always(overloaded);
-    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    let failover = two(&primary, &backup)
+        .caps(|c| c.retries_per_target(0))
+        .build();
     let reply = send(&failover, request(false, serde_json::json!({}))).await;
     assert_eq!((primary.calls(), backup.calls()), (1, 1));
     assert_eq!(reply.status, 503, "{}", reply.body);
@@ -1128,7 +1140,9 @@ async fn when_every_target_is_overloaded_the_turn_answers_503() {
 async fn a_failed_probe_after_an_ordinary_attempt_reports_the_options_spent() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
-    let failover = two(&primary, &backup).max_retries_per_target(0).build();
+    let failover = two(&primary, &backup)
+        .caps(|c| c.retries_per_target(0))
+        .build();
     // The primary's key fails: it rests, the backup serves.
     let first = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(first.headers["x-failover-target"], "backup");
@@ -1199,8 +1213,8 @@ async fn a_silent_head_is_bounded_by_the_first_output_timeout_even_without_a_hea
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .head_timeout(None)
-        .first_output_timeout(Duration::from_secs(3))
+        .timeouts(|t| t.head(None))
+        .timeouts(|t| t.first_output(Duration::from_secs(3)))
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -1252,7 +1266,9 @@ async fn a_cancelled_probe_gives_its_slot_back() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .cooldown(CooldownPolicy::default().account(Duration::from_secs(10)))
+        .health(Arc::new(MemoryHealthStore::new(
+            CooldownPolicy::default().account(Duration::from_secs(10)),
+        )))
         .build();
     send(&failover, request(true, serde_json::json!({}))).await;
     assert!(matches!(
@@ -1495,7 +1511,7 @@ async fn a_forced_probe_is_never_retried() {
         .always(Reply::status(500, SERVER_500));
     let failover = Failover::builder()
         .target(Target::new("a", a.clone()))
-        .max_retries_per_target(2)
+        .caps(|c| c.retries_per_target(2))
         .build();
     let first = send(&failover, request(false, serde_json::json!({}))).await;
     assert_ne!(first.status, 200, "{}", first.body);

@@ -637,7 +637,7 @@ use tower_llm_testing::chunks;
 /// failing attempt is never retried on the same target.
 fn pair(primary: &FakeProvider, store: &Arc<MemoryHealthStore>) -> Failover<Models> {
     builder(store)
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .target(
             Target::new(
@@ -702,7 +702,7 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
         .limits(TurnLimits::new().deadline(Duration::from_secs(30)))
-        .non_streaming_head_timeout(Some(Duration::from_secs(1)))
+        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(1))))
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..3 {
@@ -716,7 +716,7 @@ async fn an_answer_over_our_own_size_cap_is_the_requests_and_cools_nothing() {
     let store = Arc::new(MemoryHealthStore::default());
     let primary = FakeProvider::new("primary").always(Reply::completion("primary"));
     let failover = builder(&store)
-        .max_response_bytes(64)
+        .caps(|c| c.response_bytes(64))
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..5 {
@@ -952,7 +952,7 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
-        .first_output_timeout(Duration::from_secs(40))
+        .timeouts(|t| t.first_output(Duration::from_secs(40)))
         .target(
             Target::new("primary", Models::new(&[("gpt-x", slow.clone())]))
                 .model("gpt-x")
@@ -974,7 +974,7 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     // A target that sets none waits the builder's default (40 s).
     let failover = builder(&store)
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
-        .first_output_timeout(Duration::from_secs(40))
+        .timeouts(|t| t.first_output(Duration::from_secs(40)))
         .target(Target::new("primary", Models::new(&[("gpt-x", slow.clone())])).model("gpt-x"))
         .target(Target::new("backup", backup).model("backup-model"))
         .build();

@@ -55,7 +55,7 @@ async fn start(budget: BudgetLayer, stream: bool) -> App {
     let failover = Failover::builder()
         .target(Target::boxed("primary", client))
         .target(Target::boxed("backup", backup).model("backup-model"))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let stack = ServiceBuilder::new().layer(budget).service(failover);
     let app = axum::Router::new().route_service("/v1/chat/completions", stack);

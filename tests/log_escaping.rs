@@ -78,7 +78,7 @@ async fn a_model_name_with_a_newline_and_an_escape_is_logged_escaped() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let answer = send(&failover, FORGING_MODEL).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);

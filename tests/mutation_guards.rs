@@ -105,7 +105,7 @@ async fn after_a_reroute_only_the_answering_attempt_records_bytes() {
         let failover = Failover::builder()
             .target(Target::new("primary", primary.clone()))
             .target(Target::new("backup", backup.clone()))
-            .max_retries_per_target(0)
+            .caps(|c| c.retries_per_target(0))
             .build();
         let answer = send(&failover, post(&chat_body(stream))).await;
         assert_eq!(answer.status, StatusCode::OK, "stream: {stream}");
@@ -247,7 +247,7 @@ async fn no_provider_ever_sees_the_clients_credentials() {
         let failover = Failover::builder()
             .target(Target::new("primary", primary.clone()))
             .target(Target::new("backup", backup.clone()))
-            .max_retries_per_target(0)
+            .caps(|c| c.retries_per_target(0))
             .build();
         let answer = send(&failover, with_client_credentials(&chat_body(stream))).await;
         assert_eq!(answer.status, StatusCode::OK);

@@ -74,7 +74,7 @@ async fn silent_targets_end_the_turn_at_its_deadline_with_an_openai_error() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary))
         .target(Target::new("backup", backup))
-        .head_timeout(Some(Duration::from_secs(3)))
+        .timeouts(|t| t.head(Some(Duration::from_secs(3))))
         .build();
     let service = ServiceBuilder::new()
         .layer(StreamStateLayer::new())

@@ -226,7 +226,7 @@ async fn a_turn_with_one_reroute_has_a_turn_span_and_two_attempt_spans() {
                 .provider("prov-b")
                 .model("backup-model"),
         )
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let response = failover.oneshot(chat(true, "span-turn")).await.unwrap();
     let (run, body) = read(response).await;
@@ -291,7 +291,7 @@ async fn failures_before_and_after_commit_land_under_different_phases() {
     let failover = Failover::builder()
         .target(Target::new("phase-before", before))
         .target(Target::new("phase-after", after))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let response = failover.oneshot(chat(true, "phase-turn")).await.unwrap();
     let (run, body) = read(response).await;

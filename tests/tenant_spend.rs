@@ -66,8 +66,8 @@ type Stack = Budget<Failover<FakeProvider>>;
 
 fn stack(spend: &TenantSpend, targets: &[(&str, &FakeProvider)]) -> Stack {
     let mut builder = Failover::builder()
-        .non_streaming_head_timeout(Some(Duration::from_secs(5)))
-        .max_retries_per_target(0);
+        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(5))))
+        .caps(|c| c.retries_per_target(0));
     for (name, provider) in targets {
         builder = builder.target(Target::new(*name, (*provider).clone()).pricing(pricing()));
     }

@@ -209,7 +209,7 @@ async fn turn(
         .dialect(LineDialect)
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()).model("backup-model"))
-        .max_retries_per_target(0)
+        .caps(|c| c.retries_per_target(0))
         .build();
     let body = json!({"model": "m", "stream": stream, "prompt": "Say hi."});
     let request = Request::post("/v1/line")

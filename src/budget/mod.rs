@@ -105,6 +105,8 @@ mod retry_budget;
 mod service;
 mod spend;
 mod turn;
+#[cfg(test)]
+mod turn_tests;
 
 pub use backoff::{Backoff, Delay};
 pub use body::BudgetBody;
@@ -119,4 +121,5 @@ pub use spend::{
     MemorySpendStore, Reservation, SpendCeilings, SpendCheck, SpendError, SpendFuture, SpendStore,
     SpendWindow, TenantRefusal, TenantSpend,
 };
-pub use turn::{BudgetExhausted, RetryDelay, TurnBudget, TurnLimits};
+pub(crate) use turn::RetryDelay;
+pub use turn::{BudgetExhausted, TurnBudget, TurnLimits};

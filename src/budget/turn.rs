@@ -303,7 +303,7 @@ impl Drop for Inner {
 /// What [`TurnBudget::retry_delay`] advises before another attempt on the
 /// same target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryDelay {
+pub(crate) enum RetryDelay {
     /// Wait this long (it ends before the deadline), then retry the same
     /// target.
     Wait(Duration),
@@ -327,7 +327,8 @@ pub enum RetryDelay {
 
 impl RetryDelay {
     /// The wait to take, if any.
-    pub fn wait(self) -> Option<Duration> {
+    #[cfg(test)]
+    pub(crate) fn wait(self) -> Option<Duration> {
         match self {
             RetryDelay::Wait(d) => Some(d),
             _ => None,
@@ -598,7 +599,7 @@ impl TurnBudget {
 
     /// Whether a wait of `wait` starting now would end before the deadline.
     /// A backoff that does not fit is never taken.
-    pub fn wait_fits(&self, wait: Duration) -> bool {
+    pub(crate) fn wait_fits(&self, wait: Duration) -> bool {
         Instant::now()
             .checked_add(wait)
             .is_some_and(|end| end < self.inner.deadline)
@@ -606,7 +607,7 @@ impl TurnBudget {
 
     /// The backoff before retry `retry_index` (0 = first retry) on the same
     /// target, given the provider's hint, checked against the time left.
-    pub fn retry_delay(&self, retry_index: u32, hint: Option<Duration>) -> RetryDelay {
+    pub(crate) fn retry_delay(&self, retry_index: u32, hint: Option<Duration>) -> RetryDelay {
         match self.inner.backoff.delay(retry_index, hint) {
             Delay::Wait(wait) if self.wait_fits(wait) => RetryDelay::Wait(wait),
             Delay::Wait(wait) => RetryDelay::PastDeadline {

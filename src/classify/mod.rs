@@ -103,6 +103,8 @@ mod overrides;
 mod rate_limits;
 mod reply;
 mod retry_after;
+#[cfg(test)]
+mod retry_after_tests;
 mod rules;
 mod sanitize;
 mod service;
@@ -117,10 +119,6 @@ pub use self::future::ResponseFuture;
 pub use self::layer::ClassifyLayer;
 pub use self::overrides::Override;
 pub use self::rate_limits::RateLimitHeaders;
-pub use self::retry_after::{
-    MAX_RETRY_HINT, parse_go_duration, parse_retry_after, parse_retry_after_ms, parse_should_retry,
-    retry_delay_in_message, retry_hint_from_headers,
-};
 pub use self::sanitize::REDACTED;
 pub use self::service::Classify;
 #[cfg(feature = "tower-http")]

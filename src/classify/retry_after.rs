@@ -14,7 +14,7 @@ use super::RetryHint;
 /// The longest wait a retry hint can carry: one day. Larger values (a
 /// `retry-after` years ahead, `1e300`) are capped to it rather than dropped,
 /// so they still read as "much longer than any turn budget".
-pub const MAX_RETRY_HINT: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_RETRY_HINT: Duration = Duration::from_secs(86_400);
 
 /// Seconds as `f64` to a capped `Duration`; `None` for negative or non-finite.
 fn secs_to_hint(secs: f64) -> Option<Duration> {
@@ -48,14 +48,14 @@ fn parse_decimal(value: &str) -> Option<f64> {
 
 /// `retry-after-ms`: milliseconds, fractions allowed (as the OpenAI and
 /// Anthropic SDKs read it).
-pub fn parse_retry_after_ms(value: &str) -> Option<Duration> {
+pub(crate) fn parse_retry_after_ms(value: &str) -> Option<Duration> {
     secs_to_hint(parse_decimal(value)? / 1000.0)
 }
 
 /// `retry-after`: delay seconds (fractions allowed, as the SDKs accept) or
 /// an HTTP date, measured from `now`. A date in the past means "now"
 /// (`Duration::ZERO`); a negative number is garbage (`None`).
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
     if let Some(secs) = parse_decimal(v) {
         return secs_to_hint(secs);
@@ -70,7 +70,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// A Go-style duration (`"519ms"`, `"6m0s"`, `"1h2m3.5s"`, `"53.016342224s"`),
 /// which also covers protobuf JSON durations (`"53s"`, `"45.83s"`) used by
 /// Gemini's `RetryInfo.retryDelay`. A bare `"0"` is zero.
-pub fn parse_go_duration(value: &str) -> Option<Duration> {
+pub(crate) fn parse_go_duration(value: &str) -> Option<Duration> {
     let v = value.trim();
     if v == "0" {
         return Some(Duration::ZERO);
@@ -111,7 +111,7 @@ pub fn parse_go_duration(value: &str) -> Option<Duration> {
 
 /// A wait named in message text: Gemini's "Please retry in 43.7s." and
 /// OpenAI's "Please try again in 519ms." (case-insensitive).
-pub fn retry_delay_in_message(message: &str) -> Option<Duration> {
+pub(crate) fn retry_delay_in_message(message: &str) -> Option<Duration> {
     let lower = message.to_ascii_lowercase();
     for needle in ["retry in ", "try again in "] {
         if let Some(at) = lower.find(needle) {
@@ -127,7 +127,7 @@ pub fn retry_delay_in_message(message: &str) -> Option<Duration> {
 }
 
 /// `x-should-retry`: `true`/`false` (case-insensitive); anything else `None`.
-pub fn parse_should_retry(headers: &HeaderMap) -> Option<bool> {
+pub(crate) fn parse_should_retry(headers: &HeaderMap) -> Option<bool> {
     let v = headers.get("x-should-retry")?.to_str().ok()?.trim();
     if v.eq_ignore_ascii_case("true") {
         Some(true)
@@ -140,7 +140,7 @@ pub fn parse_should_retry(headers: &HeaderMap) -> Option<bool> {
 
 /// The hints carried by headers, in the SDKs' order: `retry-after-ms`, then
 /// `retry-after`; plus `x-should-retry`.
-pub fn retry_hint_from_headers(headers: &HeaderMap, now: SystemTime) -> RetryHint {
+pub(crate) fn retry_hint_from_headers(headers: &HeaderMap, now: SystemTime) -> RetryHint {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let after = header("retry-after-ms")
         .and_then(parse_retry_after_ms)

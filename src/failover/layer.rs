@@ -57,7 +57,7 @@ where
         let builder = if builder.has_health() {
             builder
         } else {
-            let store = Arc::new(MemoryHealthStore::new(builder.cooldown_policy().clone()));
+            let store = Arc::new(MemoryHealthStore::default());
             builder.health(store)
         };
         Self { primary, builder }

@@ -140,5 +140,5 @@ pub(crate) use crate::time::later;
 pub use headers::{DEFAULT_ANTHROPIC_BETAS, HeaderPolicy};
 pub use layer::FailoverLayer;
 pub use select::{Candidate, Selector, Strategy};
-pub use service::{Failover, FailoverBuilder, ResponseFuture};
+pub use service::{Caps, Failover, FailoverBuilder, ResponseFuture, Timeouts};
 pub use target::{BoxUpstream, Capabilities, Target, UpstreamBody};

@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::body::FailoverBody;
 use super::headers::HeaderPolicy;
 use super::select::Strategy;
-use super::shared::{Shared, Timeouts};
+use super::shared::Shared;
 use super::target::Target;
 use crate::BoxError;
 use crate::budget::TurnLimits;
@@ -109,12 +109,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     commit: CommitWindow,
     timeouts: Timeouts,
     headers: HeaderPolicy,
-    cooldown: CooldownPolicy,
-    max_request_bytes: usize,
-    max_response_bytes: usize,
-    max_held_bytes: u64,
-    max_retries_per_target: u32,
-    max_same_target_wait: Duration,
+    caps: Caps,
     default_output_tokens: u64,
     stream: StreamPolicy,
     health: Option<Arc<dyn HealthStore>>,
@@ -148,20 +143,9 @@ impl<S> FailoverBuilder<S> {
             classifier: Classifier::default(),
             limits: TurnLimits::new(),
             commit: CommitWindow::default(),
-            timeouts: Timeouts {
-                head: Some(Duration::from_secs(10)),
-                whole_head: Some(Duration::from_secs(60)),
-                response: None,
-                first_output: Duration::from_secs(15),
-                idle: Duration::from_secs(30),
-            },
+            timeouts: Timeouts::default(),
             headers: HeaderPolicy::new(),
-            cooldown: CooldownPolicy::default(),
-            max_request_bytes: 8 << 20,
-            max_response_bytes: 16 << 20,
-            max_held_bytes: 1 << 20,
-            max_retries_per_target: 2,
-            max_same_target_wait: Duration::from_secs(5),
+            caps: Caps::default(),
             default_output_tokens: 512,
             stream: StreamPolicy::new().idle_timeout(Duration::from_secs(30)),
             health: None,
@@ -186,12 +170,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             commit: self.commit,
             timeouts: self.timeouts,
             headers: self.headers,
-            cooldown: self.cooldown,
-            max_request_bytes: self.max_request_bytes,
-            max_response_bytes: self.max_response_bytes,
-            max_held_bytes: self.max_held_bytes,
-            max_retries_per_target: self.max_retries_per_target,
-            max_same_target_wait: self.max_same_target_wait,
+            caps: self.caps,
             default_output_tokens: self.default_output_tokens,
             health: self.health,
             scopes: self.scopes,
@@ -214,10 +193,6 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
-    pub(crate) fn cooldown_policy(&self) -> &CooldownPolicy {
-        &self.cooldown
-    }
-
     pub(crate) fn has_health(&self) -> bool {
         self.health.is_some()
     }
@@ -225,7 +200,8 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     /// The health registry: share one store between every route and
     /// failover of a gateway, so a provider has one health state. Without
     /// one, [`build`](Self::build) makes a [`MemoryHealthStore`] with the
-    /// [`cooldown`](Self::cooldown) policy (a store brings its own).
+    /// default [`CooldownPolicy`] (a store brings its own:
+    /// `MemoryHealthStore::new(policy)` for another).
     pub fn health(mut self, store: Arc<dyn HealthStore>) -> Self {
         self.health = Some(store);
         self
@@ -265,48 +241,26 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// How long each part of an attempt may take: `set` gets the current
+    /// [`Timeouts`] (the defaults: stream head 10 s, non-streaming head
+    /// 60 s, whole answer none, first output 15 s) and returns the new ones.
+    pub fn timeouts(mut self, set: impl FnOnce(Timeouts) -> Timeouts) -> Self {
+        self.timeouts = set(self.timeouts);
+        self
+    }
+
+    /// What one turn may take at most: `set` gets the current [`Caps`]
+    /// (the defaults: 8 MiB request, 16 MiB response, 1 MiB held back, 2
+    /// retries on one target, 5 s same-target wait) and returns the new
+    /// ones.
+    pub fn caps(mut self, set: impl FnOnce(Caps) -> Caps) -> Self {
+        self.caps = set(self.caps);
+        self
+    }
+
     /// When a streamed answer is released to the client.
     pub fn commit_window(mut self, window: CommitWindow) -> Self {
         self.commit = window;
-        self
-    }
-
-    /// Time allowed for the response head of a streaming request (default
-    /// 10 s). The head of a stream is also never waited on past the first
-    /// output timeout. `None`: bounded by those and the turn's deadline.
-    pub fn head_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeouts.head = timeout;
-        self
-    }
-
-    /// Time allowed for the response head of a non-streaming request
-    /// (default 60 s, half the default turn deadline): a silent upstream is
-    /// rerouted while the turn still has time. A non-streaming head comes
-    /// only once the provider has written the whole answer, so raise it (or
-    /// stream) for long completions such as reasoning models or a large
-    /// `max_tokens`, and keep it well under the turn's deadline so a backup
-    /// still has time.
-    /// `None`: bounded by the [response timeout](Self::response_timeout)
-    /// and the turn's deadline.
-    pub fn non_streaming_head_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeouts.whole_head = timeout;
-        self
-    }
-
-    /// Time allowed for a whole non-streaming answer (head and body).
-    /// `None` (the default): bounded only by the turn's deadline, the
-    /// [head timeout](Self::non_streaming_head_timeout) and the
-    /// [idle timeout](crate::stream::StreamPolicy::idle_timeout) between body frames.
-    pub fn response_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeouts.response = timeout;
-        self
-    }
-
-    /// Time allowed from an attempt's start to its first model output, for
-    /// targets that set none of their own
-    /// ([`Target::first_output_timeout`](super::Target::first_output_timeout)).
-    pub fn first_output_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.first_output = timeout;
         self
     }
 
@@ -314,82 +268,6 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
     /// [`HeaderPolicy::new`]). Replaces the lists set so far.
     pub fn header_policy(mut self, policy: HeaderPolicy) -> Self {
         self.headers = policy;
-        self
-    }
-
-    /// Adds client request headers that reach the provider, to the
-    /// defaults (see [`HeaderPolicy::forward_request_headers`]): name
-    /// `openai-organization` here to let clients choose it.
-    pub fn forward_request_headers<I>(mut self, names: I) -> Self
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        self.headers = self.headers.forward_request_headers(names);
-        self
-    }
-
-    /// Adds provider response headers that reach the client, to the
-    /// defaults (see [`HeaderPolicy::forward_response_headers`]).
-    pub fn forward_response_headers<I>(mut self, names: I) -> Self
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        self.headers = self.headers.forward_response_headers(names);
-        self
-    }
-
-    /// Adds `anthropic-beta` values clients may send on to providers
-    /// (see [`HeaderPolicy::allow_anthropic_betas`]).
-    pub fn allow_anthropic_betas<I>(mut self, betas: I) -> Self
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        self.headers = self.headers.allow_anthropic_betas(betas);
-        self
-    }
-
-    /// Cooldowns of failing targets, for the store [`build`](Self::build)
-    /// makes when none is given with [`health`](Self::health).
-    pub fn cooldown(mut self, policy: CooldownPolicy) -> Self {
-        self.cooldown = policy;
-        self
-    }
-
-    /// Cap on the client's request body.
-    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
-        self.max_request_bytes = bytes;
-        self
-    }
-
-    /// Cap on a non-streaming upstream body.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// Cap on the bytes held back before commit.
-    pub fn max_held_bytes(mut self, bytes: u64) -> Self {
-        self.max_held_bytes = bytes;
-        self
-    }
-
-    /// Retries on one target (for failures whose recovery is to retry the
-    /// same target) before rerouting.
-    pub fn max_retries_per_target(mut self, retries: u32) -> Self {
-        self.max_retries_per_target = retries;
-        self
-    }
-
-    /// The longest wait before retrying the same target while another
-    /// target is left (default 5 s). A longer wait, usually a provider's
-    /// `retry-after`, reroutes at once instead: a healthy backup answers
-    /// sooner. With no other target left, any wait that fits the turn's
-    /// deadline (and the backoff's `max_server_delay`) is taken.
-    pub fn max_same_target_wait(mut self, wait: Duration) -> Self {
-        self.max_same_target_wait = wait;
         self
     }
 
@@ -441,7 +319,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 dialect: self.dialect,
                 health: self
                     .health
-                    .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(self.cooldown))),
+                    .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(CooldownPolicy::default()))),
                 scopes: self.scopes,
                 refuse_when_cooling: self.refuse_when_cooling,
                 meters: Arc::new(crate::observe::Meters::new(
@@ -454,16 +332,142 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 commit: self.commit,
                 timeouts,
                 headers,
-                max_request_bytes: self.max_request_bytes,
-                max_response_bytes: self.max_response_bytes,
-                max_held_bytes: self.max_held_bytes,
-                max_retries_per_target: self.max_retries_per_target,
-                max_same_target_wait: self.max_same_target_wait,
+                max_request_bytes: self.caps.request_bytes,
+                max_response_bytes: self.caps.response_bytes,
+                max_held_bytes: self.caps.held_bytes,
+                max_retries_per_target: self.caps.retries_per_target,
+                max_same_target_wait: self.caps.same_target_wait,
                 default_output_tokens: self.default_output_tokens,
                 stream: Arc::new(stream),
                 shutdown: self.shutdown,
             }),
         }
+    }
+}
+
+/// How long the failover layer waits for each part of an attempt; set
+/// with [`FailoverBuilder::timeouts`]. The gap between body frames is the
+/// [`StreamPolicy`]'s idle timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub(crate) head: Option<Duration>,
+    pub(crate) whole_head: Option<Duration>,
+    pub(crate) response: Option<Duration>,
+    pub(crate) first_output: Duration,
+    pub(crate) idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            head: Some(Duration::from_secs(10)),
+            whole_head: Some(Duration::from_secs(60)),
+            response: None,
+            first_output: Duration::from_secs(15),
+            idle: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Timeouts {
+    /// Time allowed for the response head of a streaming request (default
+    /// 10 s). The head of a stream is also never waited on past the first
+    /// output timeout. `None`: bounded by those and the turn's deadline.
+    pub fn head(mut self, timeout: Option<Duration>) -> Self {
+        self.head = timeout;
+        self
+    }
+
+    /// Time allowed for the response head of a non-streaming request
+    /// (default 60 s, half the default turn deadline): a silent upstream is
+    /// rerouted while the turn still has time. A non-streaming head comes
+    /// only once the provider has written the whole answer, so raise it (or
+    /// stream) for long completions such as reasoning models or a large
+    /// `max_tokens`, and keep it well under the turn's deadline so a backup
+    /// still has time.
+    /// `None`: bounded by the [response timeout](Self::response)
+    /// and the turn's deadline.
+    pub fn non_streaming_head(mut self, timeout: Option<Duration>) -> Self {
+        self.whole_head = timeout;
+        self
+    }
+
+    /// Time allowed for a whole non-streaming answer (head and body).
+    /// `None` (the default): bounded only by the turn's deadline, the
+    /// [head timeout](Self::non_streaming_head) and the
+    /// [idle timeout](crate::stream::StreamPolicy::idle_timeout) between body frames.
+    pub fn response(mut self, timeout: Option<Duration>) -> Self {
+        self.response = timeout;
+        self
+    }
+
+    /// Time allowed from an attempt's start to its first model output, for
+    /// targets that set none of their own
+    /// ([`Target::first_output_timeout`](super::Target::first_output_timeout)).
+    pub fn first_output(mut self, timeout: Duration) -> Self {
+        self.first_output = timeout;
+        self
+    }
+}
+
+/// What the failover layer takes of one turn at most: bytes each way, the
+/// held-back preamble, retries on one target and the wait before one; set
+/// with [`FailoverBuilder::caps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub(crate) request_bytes: usize,
+    pub(crate) response_bytes: usize,
+    pub(crate) held_bytes: u64,
+    pub(crate) retries_per_target: u32,
+    pub(crate) same_target_wait: Duration,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            request_bytes: 8 << 20,
+            response_bytes: 16 << 20,
+            held_bytes: 1 << 20,
+            retries_per_target: 2,
+            same_target_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Caps {
+    /// Cap on the client's request body.
+    pub fn request_bytes(mut self, bytes: usize) -> Self {
+        self.request_bytes = bytes;
+        self
+    }
+
+    /// Cap on a non-streaming upstream body.
+    pub fn response_bytes(mut self, bytes: usize) -> Self {
+        self.response_bytes = bytes;
+        self
+    }
+
+    /// Cap on the bytes held back before commit.
+    pub fn held_bytes(mut self, bytes: u64) -> Self {
+        self.held_bytes = bytes;
+        self
+    }
+
+    /// Retries on one target (for failures whose recovery is to retry the
+    /// same target) before rerouting.
+    pub fn retries_per_target(mut self, retries: u32) -> Self {
+        self.retries_per_target = retries;
+        self
+    }
+
+    /// The longest wait before retrying the same target while another
+    /// target is left (default 5 s). A longer wait, usually a provider's
+    /// `retry-after`, reroutes at once instead: a healthy backup answers
+    /// sooner. With no other target left, any wait that fits the turn's
+    /// deadline (and the backoff's `max_server_delay`) is taken.
+    pub fn same_target_wait(mut self, wait: Duration) -> Self {
+        self.same_target_wait = wait;
+        self
     }
 }
 

@@ -1,8 +1,8 @@
 //! What every turn of one failover service shares: its targets and
 //! settings, read by the turn and its attempts.
 
+use super::Timeouts;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::headers::HeaderPolicy;
 use super::select::Strategy;
@@ -11,19 +11,6 @@ use crate::budget::TurnLimits;
 use crate::classify::{Classifier, Classify};
 use crate::health::{HealthStore, ScopeRules};
 use crate::{stream::CommitWindow, stream::commit::InspectConfig};
-
-/// Per-attempt timeouts. Every wait is also bounded by the turn's deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timeouts {
-    /// Response head of a stream.
-    pub(crate) head: Option<Duration>,
-    /// Response head of a non-streaming answer.
-    pub(crate) whole_head: Option<Duration>,
-    /// A whole non-streaming answer, head and body.
-    pub(crate) response: Option<Duration>,
-    pub(crate) first_output: Duration,
-    pub(crate) idle: Duration,
-}
 
 pub(crate) struct Shared<S, D> {
     pub(crate) dialect: D,

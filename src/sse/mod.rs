@@ -41,6 +41,8 @@
 //! ```
 
 mod scanner;
+#[cfg(test)]
+mod scanner_tests;
 
 pub(crate) use scanner::{DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES};
 pub use scanner::{SseError, SseEvent, SseItem, SseScanner, Truncated};

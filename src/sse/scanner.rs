@@ -44,7 +44,8 @@ impl SseEvent {
     }
 
     /// The data as text.
-    pub fn data_str(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn data_str(&self) -> Option<&str> {
         std::str::from_utf8(&self.data).ok()
     }
 
@@ -60,7 +61,7 @@ impl SseEvent {
 
     /// The absolute byte range of the stream this event came from, from the
     /// byte after the previous dispatch up to and including its blank line.
-    pub fn range(&self) -> Range<u64> {
+    pub(crate) fn range(&self) -> Range<u64> {
         self.start..self.end
     }
 }
@@ -237,12 +238,14 @@ impl SseScanner {
     }
 
     /// The last event id the stream set, as the spec keeps it across events.
-    pub fn last_event_id(&self) -> Option<&[u8]> {
+    #[cfg(test)]
+    pub(crate) fn last_event_id(&self) -> Option<&[u8]> {
         self.last_event_id.as_deref()
     }
 
     /// Whether a fatal error stopped the scanner.
-    pub fn is_failed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_failed(&self) -> bool {
         self.failed
     }
 

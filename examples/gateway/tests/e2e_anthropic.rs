@@ -380,7 +380,7 @@ async fn through_failover(
     body: Value,
     headers: &[(&str, &str)],
 ) -> (StatusCode, String, TurnRecord) {
-    let mut builder = Failover::builder().max_retries_per_target(0);
+    let mut builder = Failover::builder().caps(|c| c.retries_per_target(0));
     for target in targets {
         builder = builder.target(target);
     }

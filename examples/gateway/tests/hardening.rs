@@ -230,7 +230,9 @@ async fn an_operator_can_forward_more_provider_headers() {
         });
         let failover = Failover::builder()
             .target(Target::new("primary", upstream))
-            .forward_response_headers(["openai-processing-ms", "x-debug-*"])
+            .header_policy(
+                HeaderPolicy::new().forward_response_headers(["openai-processing-ms", "x-debug-*"]),
+            )
             .build();
         let answer = send(&failover, request("gpt-x", stream)).await;
         assert_eq!(answer.headers["openai-processing-ms"], "812");
@@ -296,7 +298,11 @@ async fn client_headers_the_operator_names_reach_the_provider() {
         let provider = FakeProvider::new("primary");
         let failover = Failover::builder()
             .target(Target::new("primary", provider.clone()))
-            .forward_request_headers(["openai-organization", "OpenAI-Project", "x-*"])
+            .header_policy(HeaderPolicy::new().forward_request_headers([
+                "openai-organization",
+                "OpenAI-Project",
+                "x-*",
+            ]))
             .build();
         let answer = send(&failover, with_client_headers(request("gpt-x", stream))).await;
         assert_eq!(answer.status, StatusCode::OK);
@@ -342,7 +348,7 @@ async fn the_non_streaming_head_timeout_is_configurable() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .non_streaming_head_timeout(Some(Duration::from_secs(4)))
+        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(4))))
         .build();
     let started = Instant::now();
     let answer = send(&failover, request("gpt-x", false)).await;
@@ -359,7 +365,7 @@ async fn the_non_streaming_head_timeout_is_configurable() {
     ));
     let failover = Failover::builder()
         .target(Target::new("slow", slow.clone()))
-        .non_streaming_head_timeout(Some(Duration::from_secs(4)))
+        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(4))))
         .build();
     let answer = send(&failover, request("gpt-x", false)).await;
     assert!(answer.body.contains("answer from slow"), "{}", answer.body);
@@ -421,7 +427,7 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(2)))
-        .response_timeout(Some(Duration::from_secs(7)))
+        .timeouts(|t| t.response(Some(Duration::from_secs(7))))
         .build();
     let started = Instant::now();
     let answer = send(&failover, request("gpt-x", false)).await;

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use tokio::time::{Instant, advance};
-use tower_llm_failover::{
+use crate::{
     Cost, budget::Backoff, budget::BudgetExhausted, budget::Delay, budget::RetryBudget,
     budget::RetryBudgetConfig, budget::RetryDelay, budget::TurnLimits,
 };
+use tokio::time::{Instant, advance};
 
 #[tokio::test(start_paused = true)]
 async fn attempts_cap_counts_every_hop() {

@@ -2,9 +2,9 @@
 //! under every way the wire can split a stream into chunks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::sse::{SseError, SseItem, SseScanner, Truncated};
 use bytes::Bytes;
 use proptest::prelude::*;
-use tower_llm_failover::sse::{SseError, SseItem, SseScanner, Truncated};
 
 /// (event type, data, id, retry, range) of each dispatched event, plus the
 /// skipped ranges, the errors and what `finish` reported.

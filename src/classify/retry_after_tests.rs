@@ -5,13 +5,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_llm_failover::{
-    Decision, FailureClass, classify::Classifier, classify::MAX_RETRY_HINT,
-    classify::parse_go_duration, classify::parse_retry_after, classify::parse_retry_after_ms,
-    classify::parse_should_retry, classify::retry_delay_in_message,
-    classify::retry_hint_from_headers,
+use super::retry_after::{
+    MAX_RETRY_HINT, parse_go_duration, parse_retry_after, parse_retry_after_ms, parse_should_retry,
+    retry_delay_in_message, retry_hint_from_headers,
 };
+use crate::classify::Classifier;
+use crate::{Decision, FailureClass};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 fn now() -> SystemTime {
     // Whole seconds: HTTP dates have no fractions.
@@ -160,10 +160,7 @@ fn gemini_retry_delays_and_message_text() {
     assert_eq!(retry_delay_in_message("Please retry in "), None);
 }
 
-fn classify_429(
-    headers: &[(&str, &str)],
-    body: &str,
-) -> tower_llm_failover::classify::Classification {
+fn classify_429(headers: &[(&str, &str)], body: &str) -> crate::classify::Classification {
     let mut map = HeaderMap::new();
     for (k, v) in headers {
         map.insert(
