@@ -11,7 +11,7 @@
 //!   untouched (no body read, no copy). Anything else becomes
 //!   `Err(`[`UpstreamError`]`)`: the error body is read with a cap (64 KiB)
 //!   and a timeout (10 s), classified, and kept so that a final stop can
-//!   answer the client in OpenAI's error shape
+//!   answer the client in its dialect's error shape
 //!   ([`UpstreamError::to_error`]). Transport errors from the inner
 //!   client are classified too. It works alone (metrics, logs, a
 //!   `tower::retry::Policy` reading [`Classification::recovery`]) and inside

@@ -14,10 +14,23 @@
 //!   its usage;
 //! - **errors**: the error body a client of this API raises on.
 //!
-//! [`OpenAiChat`] speaks OpenAI chat completions, the format of every
-//! OpenAI-compatible provider; [`AnthropicMessages`] speaks Anthropic's
+//! [`OpenAiChat`] speaks OpenAI chat completions, which most providers
+//! also serve; [`AnthropicMessages`] speaks Anthropic's
 //! Messages API. Other dialects implement the same trait beside them;
 //! nothing outside this module names a wire type.
+//!
+//! # Writing a dialect
+//!
+//! One method per concern, in the crate's neutral words (`tests/toy_dialect.rs`
+//! is a whole dialect in one file):
+//!
+//! | concern | methods |
+//! |---|---|
+//! | a request | [`read_request`](Dialect::read_request) (→ [`Requirements`]), [`upstream_body`](Dialect::upstream_body), [`upstream_headers`](Dialect::upstream_headers), [`forwarded_request_headers`](Dialect::forwarded_request_headers) |
+//! | a stream | [`inspect`](Dialect::inspect) with the stream's [`Memo`](Dialect::Memo) (→ [`Chunk`]: kind, finish reason, [`Usage`](crate::Usage), identity), [`answer_open`](Dialect::answer_open) |
+//! | ending a stream | [`terminal`](Dialect::terminal) (per [`TerminalMode`]), [`done_frame`](Dialect::done_frame) |
+//! | a whole answer | [`check_answer`](Dialect::check_answer) (→ [`BodyCheck`], [`AnswerFacts`]) |
+//! | errors | [`error_facts`](Dialect::error_facts) (an in-band event or a body: [`ErrorSource`]), [`error_body`](Dialect::error_body), [`error_status`](Dialect::error_status), and the provided [`error_response`](Dialect::error_response) every answering layer uses |
 //!
 //! ```
 //! use bytes::Bytes;

@@ -1,7 +1,8 @@
 //! Zero-token failover across providers.
 //!
-//! [`Failover`] serves OpenAI-style chat completion requests from a list of
-//! [`Target`]s. It reads the request once, keeps only targets whose
+//! [`Failover`] serves the requests of one wire dialect (OpenAI chat
+//! completions by default, Anthropic Messages, or a [`Dialect`](crate::dialect::Dialect)
+//! of your own) from a list of [`Target`]s. It reads the request once, keeps only targets whose
 //! [`Capabilities`] satisfy it (tools, response format, streaming, images,
 //! context window), orders them by a [`Strategy`], and runs attempts:
 //!
@@ -20,7 +21,8 @@
 //!   (deadline, attempts, spend, the retry budget shared across turns) and
 //!   eligibility. Request errors return to the client at once with the
 //!   provider's message; when every option is spent the client gets one
-//!   OpenAI-shaped error naming the first failure and the attempt count.
+//!   error in the dialect's shape naming the first failure and the attempt
+//!   count.
 //! - Passive health in a [`HealthStore`](crate::health::HealthStore) shared by the whole gateway (see
 //!   [Health](#health) below).
 //! - Every attempt is recorded ([`TurnRecord`](crate::observe::TurnRecord) in
