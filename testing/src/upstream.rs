@@ -337,101 +337,49 @@ struct Spec {
     pace: Option<Duration>,
 }
 
-impl Spec {
-    fn parse(s: &str) -> Result<Self, String> {
-        fn number<T: FromStr>(key: &str, value: Option<&str>) -> Result<T, String> {
-            let value = value.ok_or_else(|| format!("{key} needs a value ({key}=N)"))?;
-            value
-                .trim()
-                .parse()
-                .map_err(|_| format!("{key}={value}: not a number"))
-        }
-        let mut spec = Self::default();
-        let mut retry_after = None;
-        let mut retry_after_ms = None;
-        let mut error = None;
-        for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
-            let (key, value) = match item.split_once('=') {
-                Some((k, v)) => (k.trim(), Some(v.trim())),
-                None => (item, None),
-            };
-            let fault = match key {
-                "tokens" => {
-                    spec.tokens = Some(number(key, value)?);
-                    continue;
-                }
-                "pace_ms" => {
-                    spec.pace = Some(Duration::from_millis(number(key, value)?));
-                    continue;
-                }
-                "retry_after" => {
-                    retry_after = Some(
-                        value
-                            .filter(|v| !v.is_empty())
-                            .ok_or("retry_after needs a value")?
-                            .to_owned(),
-                    );
-                    continue;
-                }
-                "retry_after_ms" => {
-                    retry_after_ms = Some(number(key, value)?);
-                    continue;
-                }
-                "error" => {
-                    error = Some(value.ok_or("error needs a fixture name")?.parse()?);
-                    continue;
-                }
-                "status" => {
-                    let status: u16 = number(key, value)?;
-                    if StatusCode::from_u16(status).is_err() {
-                        return Err(format!("status={status}: not an HTTP status"));
-                    }
-                    Fault::status(status)
-                }
-                "error_after" => Fault::ErrorAfter {
-                    tokens: number(key, value)?,
-                    error: None,
-                },
-                "reset_after" => Fault::ResetAfter {
-                    tokens: number(key, value)?,
-                },
-                "stall_after" => Fault::StallAfter {
-                    tokens: number(key, value)?,
-                },
-                "eof_after" => Fault::EofAfter {
-                    tokens: number(key, value)?,
-                },
-                "malformed_at" => Fault::MalformedAt {
-                    tokens: number(key, value)?,
-                },
-                "no_done" | "missing_done" => Fault::MissingDone,
-                "no_response" => Fault::NoResponse,
-                "slow_first_token" => Fault::SlowFirstToken {
-                    delay_ms: number(key, value)?,
-                },
-                other => return Err(format!("unknown fault item {other:?}")),
-            };
-            if spec.fault.replace(fault).is_some() {
-                return Err(format!("more than one fault in {s:?}"));
-            }
-        }
-        match &mut spec.fault {
+/// A spec item's number, or an error naming the item.
+fn spec_number<T: FromStr>(key: &str, value: Option<&str>) -> Result<T, String> {
+    let value = value.ok_or_else(|| format!("{key} needs a value ({key}=N)"))?;
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{key}={value}: not a number"))
+}
+
+/// The `retry_after`, `retry_after_ms` and `error` items of a spec: they
+/// refine its fault, so they are attached once every item is read.
+#[derive(Default)]
+struct FaultDetails {
+    retry_after: Option<String>,
+    retry_after_ms: Option<u64>,
+    error: Option<ErrorFixture>,
+}
+
+impl FaultDetails {
+    /// Attaches the details to the fault they go with: all three to a
+    /// `status=`, `error=` alone to an `error_after=`; an error for any
+    /// other pairing.
+    fn attach(self, fault: &mut Option<Fault>) -> Result<(), String> {
+        match fault {
             Some(Fault::Status {
                 retry_after: ra,
                 retry_after_ms: ra_ms,
                 error: e,
                 ..
             }) => {
-                *ra = retry_after;
-                *ra_ms = retry_after_ms;
-                *e = error;
+                *ra = self.retry_after;
+                *ra_ms = self.retry_after_ms;
+                *e = self.error;
             }
             Some(Fault::ErrorAfter { error: e, .. })
-                if retry_after.is_none() && retry_after_ms.is_none() =>
+                if self.retry_after.is_none() && self.retry_after_ms.is_none() =>
             {
-                *e = error;
+                *e = self.error;
             }
-            _ if retry_after.is_some() || retry_after_ms.is_some() || error.is_some() => {
+            _ if self.retry_after.is_some()
+                || self.retry_after_ms.is_some()
+                || self.error.is_some() =>
+            {
                 return Err(
                     "retry_after/retry_after_ms go with status=, error= with status= or error_after="
                         .to_owned(),
@@ -439,8 +387,92 @@ impl Spec {
             }
             _ => {}
         }
+        Ok(())
+    }
+}
+
+impl Spec {
+    fn parse(s: &str) -> Result<Self, String> {
+        let mut spec = Self::default();
+        let mut details = FaultDetails::default();
+        for item in s.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim())),
+                None => (item, None),
+            };
+            if spec.read_setting(key, value, &mut details)? {
+                continue;
+            }
+            let fault = parse_fault(key, value)?;
+            if spec.fault.replace(fault).is_some() {
+                return Err(format!("more than one fault in {s:?}"));
+            }
+        }
+        details.attach(&mut spec.fault)?;
         Ok(spec)
     }
+
+    /// Reads an item that is not a fault itself: a per-request setting
+    /// (`tokens`, `pace_ms`) or a detail of the fault. False when `key`
+    /// is none of them.
+    fn read_setting(
+        &mut self,
+        key: &str,
+        value: Option<&str>,
+        details: &mut FaultDetails,
+    ) -> Result<bool, String> {
+        match key {
+            "tokens" => self.tokens = Some(spec_number(key, value)?),
+            "pace_ms" => self.pace = Some(Duration::from_millis(spec_number(key, value)?)),
+            "retry_after" => {
+                details.retry_after = Some(
+                    value
+                        .filter(|v| !v.is_empty())
+                        .ok_or("retry_after needs a value")?
+                        .to_owned(),
+                );
+            }
+            "retry_after_ms" => details.retry_after_ms = Some(spec_number(key, value)?),
+            "error" => details.error = Some(value.ok_or("error needs a fixture name")?.parse()?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The fault a spec item names (`status=`, `error_after=`, ...).
+fn parse_fault(key: &str, value: Option<&str>) -> Result<Fault, String> {
+    Ok(match key {
+        "status" => {
+            let status: u16 = spec_number(key, value)?;
+            if StatusCode::from_u16(status).is_err() {
+                return Err(format!("status={status}: not an HTTP status"));
+            }
+            Fault::status(status)
+        }
+        "error_after" => Fault::ErrorAfter {
+            tokens: spec_number(key, value)?,
+            error: None,
+        },
+        "reset_after" => Fault::ResetAfter {
+            tokens: spec_number(key, value)?,
+        },
+        "stall_after" => Fault::StallAfter {
+            tokens: spec_number(key, value)?,
+        },
+        "eof_after" => Fault::EofAfter {
+            tokens: spec_number(key, value)?,
+        },
+        "malformed_at" => Fault::MalformedAt {
+            tokens: spec_number(key, value)?,
+        },
+        "no_done" | "missing_done" => Fault::MissingDone,
+        "no_response" => Fault::NoResponse,
+        "slow_first_token" => Fault::SlowFirstToken {
+            delay_ms: spec_number(key, value)?,
+        },
+        other => return Err(format!("unknown fault item {other:?}")),
+    })
 }
 
 /// A chat completion request the fake received.
@@ -1189,6 +1221,9 @@ impl Asked {
     }
 }
 
+/// Answers a chat completion or Messages request: records it, checks its
+/// key and body, then plays the fault its model name (or the armed spec)
+/// names, or a normal answer.
 async fn chat(
     state: &State,
     reset: Arc<AtomicBool>,
@@ -1196,63 +1231,16 @@ async fn chat(
     wire: Wire,
 ) -> Response<FakeBody> {
     state.attempts.fetch_add(1, Ordering::SeqCst);
-    let (parts, body) = request.into_parts();
-    let bytes = match read_body(body).await {
-        Ok(bytes) => bytes,
+    let (headers, body) = match record_request(state, request).await {
+        Ok(seen) => seen,
         Err(response) => return *response,
     };
-    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    lock(&state.requests).push(SeenRequest {
-        method: parts.method.clone(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        headers: parts.headers.clone(),
-        body: body.clone(),
-    });
-
-    if let Some(key) = &state.api_key {
-        let (header, expected) = match wire {
-            Wire::Chat => (
-                http::header::AUTHORIZATION.as_str(),
-                format!("Bearer {key}"),
-            ),
-            Wire::Messages => ("x-api-key", key.clone()),
-        };
-        let given = parts.headers.get(header).and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
-            return json(
-                StatusCode::UNAUTHORIZED,
-                fixture_body(wire, ErrorFixture::InvalidKey),
-            );
-        }
+    if let Some(refusal) = refuse_wrong_key(state, wire, &headers) {
+        return refusal;
     }
-    if body.is_null() {
-        return wire.error(
-            StatusCode::BAD_REQUEST,
-            "We could not parse the JSON body of your request.",
-        );
-    }
-    let read = match wire {
-        Wire::Chat => Ask::read(&body).map(Asked::Chat),
-        Wire::Messages => messages::MessagesAsk::read(&body).map(Asked::Messages),
-    };
-    let ask = match read {
-        Ok(ask) => ask,
-        Err(message) => return wire.error(StatusCode::BAD_REQUEST, message),
-    };
-    let spec = match ask.model().split_once("fault:") {
-        Some((_, text)) => match Spec::parse(text) {
-            Ok(spec) => spec,
-            Err(e) => {
-                return wire.error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("fake upstream: bad fault spec in model name: {e}"),
-                );
-            }
-        },
-        None => state.take_armed(),
+    let (ask, spec) = match read_ask(state, wire, &body) {
+        Ok(read) => read,
+        Err(response) => return *response,
     };
     let tokens = spec.tokens.unwrap_or(state.tokens);
     let pace = spec.pace.unwrap_or(state.pace);
@@ -1279,34 +1267,122 @@ async fn chat(
         _ => {}
     }
 
-    let (steps, then_reset) = if ask.stream() {
-        match &ask {
-            Asked::Chat(ask) => stream_steps(&state.name, ask, tokens, pace, fault.as_ref()),
-            Asked::Messages(ask) => {
-                messages::stream_steps(&state.name, ask, tokens, pace, fault.as_ref())
-            }
-        }
-    } else {
-        let hold = pace.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX))
-            + match fault {
-                Some(Fault::SlowFirstToken { delay_ms }) => Duration::from_millis(delay_ms),
-                _ => Duration::ZERO,
-            };
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        match &ask {
-            Asked::Chat(ask) => completion_steps(&state.name, ask, tokens, fault.as_ref()),
-            Asked::Messages(ask) => {
-                messages::message_steps(&state.name, ask, tokens, fault.as_ref())
-            }
-        }
-    };
+    let (steps, then_reset) = answer_steps(state, &ask, tokens, pace, fault.as_ref()).await;
     let mut body = FakeBody::new(steps);
     if then_reset {
         body.reset = Some(reset);
     }
-    let mut response = if ask.stream() {
+    answer_response(state, wire, ask.stream(), body)
+}
+
+/// Reads a request's body and records the request in [`State::requests`];
+/// gives back its headers and its body as JSON (`Value::Null` when it is
+/// not JSON), or the error answer when the body could not be read.
+async fn record_request(
+    state: &State,
+    request: Request<Incoming>,
+) -> Result<(HeaderMap, Value), Box<Response<FakeBody>>> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(body).await?;
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    lock(&state.requests).push(SeenRequest {
+        method: parts.method.clone(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    Ok((parts.headers, body))
+}
+
+/// The 401 answer when the fake wants an API key and the request does not
+/// carry it (`authorization: Bearer` for Chat, `x-api-key` for Messages).
+fn refuse_wrong_key(state: &State, wire: Wire, headers: &HeaderMap) -> Option<Response<FakeBody>> {
+    let key = state.api_key.as_ref()?;
+    let (header, expected) = match wire {
+        Wire::Chat => (
+            http::header::AUTHORIZATION.as_str(),
+            format!("Bearer {key}"),
+        ),
+        Wire::Messages => ("x-api-key", key.clone()),
+    };
+    let given = headers.get(header).and_then(|v| v.to_str().ok());
+    (given != Some(expected.as_str())).then(|| {
+        json(
+            StatusCode::UNAUTHORIZED,
+            fixture_body(wire, ErrorFixture::InvalidKey),
+        )
+    })
+}
+
+/// What the request asks for and the fault spec that applies to it: the
+/// one in its model name (`...fault:<spec>`), else the armed one. A 400 in
+/// the API's shape when the body is not JSON, not a request, or its spec
+/// does not parse.
+fn read_ask(
+    state: &State,
+    wire: Wire,
+    body: &Value,
+) -> Result<(Asked, Spec), Box<Response<FakeBody>>> {
+    if body.is_null() {
+        return Err(Box::new(wire.error(
+            StatusCode::BAD_REQUEST,
+            "We could not parse the JSON body of your request.",
+        )));
+    }
+    let read = match wire {
+        Wire::Chat => Ask::read(body).map(Asked::Chat),
+        Wire::Messages => messages::MessagesAsk::read(body).map(Asked::Messages),
+    };
+    let ask = read.map_err(|message| Box::new(wire.error(StatusCode::BAD_REQUEST, message)))?;
+    let spec = match ask.model().split_once("fault:") {
+        Some((_, text)) => Spec::parse(text).map_err(|e| {
+            Box::new(wire.error(
+                StatusCode::BAD_REQUEST,
+                &format!("fake upstream: bad fault spec in model name: {e}"),
+            ))
+        })?,
+        None => state.take_armed(),
+    };
+    Ok((ask, spec))
+}
+
+/// The answer's body as steps, and whether to reset the connection after
+/// them: a stream paced token by token, or a whole body sent after the
+/// time the stream would have taken (plus any first-token delay).
+async fn answer_steps(
+    state: &State,
+    ask: &Asked,
+    tokens: usize,
+    pace: Duration,
+    fault: Option<&Fault>,
+) -> (VecDeque<Step>, bool) {
+    if ask.stream() {
+        return match ask {
+            Asked::Chat(ask) => stream_steps(&state.name, ask, tokens, pace, fault),
+            Asked::Messages(ask) => messages::stream_steps(&state.name, ask, tokens, pace, fault),
+        };
+    }
+    let hold = pace.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX))
+        + match fault {
+            Some(Fault::SlowFirstToken { delay_ms }) => Duration::from_millis(*delay_ms),
+            _ => Duration::ZERO,
+        };
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    match ask {
+        Asked::Chat(ask) => completion_steps(&state.name, ask, tokens, fault),
+        Asked::Messages(ask) => messages::message_steps(&state.name, ask, tokens, fault),
+    }
+}
+
+/// The 200 answer around `body`: an event stream or JSON, named by
+/// `x-fake-upstream`, with Anthropic's rate-limit headers on Messages.
+fn answer_response(state: &State, wire: Wire, stream: bool, body: FakeBody) -> Response<FakeBody> {
+    let mut response = if stream {
         let mut r = respond(StatusCode::OK, "text/event-stream", body);
         r.headers_mut()
             .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));

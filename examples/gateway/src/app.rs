@@ -21,16 +21,17 @@ use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
 use tower_llm_failover::identity::ClientId;
-use tower_llm_failover::limit::ReadLimitError;
+use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
 use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
     Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget,
-    budget::RetryBudgetConfig,
+    budget::RetryBudgetConfig, budget::SpendStore, budget::TenantSpend,
 };
 use tower_llm_failover::{
-    failover::Capabilities, failover::Failover, failover::Strategy, failover::Target,
-    health::CooldownPolicy, health::HealthStore, health::KeyState, stream::CommitWindow,
+    failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
+    failover::Target, health::CooldownPolicy, health::HealthStore, health::KeyState,
+    stream::CommitWindow,
 };
 
 use crate::serve::ServerConfig;
@@ -204,6 +205,79 @@ impl Default for FailoverConfig {
     }
 }
 
+impl BudgetConfig {
+    /// The retry budget's settings, checked.
+    fn retry_budget_config(&self) -> Result<RetryBudgetConfig, String> {
+        let retry_config = RetryBudgetConfig::new()
+            .ttl(Duration::from_millis(self.retry_ttl_ms))
+            .min_per_sec(self.retry_min_per_sec)
+            .retry_percent(self.retry_percent);
+        retry_config
+            .validate()
+            .map_err(|e| format!("budget: {e}"))?;
+        Ok(retry_config)
+    }
+}
+
+impl FailoverConfig {
+    /// `strategy` as the library's [`Strategy`].
+    fn strategy(&self) -> Result<Strategy, String> {
+        match self.strategy.as_str() {
+            "ordered" => Ok(Strategy::Ordered),
+            "cheapest_healthy" => Ok(Strategy::CheapestHealthy),
+            "lowest_latency" => Ok(Strategy::LowestLatency),
+            other => Err(format!("failover.strategy: unknown {other}")),
+        }
+    }
+
+    /// `terminal_mode` as the library's [`TerminalMode`].
+    fn terminal_mode(&self) -> Result<TerminalMode, String> {
+        match self.terminal_mode.as_str() {
+            "error_chunk" => Ok(TerminalMode::Raise),
+            "finish_reason_only" => Ok(TerminalMode::Finish),
+            "error_event" => Ok(TerminalMode::ErrorEventOnly),
+            other => Err(format!("failover.terminal_mode: unknown {other}")),
+        }
+    }
+
+    /// When a stream commits: after `commit_output_events`, or the output
+    /// bytes, or the time after first output, whichever comes first.
+    fn commit_window(&self) -> CommitWindow {
+        let mut commit = CommitWindow::output_events(self.commit_output_events);
+        if let Some(bytes) = self.commit_output_bytes {
+            commit = commit.or_bytes(bytes);
+        }
+        if let Some(ms) = self.commit_after_first_output_ms {
+            commit = commit.or_after(Duration::from_millis(ms));
+        }
+        commit
+    }
+
+    /// The library's cooldown policy with the `cooldown_*` keys set.
+    fn cooldown_policy(&self) -> CooldownPolicy {
+        let defaults = CooldownPolicy::default();
+        defaults
+            .clone()
+            .account(
+                self.cooldown_account_ms
+                    .map_or(defaults.account, Duration::from_millis),
+            )
+            .failures_within(
+                self.cooldown_failures.unwrap_or(defaults.failure_threshold),
+                self.cooldown_window_ms
+                    .map_or(defaults.failure_window, Duration::from_millis),
+            )
+            .base(
+                self.cooldown_base_ms
+                    .map_or(defaults.base, Duration::from_millis),
+            )
+            .max(
+                self.cooldown_max_ms
+                    .map_or(defaults.max, Duration::from_millis),
+            )
+    }
+}
+
 /// `[[providers]]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -247,6 +321,40 @@ pub struct ProviderConfig {
 }
 
 impl ProviderConfig {
+    /// The provider's API key, read from `api_key_env`, sent the way
+    /// `auth` says (the dialect's default when absent); no key without
+    /// `api_key_env`.
+    fn upstream_auth(&self) -> Result<Auth, String> {
+        let Some(var) = &self.api_key_env else {
+            return Ok(Auth::None);
+        };
+        let key =
+            std::env::var(var).map_err(|_| format!("provider {}: ${var} is not set", self.name))?;
+        match self.auth.as_deref().unwrap_or(messages::default_auth(self)) {
+            "bearer" => Ok(Auth::bearer(key)),
+            "x-api-key" => Ok(Auth::x_api_key(key)),
+            "api-key" => Ok(Auth::api_key(key)),
+            other => Err(format!("provider {}: unknown auth {other}", self.name)),
+        }
+    }
+
+    /// The provider's upstream client: its key, dialect, connect timeout,
+    /// TLS trust and proxy.
+    fn client(&self) -> Result<UpstreamClient, String> {
+        let auth = self.upstream_auth()?;
+        messages::provider_dialect(self)?;
+        let mut builder = UpstreamClient::builder(self.base_url.clone()).auth(auth);
+        if let Some(ms) = self.connect_timeout_ms {
+            builder = builder.connect_timeout(Duration::from_millis(ms));
+        }
+        let builder = self
+            .apply_connection(builder)
+            .map_err(|e| format!("provider {}: {e}", self.name))?;
+        builder
+            .build()
+            .map_err(|e| format!("provider {}: {e}", self.name))
+    }
+
     /// Applies the TLS and proxy keys to a client builder.
     fn apply_connection(
         &self,
@@ -344,6 +452,27 @@ pub struct TargetConfig {
 }
 
 impl TargetConfig {
+    /// A target on `provider` with the client's model and nothing else
+    /// set: every capability, no price, the budget's timeouts.
+    fn on_provider(provider: String) -> Self {
+        Self {
+            provider,
+            model: None,
+            context_window: None,
+            max_output_tokens: None,
+            tools: None,
+            parallel_tool_calls: None,
+            json_schema: None,
+            json_object: None,
+            streaming: None,
+            image_input: None,
+            input_per_million: None,
+            output_per_million: None,
+            first_output_timeout_ms: None,
+            reasoning_first_output_timeout_ms: None,
+        }
+    }
+
     fn capabilities(&self) -> Capabilities {
         let d = Capabilities::default();
         let mut c = d
@@ -444,131 +573,231 @@ pub fn pattern_matches(pattern: &str, model: &str) -> bool {
     true
 }
 
+/// One upstream client per provider, by provider name.
+fn provider_clients(providers: &[ProviderConfig]) -> Result<HashMap<&str, UpstreamClient>, String> {
+    let mut clients = HashMap::new();
+    for provider in providers {
+        clients.insert(provider.name.as_str(), provider.client()?);
+    }
+    Ok(clients)
+}
+
+/// The configured routes; without any, every request tries the providers
+/// in order with the client's model (one route per dialect).
+fn routes_or_default(config: &Config) -> Result<Vec<RouteConfig>, String> {
+    if !config.routes.is_empty() {
+        return Ok(config.routes.clone());
+    }
+    let every_provider = RouteConfig {
+        model: "*".to_owned(),
+        models: Vec::new(),
+        targets: config
+            .providers
+            .iter()
+            .map(|p| TargetConfig::on_provider(p.name.clone()))
+            .collect(),
+    };
+    Ok(vec![every_provider]
+        .into_iter()
+        .map(|r| messages::split_by_dialect(r, &config.providers))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat())
+}
+
+/// The client keys, their limits and the admin key, on the shared
+/// rate-limit and spend stores (`[state] tenant_header` stands in for an
+/// absent `[tenants] trust_header`).
+fn client_keys(
+    config: &Config,
+    state_tenant_header: Option<&String>,
+    rate_limits: Option<Arc<dyn RateLimitStore>>,
+    spend: &Arc<dyn SpendStore>,
+) -> Result<keys::Clients, String> {
+    let mut tenants = config.tenants.clone();
+    if tenants.trust_header.is_none() {
+        tenants.trust_header = state_tenant_header.cloned();
+    }
+    keys::Clients::build(
+        &config.keys,
+        &tenants,
+        &config.admin,
+        rate_limits,
+        spend,
+        config.state.as_ref().is_some_and(|s| s.spend_fail_open),
+    )
+}
+
+/// Model names the operator wrote: routes without `*`, the models wildcard
+/// routes list, and the targets' upstream models.
+fn configured_models(routes: &[RouteConfig]) -> std::collections::HashSet<String> {
+    let mut configured = std::collections::HashSet::new();
+    for route in routes {
+        if !route.model.contains('*') {
+            configured.insert(route.model.clone());
+        }
+        configured.extend(route.models.iter().cloned());
+        configured.extend(route.targets.iter().filter_map(|t| t.model.clone()));
+    }
+    configured
+}
+
+/// What every route's stack shares, built once from the config: the
+/// providers' clients, the failover settings, the health registry and the
+/// budgets.
+struct StackParts<'a> {
+    config: &'a Config,
+    /// Each provider's client, by provider name.
+    clients: HashMap<&'a str, UpstreamClient>,
+    strategy: Strategy,
+    commit: CommitWindow,
+    stream_policy: StreamPolicy,
+    health: Arc<dyn HealthStore>,
+    retry_budget: RetryBudget,
+    /// Tenant spend metering, when tenant ceilings are configured.
+    tenant: Option<TenantSpend>,
+    shutdown: Shutdown,
+}
+
+impl StackParts<'_> {
+    /// Builds each route's stack: the chat routes, and the Messages
+    /// routes for routes whose targets speak Anthropic.
+    fn build_routes(
+        &self,
+        routes_config: &[RouteConfig],
+    ) -> Result<(Vec<Route>, Vec<messages::MessagesRoute>), String> {
+        let mut routes = Vec::new();
+        let mut messages_routes = Vec::new();
+        for route in routes_config {
+            let dialect = messages::route_dialect(route, &self.config.providers)?;
+            let failover = self.failover(route)?;
+            let budget = self.budget_layer();
+            let listed = if route.model.contains('*') {
+                route.models.clone()
+            } else {
+                vec![route.model.clone()]
+            };
+            if dialect == messages::WireDialect::Anthropic {
+                let dialect = tower_llm_failover::dialect::AnthropicMessages;
+                let service = ServiceBuilder::new()
+                    .layer(budget.dialect(dialect))
+                    .service(failover.dialect(dialect).build());
+                messages_routes.push(messages::MessagesRoute {
+                    pattern: route.model.clone(),
+                    listed,
+                    service,
+                });
+                continue;
+            }
+            let service = ServiceBuilder::new()
+                .layer(budget)
+                .service(failover.build());
+            routes.push(Route {
+                pattern: route.model.clone(),
+                listed,
+                service,
+            });
+        }
+        Ok((routes, messages_routes))
+    }
+
+    /// A route's failover layer: the `[budget]` timeouts, the `[failover]`
+    /// settings and the route's targets.
+    fn failover(&self, route: &RouteConfig) -> Result<FailoverBuilder<UpstreamClient>, String> {
+        let b = &self.config.budget;
+        let f = &self.config.failover;
+        let mut builder = Failover::builder()
+            .shutdown(self.shutdown.clone())
+            .strategy(self.strategy.clone())
+            .commit_window(self.commit)
+            .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
+            .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
+            .max_retries_per_target(f.max_retries_per_target)
+            .max_same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
+            .max_request_bytes(f.max_request_bytes)
+            .health(self.health.clone())
+            .refuse_when_cooling(f.refuse_when_cooling)
+            .forward_request_headers(&f.forward_request_headers)
+            .forward_response_headers(&f.forward_response_headers)
+            .allow_anthropic_betas(&f.allow_anthropic_betas)
+            .stream_policy(self.stream_policy.clone());
+        if let Some(ms) = b.head_timeout_ms {
+            builder = builder.head_timeout(Some(Duration::from_millis(ms)));
+        }
+        if let Some(ms) = b.non_streaming_head_timeout_ms {
+            builder = builder.non_streaming_head_timeout(Some(Duration::from_millis(ms)));
+        }
+        for target in &route.targets {
+            builder = builder.target(self.target(route, target)?);
+        }
+        Ok(builder)
+    }
+
+    /// One target of a route, on its provider's client: named
+    /// `provider/model` (or the provider alone), with its capabilities,
+    /// price and first-output timeouts.
+    fn target(
+        &self,
+        route: &RouteConfig,
+        target: &TargetConfig,
+    ) -> Result<Target<UpstreamClient>, String> {
+        let client = self.clients.get(target.provider.as_str()).ok_or_else(|| {
+            format!(
+                "route {}: unknown provider {}",
+                route.model, target.provider
+            )
+        })?;
+        let name = match &target.model {
+            Some(model) => format!("{}/{model}", target.provider),
+            None => target.provider.clone(),
+        };
+        let mut t = Target::new(name, client.clone())
+            .provider(target.provider.clone())
+            .capabilities(target.capabilities());
+        if let Some(model) = &target.model {
+            t = t.model(model.clone());
+        }
+        if let (Some(input), Some(output)) = (target.input_per_million, target.output_per_million) {
+            t = t.pricing(Pricing::per_million_usd(input, output));
+        }
+        if let Some(ms) = target.first_output_timeout_ms {
+            t = t.first_output_timeout(Duration::from_millis(ms));
+        }
+        if let Some(ms) = target.reasoning_first_output_timeout_ms {
+            t = t.reasoning_first_output_timeout(Duration::from_millis(ms));
+        }
+        Ok(t)
+    }
+
+    /// A route's budget layer: the turn's deadline, attempts and spend
+    /// ceiling, the shared retry budget and tenant metering.
+    fn budget_layer(&self) -> BudgetLayer {
+        let b = &self.config.budget;
+        let mut budget = BudgetLayer::new()
+            .deadline(Duration::from_millis(b.deadline_ms))
+            .max_attempts(b.max_attempts)
+            .retry_budget(self.retry_budget.clone());
+        if let Some(usd) = b.spend_ceiling_usd {
+            budget = budget.spend_ceiling(Cost::from_usd(usd));
+        }
+        if let Some(spend) = &self.tenant {
+            budget = budget.tenant_spend(spend.clone());
+        }
+        budget
+    }
+}
+
 impl Gateway {
     /// Builds every route's stack from a config.
     pub fn from_config(config: &Config) -> Result<Self, String> {
-        let mut clients: HashMap<&str, UpstreamClient> = HashMap::new();
-        for provider in &config.providers {
-            let auth = match &provider.api_key_env {
-                None => Auth::None,
-                Some(var) => {
-                    let key = std::env::var(var)
-                        .map_err(|_| format!("provider {}: ${var} is not set", provider.name))?;
-                    match provider
-                        .auth
-                        .as_deref()
-                        .unwrap_or(messages::default_auth(provider))
-                    {
-                        "bearer" => Auth::bearer(key),
-                        "x-api-key" => Auth::x_api_key(key),
-                        "api-key" => Auth::api_key(key),
-                        other => {
-                            return Err(format!(
-                                "provider {}: unknown auth {other}",
-                                provider.name
-                            ));
-                        }
-                    }
-                }
-            };
-            messages::provider_dialect(provider)?;
-            let mut builder = UpstreamClient::builder(provider.base_url.clone()).auth(auth);
-            if let Some(ms) = provider.connect_timeout_ms {
-                builder = builder.connect_timeout(Duration::from_millis(ms));
-            }
-            let builder = provider
-                .apply_connection(builder)
-                .map_err(|e| format!("provider {}: {e}", provider.name))?;
-            let client = builder
-                .build()
-                .map_err(|e| format!("provider {}: {e}", provider.name))?;
-            clients.insert(&provider.name, client);
-        }
-        let mut routes_config = if config.routes.is_empty() {
-            // Without routes: every request tries the providers in order
-            // with the client's model.
-            vec![RouteConfig {
-                model: "*".to_owned(),
-                models: Vec::new(),
-                targets: config
-                    .providers
-                    .iter()
-                    .map(|p| TargetConfig {
-                        provider: p.name.clone(),
-                        model: None,
-                        context_window: None,
-                        max_output_tokens: None,
-                        tools: None,
-                        parallel_tool_calls: None,
-                        json_schema: None,
-                        json_object: None,
-                        streaming: None,
-                        image_input: None,
-                        input_per_million: None,
-                        output_per_million: None,
-                        first_output_timeout_ms: None,
-                        reasoning_first_output_timeout_ms: None,
-                    })
-                    .collect(),
-            }]
-        } else {
-            config.routes.clone()
-        };
-        if config.routes.is_empty() {
-            routes_config = routes_config
-                .into_iter()
-                .map(|r| messages::split_by_dialect(r, &config.providers))
-                .collect::<Result<Vec<_>, _>>()?
-                .concat();
-        }
+        let clients = provider_clients(&config.providers)?;
+        let routes_config = routes_or_default(config)?;
         let b = &config.budget;
         let f = &config.failover;
-        let retry_config = RetryBudgetConfig::new()
-            .ttl(Duration::from_millis(b.retry_ttl_ms))
-            .min_per_sec(b.retry_min_per_sec)
-            .retry_percent(b.retry_percent);
-        retry_config
-            .validate()
-            .map_err(|e| format!("budget: {e}"))?;
-        let strategy = match f.strategy.as_str() {
-            "ordered" => Strategy::Ordered,
-            "cheapest_healthy" => Strategy::CheapestHealthy,
-            "lowest_latency" => Strategy::LowestLatency,
-            other => return Err(format!("failover.strategy: unknown {other}")),
-        };
-        let terminal_mode = match f.terminal_mode.as_str() {
-            "error_chunk" => TerminalMode::Raise,
-            "finish_reason_only" => TerminalMode::Finish,
-            "error_event" => TerminalMode::ErrorEventOnly,
-            other => return Err(format!("failover.terminal_mode: unknown {other}")),
-        };
-        let mut commit = CommitWindow::output_events(f.commit_output_events);
-        if let Some(bytes) = f.commit_output_bytes {
-            commit = commit.or_bytes(bytes);
-        }
-        if let Some(ms) = f.commit_after_first_output_ms {
-            commit = commit.or_after(Duration::from_millis(ms));
-        }
-        let defaults = CooldownPolicy::default();
-        let cooldown = defaults
-            .clone()
-            .account(
-                f.cooldown_account_ms
-                    .map_or(defaults.account, Duration::from_millis),
-            )
-            .failures_within(
-                f.cooldown_failures.unwrap_or(defaults.failure_threshold),
-                f.cooldown_window_ms
-                    .map_or(defaults.failure_window, Duration::from_millis),
-            )
-            .base(
-                f.cooldown_base_ms
-                    .map_or(defaults.base, Duration::from_millis),
-            )
-            .max(
-                f.cooldown_max_ms
-                    .map_or(defaults.max, Duration::from_millis),
-            );
+        let retry_config = b.retry_budget_config()?;
+        let strategy = f.strategy()?;
+        let terminal_mode = f.terminal_mode()?;
+        let commit = f.commit_window();
+        let cooldown = f.cooldown_policy();
         // One health registry for the whole gateway: a provider shared by
         // several routes has one health state (shared by every replica on
         // Redis when `[state] redis_url` is set).
@@ -583,131 +812,39 @@ impl Gateway {
             .retry_budget
             .with_client_shares(share, 10_000)
             .map_err(|e| format!("budget: {e}"))?;
-        let health = stores.health;
-        let mut tenants = config.tenants.clone();
-        if tenants.trust_header.is_none() {
-            tenants.trust_header = stores.tenant_header.clone();
-        }
-        let client_keys = keys::Clients::build(
-            &config.keys,
-            &tenants,
-            &config.admin,
+        let client_keys = client_keys(
+            config,
+            stores.tenant_header.as_ref(),
             stores.rate_limits.clone(),
             &stores.spend,
-            config.state.as_ref().is_some_and(|s| s.spend_fail_open),
         )?;
-        let mut configured_models = std::collections::HashSet::new();
-        for route in &routes_config {
-            if !route.model.contains('*') {
-                configured_models.insert(route.model.clone());
-            }
-            configured_models.extend(route.models.iter().cloned());
-            configured_models.extend(route.targets.iter().filter_map(|t| t.model.clone()));
-        }
+        let configured_models = configured_models(&routes_config);
         let stream_policy = StreamPolicy::new()
             .terminal_mode(terminal_mode)
             .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
 
-        let shutdown = Shutdown::new();
-        let mut routes = Vec::new();
-        let mut messages_routes = Vec::new();
-        for route in &routes_config {
-            let dialect = messages::route_dialect(route, &config.providers)?;
-            let mut builder = Failover::builder()
-                .shutdown(shutdown.clone())
-                .strategy(strategy.clone())
-                .commit_window(commit)
-                .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
-                .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
-                .max_retries_per_target(f.max_retries_per_target)
-                .max_same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
-                .max_request_bytes(f.max_request_bytes)
-                .health(health.clone())
-                .refuse_when_cooling(f.refuse_when_cooling)
-                .forward_request_headers(&f.forward_request_headers)
-                .forward_response_headers(&f.forward_response_headers)
-                .allow_anthropic_betas(&f.allow_anthropic_betas)
-                .stream_policy(stream_policy.clone());
-            if let Some(ms) = b.head_timeout_ms {
-                builder = builder.head_timeout(Some(Duration::from_millis(ms)));
-            }
-            if let Some(ms) = b.non_streaming_head_timeout_ms {
-                builder = builder.non_streaming_head_timeout(Some(Duration::from_millis(ms)));
-            }
-            for target in &route.targets {
-                let client = clients.get(target.provider.as_str()).ok_or_else(|| {
-                    format!(
-                        "route {}: unknown provider {}",
-                        route.model, target.provider
-                    )
-                })?;
-                let name = match &target.model {
-                    Some(model) => format!("{}/{model}", target.provider),
-                    None => target.provider.clone(),
-                };
-                let mut t = Target::new(name, client.clone())
-                    .provider(target.provider.clone())
-                    .capabilities(target.capabilities());
-                if let Some(model) = &target.model {
-                    t = t.model(model.clone());
-                }
-                if let (Some(input), Some(output)) =
-                    (target.input_per_million, target.output_per_million)
-                {
-                    t = t.pricing(Pricing::per_million_usd(input, output));
-                }
-                if let Some(ms) = target.first_output_timeout_ms {
-                    t = t.first_output_timeout(Duration::from_millis(ms));
-                }
-                if let Some(ms) = target.reasoning_first_output_timeout_ms {
-                    t = t.reasoning_first_output_timeout(Duration::from_millis(ms));
-                }
-                builder = builder.target(t);
-            }
-            let mut budget = BudgetLayer::new()
-                .deadline(Duration::from_millis(b.deadline_ms))
-                .max_attempts(b.max_attempts)
-                .retry_budget(retry_budget.clone());
-            if let Some(usd) = b.spend_ceiling_usd {
-                budget = budget.spend_ceiling(Cost::from_usd(usd));
-            }
-            if let Some(spend) = &stores.tenant {
-                budget = budget.tenant_spend(spend.clone());
-            }
-            let listed = if route.model.contains('*') {
-                route.models.clone()
-            } else {
-                vec![route.model.clone()]
-            };
-            if dialect == messages::WireDialect::Anthropic {
-                let dialect = tower_llm_failover::dialect::AnthropicMessages;
-                let service = ServiceBuilder::new()
-                    .layer(budget.dialect(dialect))
-                    .service(builder.dialect(dialect).build());
-                messages_routes.push(messages::MessagesRoute {
-                    pattern: route.model.clone(),
-                    listed,
-                    service,
-                });
-                continue;
-            }
-            let service = ServiceBuilder::new().layer(budget).service(builder.build());
-            routes.push(Route {
-                pattern: route.model.clone(),
-                listed,
-                service,
-            });
-        }
+        let parts = StackParts {
+            config,
+            clients,
+            strategy,
+            commit,
+            stream_policy,
+            health: stores.health,
+            retry_budget,
+            tenant: stores.tenant,
+            shutdown: Shutdown::new(),
+        };
+        let (routes, messages_routes) = parts.build_routes(&routes_config)?;
         Ok(Self {
             routes,
             messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
-            health,
-            retry_budget,
+            health: parts.health,
+            retry_budget: parts.retry_budget,
             prometheus: None,
             clients: client_keys,
             configured_models,
-            shutdown,
+            shutdown: parts.shutdown,
             server: config.server.clone(),
         })
     }

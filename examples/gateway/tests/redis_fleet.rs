@@ -46,7 +46,19 @@ where
     C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
     F: Fn() -> C,
 {
-    // Health: a cooldown one replica learns is the other's after a sync.
+    health_cooldown_reaches_the_other_replica(&connection, prefix).await;
+    spend_reserves_up_to_the_ceiling(&connection, prefix).await;
+    retry_budget_grants_from_shipped_deposits(&connection, prefix).await;
+    action_claim_is_seen_and_replayed(&connection, prefix).await;
+    rate_limit_allows_two_a_minute(&connection, prefix).await;
+}
+
+/// Health: a cooldown one replica learns is the other's after a sync.
+async fn health_cooldown_reaches_the_other_replica<C, F>(connection: &F, prefix: &str)
+where
+    C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
+    F: Fn() -> C,
+{
     let health = || {
         RedisHealthStore::builder(connection())
             .prefix(prefix)
@@ -68,8 +80,14 @@ where
         "the other replica learned the cooldown: {:?}",
         b.availability(&key)
     );
+}
 
-    // Spend: reserve to the ceiling, a refusal past it, a settlement.
+/// Spend: reserve to the ceiling, a refusal past it, a settlement.
+async fn spend_reserves_up_to_the_ceiling<C, F>(connection: &F, prefix: &str)
+where
+    C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
+    F: Fn() -> C,
+{
     let spend = RedisSpendStore::new(connection()).prefix(prefix);
     let ceiling = Cost::from_nanos(100);
     let day = SpendWindow::Day;
@@ -98,8 +116,14 @@ where
     assert_eq!(check.spent, Cost::from_nanos(70));
     let other = spend.check("globex", day, ceiling).await.unwrap();
     assert_eq!(other.spent, Cost::ZERO, "a tenant of its own");
+}
 
-    // Retry budget: deposits shipped, retries granted from them, no more.
+/// Retry budget: deposits shipped, retries granted from them, no more.
+async fn retry_budget_grants_from_shipped_deposits<C, F>(connection: &F, prefix: &str)
+where
+    C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
+    F: Fn() -> C,
+{
     let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
     let budget = RedisRetryBudget::builder(connection(), config)
         .prefix(prefix)
@@ -117,9 +141,15 @@ where
         (1..=4).contains(&granted),
         "four deposits fund 1..=4 retries, granted {granted}"
     );
+}
 
-    // Action claims: one replica acquires, the other sees it running,
-    // then the stored result replays.
+/// Action claims: one replica acquires, the other sees it running,
+/// then the stored result replays.
+async fn action_claim_is_seen_and_replayed<C, F>(connection: &F, prefix: &str)
+where
+    C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
+    F: Fn() -> C,
+{
     let (x, y) = (
         RedisActionStore::new(connection()).prefix(prefix),
         RedisActionStore::new(connection()).prefix(prefix),
@@ -143,8 +173,14 @@ where
             result: json!({"ok": true})
         }
     );
+}
 
-    // Rate limits: two a minute, the third waits.
+/// Rate limits: two a minute, the third waits.
+async fn rate_limit_allows_two_a_minute<C, F>(connection: &F, prefix: &str)
+where
+    C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
+    F: Fn() -> C,
+{
     let rate = RedisRateLimits::new(connection()).prefix(prefix);
     let per_minute = PerMinute::new(2).unwrap();
     assert_eq!(

@@ -207,17 +207,7 @@ fn answer(
     rng: &mut fastrand::Rng,
     stats: &Upstreams,
 ) -> Response<ScriptedBody> {
-    let fault = match rng.u8(0..100) {
-        0..30 => None,
-        30..40 => Some(Fault::Status),
-        40..50 => Some(Fault::InBandError),
-        50..62 => Some(Fault::Reset),
-        62..66 => Some(Fault::Stall),
-        66..76 => Some(Fault::Malformed),
-        76..84 => Some(Fault::MissingDone),
-        84..90 => Some(Fault::SlowFirstToken),
-        _ => Some(Fault::Eof),
-    };
+    let fault = pick_fault(rng);
     let content_type = if stream {
         "text/event-stream"
     } else {
@@ -237,69 +227,7 @@ fn answer(
         let half = body.len() / 2;
         (body, half)
     };
-    let mut offset_kind = None;
-    let mut status = StatusCode::OK;
-    let steps: Vec<Step> = match fault {
-        None => frames(rng, &body),
-        Some(Fault::Status) => {
-            status = [429u16, 500, 502, 503][rng.usize(0..4)].try_into().unwrap();
-            vec![Step::Data(error_json("server_error"))]
-        }
-        Some(Fault::InBandError) if stream => {
-            // After 0..TOKENS content events (an event boundary).
-            let mut prefix = chunk(name, json!({"role": "assistant", "content": ""}), None);
-            let n = rng.usize(0..TOKENS);
-            for i in 0..n {
-                prefix.extend(chunk(name, json!({"content": token(name, i)}), None));
-            }
-            prefix.extend(
-                format!(
-                    "data: {}\n\n",
-                    json!({"error": {"message": "injected", "type": "server_error", "code": null}})
-                )
-                .into_bytes(),
-            );
-            frames(rng, &prefix)
-        }
-        Some(Fault::InBandError) => vec![Step::Data(error_json("server_error"))],
-        Some(kind @ (Fault::Reset | Fault::Stall | Fault::Eof)) => {
-            let (cut, offset) = pick_offset(rng, &body, commit);
-            offset_kind = Some(offset);
-            let mut steps = frames(rng, &body[..cut]);
-            match kind {
-                Fault::Reset => steps.push(Step::Error("injected reset".to_owned())),
-                Fault::Stall => steps.push(Step::Stall),
-                _ => {}
-            }
-            steps
-        }
-        Some(Fault::Malformed) if stream => {
-            let (cut, offset) = pick_offset(rng, &body, commit);
-            offset_kind = Some(offset);
-            // At the next event boundary at or after the cut.
-            let at = body[cut..]
-                .windows(2)
-                .position(|w| w == b"\n\n")
-                .map_or(body.len(), |p| cut + p + 2);
-            let mut wire = body[..at].to_vec();
-            wire.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"tru\n\n");
-            wire.extend_from_slice(&body[at..]);
-            frames(rng, &wire)
-        }
-        Some(Fault::Malformed) => vec![Step::Data(Bytes::from_static(b"<html>oops</html>"))],
-        Some(Fault::MissingDone) if stream => {
-            let end = body.len() - b"data: [DONE]\n\n".len();
-            frames(rng, &body[..end])
-        }
-        Some(Fault::MissingDone) => frames(rng, &body),
-        Some(Fault::SlowFirstToken) => {
-            let wait = Duration::from_millis(rng.u64(0..800));
-            let mut steps = frames(rng, &body[..commit.saturating_sub(1).max(1)]);
-            steps.push(Step::Wait(wait));
-            steps.extend(frames(rng, &body[commit.saturating_sub(1).max(1)..]));
-            steps
-        }
-    };
+    let (steps, status, offset_kind) = fault_steps(name, stream, fault, &body, commit, rng);
     if let Some(fault) = fault {
         *stats
             .faults
@@ -320,6 +248,100 @@ fn answer(
         }),
     );
     response
+}
+
+/// An answer's random fault: none 30 % of the time.
+fn pick_fault(rng: &mut fastrand::Rng) -> Option<Fault> {
+    match rng.u8(0..100) {
+        0..30 => None,
+        30..40 => Some(Fault::Status),
+        40..50 => Some(Fault::InBandError),
+        50..62 => Some(Fault::Reset),
+        62..66 => Some(Fault::Stall),
+        66..76 => Some(Fault::Malformed),
+        76..84 => Some(Fault::MissingDone),
+        84..90 => Some(Fault::SlowFirstToken),
+        _ => Some(Fault::Eof),
+    }
+}
+
+/// The steps that play the answer `body` (committed at `commit`) with
+/// `fault`, the answer's status, and where a cut fell.
+fn fault_steps(
+    name: &'static str,
+    stream: bool,
+    fault: Option<Fault>,
+    body: &[u8],
+    commit: usize,
+    rng: &mut fastrand::Rng,
+) -> (Vec<Step>, StatusCode, Option<Offset>) {
+    let mut offset_kind = None;
+    let mut status = StatusCode::OK;
+    let steps: Vec<Step> = match fault {
+        None => frames(rng, body),
+        Some(Fault::Status) => {
+            status = [429u16, 500, 502, 503][rng.usize(0..4)].try_into().unwrap();
+            vec![Step::Data(error_json("server_error"))]
+        }
+        Some(Fault::InBandError) if stream => in_band_error_stream(name, rng),
+        Some(Fault::InBandError) => vec![Step::Data(error_json("server_error"))],
+        Some(kind @ (Fault::Reset | Fault::Stall | Fault::Eof)) => {
+            let (cut, offset) = pick_offset(rng, body, commit);
+            offset_kind = Some(offset);
+            let mut steps = frames(rng, &body[..cut]);
+            match kind {
+                Fault::Reset => steps.push(Step::Error("injected reset".to_owned())),
+                Fault::Stall => steps.push(Step::Stall),
+                _ => {}
+            }
+            steps
+        }
+        Some(Fault::Malformed) if stream => {
+            let (cut, offset) = pick_offset(rng, body, commit);
+            offset_kind = Some(offset);
+            // At the next event boundary at or after the cut.
+            let at = body[cut..]
+                .windows(2)
+                .position(|w| w == b"\n\n")
+                .map_or(body.len(), |p| cut + p + 2);
+            let mut wire = body[..at].to_vec();
+            wire.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"tru\n\n");
+            wire.extend_from_slice(&body[at..]);
+            frames(rng, &wire)
+        }
+        Some(Fault::Malformed) => vec![Step::Data(Bytes::from_static(b"<html>oops</html>"))],
+        Some(Fault::MissingDone) if stream => {
+            let end = body.len() - b"data: [DONE]\n\n".len();
+            frames(rng, &body[..end])
+        }
+        Some(Fault::MissingDone) => frames(rng, body),
+        Some(Fault::SlowFirstToken) => {
+            let wait = Duration::from_millis(rng.u64(0..800));
+            let mut steps = frames(rng, &body[..commit.saturating_sub(1).max(1)]);
+            steps.push(Step::Wait(wait));
+            steps.extend(frames(rng, &body[commit.saturating_sub(1).max(1)..]));
+            steps
+        }
+    };
+    (steps, status, offset_kind)
+}
+
+/// A stream that ends in an in-band error after 0..TOKENS content events
+/// (an event boundary).
+fn in_band_error_stream(name: &str, rng: &mut fastrand::Rng) -> Vec<Step> {
+    let mut prefix = chunk(name, json!({"role": "assistant", "content": ""}), None);
+    let n = rng.usize(0..TOKENS);
+    for i in 0..n {
+        prefix.extend(chunk(name, json!({"content": token(name, i)}), None));
+    }
+    prefix.extend(
+        format!(
+            "data: {}\n\n",
+            json!({"error": {"message": "injected", "type": "server_error", "code": null}})
+        )
+        .into_bytes(),
+    );
+    frames(rng, &prefix)
 }
 
 async fn start_upstream(
@@ -506,28 +528,28 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soak_no_splice_no_hang_within_budgets() {
-    let target_faults = env_usize("SOAK_FAULTS", 5000) as u64;
-    let clients = env_usize("SOAK_CLIENTS", 16);
-    let cap = Duration::from_secs(env_usize("SOAK_MAX_SECONDS", 240) as u64);
-    let seed = std::env::var("SOAK_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    println!("soak: seed {seed}, {clients} clients, until {target_faults} faults");
-
-    let stats = Arc::new(Upstreams::default());
+/// Starts the fake upstreams, each seeded from `seed`; gives back the
+/// config's `[[providers]]` for them and their tasks.
+async fn start_upstreams(
+    stats: &Arc<Upstreams>,
+    seed: u64,
+) -> (String, Vec<tokio::task::JoinHandle<()>>) {
     let mut providers = String::new();
     let mut tasks = Vec::new();
     for (i, name) in UPSTREAMS.iter().enumerate() {
         let (addr, task) =
-            start_upstream(name, Arc::clone(&stats), seed.wrapping_add(i as u64)).await;
+            start_upstream(name, Arc::clone(stats), seed.wrapping_add(i as u64)).await;
         tasks.push(task);
         providers.push_str(&format!(
             "[[providers]]\nname = \"{name}\"\nbase_url = \"http://{addr}/v1\"\n\n"
         ));
     }
+    (providers, tasks)
+}
+
+/// The gateway's config for the soak: tight timeouts and the budgets the
+/// checks hold it to, over `providers`.
+fn soak_config(providers: &str) -> app::Config {
     let config = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -552,135 +574,174 @@ write_stall_timeout_ms = 500
 {providers}
 "#
     );
-    let config = app::Config::from_toml(&config).unwrap();
-    let gateway = app::Gateway::from_config(&config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
-    let url = format!("http://{}/v1/chat/completions", running.addr);
+    app::Config::from_toml(&config).unwrap()
+}
 
-    let (rss_before, fds_before) = (rss_kib(), open_fds());
-    let started = tokio::time::Instant::now();
-    let next_id = Arc::new(AtomicU64::new(0));
-    let outcomes: Arc<Mutex<HashMap<(bool, Outcome), u64>>> = Arc::default();
-    let violations: Arc<Mutex<Vec<String>>> = Arc::default();
-    let hung = Arc::new(AtomicU64::new(0));
-    let left = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for c in 0..clients {
-        let (stats, next_id, outcomes, violations, hung, left, url) = (
-            Arc::clone(&stats),
-            Arc::clone(&next_id),
-            Arc::clone(&outcomes),
-            Arc::clone(&violations),
-            Arc::clone(&hung),
-            Arc::clone(&left),
-            url.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-            let mut rng = fastrand::Rng::with_seed(seed ^ (c as u64 + 1) << 32);
-            while stats.total_faults.load(Ordering::Relaxed) < target_faults
-                && started.elapsed() < cap
-            {
-                let id = format!("r{}", next_id.fetch_add(1, Ordering::Relaxed));
-                let stream = rng.bool();
-                let n = if stream && rng.bool() { 2 } else { 1 };
-                let body = json!({"model": "m", "stream": stream, "n": n, "user": id,
-                    "messages": [{"role": "user", "content": "hi"}]});
-                let request = Request::post(&url)
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .unwrap();
-                // Most clients read the whole answer; some leave after a
-                // few frames, some stop reading for longer than the
-                // gateway's write-stall timeout.
-                let manner = rng.u8(0..100);
-                if manner >= 80 {
-                    let frames_read = rng.usize(0..6);
-                    let pause = Duration::from_millis(rng.u64(600..900));
-                    let rude = async {
-                        let Ok(response) = client.request(request).await else {
-                            return;
-                        };
-                        let mut body = response.into_body();
-                        if manner >= 90 {
-                            tokio::time::sleep(pause).await;
-                        } else {
-                            for _ in 0..frames_read {
-                                if body.frame().await.is_none() {
-                                    break;
-                                }
-                            }
-                        }
-                    };
-                    if tokio::time::timeout(Duration::from_secs(20), rude)
-                        .await
-                        .is_err()
-                    {
-                        hung.fetch_add(1, Ordering::Relaxed);
-                    }
-                    left.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                let exchange = async {
-                    let response = client.request(request).await.map_err(|e| e.to_string())?;
-                    let status = response.status();
-                    let body = response
-                        .into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| format!("client body error: {e}"))?
-                        .to_bytes();
-                    Ok::<_, String>((status, body))
-                };
-                match tokio::time::timeout(Duration::from_secs(20), exchange).await {
-                    Err(_) => {
-                        hung.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(Err(error)) => violations
-                        .lock()
-                        .unwrap()
-                        .push(format!("{id}: transport: {error}")),
-                    Ok(Ok((status, body))) => match judge_n(stream, n, status, &body) {
-                        Ok((outcome, voice)) => {
-                            // A cut needs a cause: the voice's upstream
-                            // must have had a fault on its last answer.
-                            if outcome == Outcome::CutWithTerminal {
-                                let fault = voice.and_then(|v| {
-                                    let seen = stats.faults_seen.lock().unwrap();
-                                    seen.get(&(id.clone(), v)).and_then(|f| f.last().copied())
-                                });
-                                if fault == Some(None) {
-                                    violations.lock().unwrap().push(format!(
-                                        "{id}: SPURIOUS terminal chunk on a healthy upstream: {}",
-                                        String::from_utf8_lossy(&body)
-                                    ));
-                                }
-                            }
-                            *outcomes
-                                .lock()
-                                .unwrap()
-                                .entry((stream, outcome))
-                                .or_default() += 1;
-                        }
-                        Err(why) => violations.lock().unwrap().push(format!("{id}: {why}")),
-                    },
+/// What the clients tally over the run.
+#[derive(Default)]
+struct Tally {
+    /// The next request id (`r0`, `r1`, ...).
+    next_id: AtomicU64,
+    /// (stream, outcome) → requests.
+    outcomes: Mutex<HashMap<(bool, Outcome), u64>>,
+    violations: Mutex<Vec<String>>,
+    /// Requests without an answer within 20 s.
+    hung: AtomicU64,
+    /// Clients that left mid-answer or stopped reading.
+    left: AtomicU64,
+}
+
+/// When the clients stop: at `target_faults` injected faults, or `cap`
+/// after `started`.
+#[derive(Clone, Copy)]
+struct Limits {
+    target_faults: u64,
+    started: tokio::time::Instant,
+    cap: Duration,
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// Client `c`: sends turns until the limits; most read the whole answer
+/// and have it judged, some leave early.
+async fn run_client(
+    c: usize,
+    seed: u64,
+    url: String,
+    stats: Arc<Upstreams>,
+    tally: Arc<Tally>,
+    limits: Limits,
+) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut rng = fastrand::Rng::with_seed(seed ^ (c as u64 + 1) << 32);
+    while stats.total_faults.load(Ordering::Relaxed) < limits.target_faults
+        && limits.started.elapsed() < limits.cap
+    {
+        let id = format!("r{}", tally.next_id.fetch_add(1, Ordering::Relaxed));
+        let stream = rng.bool();
+        let n = if stream && rng.bool() { 2 } else { 1 };
+        let body = json!({"model": "m", "stream": stream, "n": n, "user": id,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let request = Request::post(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        // Most clients read the whole answer; some leave after a
+        // few frames, some stop reading for longer than the
+        // gateway's write-stall timeout.
+        let manner = rng.u8(0..100);
+        if manner >= 80 {
+            leave_early(&client, request, manner, &mut rng, &tally).await;
+            continue;
+        }
+        read_and_judge(&client, request, (&id, stream, n), &stats, &tally).await;
+    }
+}
+
+/// A client that leaves after a few frames (`manner` 80..90) or stops
+/// reading for longer than the write-stall timeout (90..100).
+async fn leave_early(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+    manner: u8,
+    rng: &mut fastrand::Rng,
+    tally: &Tally,
+) {
+    let frames_read = rng.usize(0..6);
+    let pause = Duration::from_millis(rng.u64(600..900));
+    let rude = async {
+        let Ok(response) = client.request(request).await else {
+            return;
+        };
+        let mut body = response.into_body();
+        if manner >= 90 {
+            tokio::time::sleep(pause).await;
+        } else {
+            for _ in 0..frames_read {
+                if body.frame().await.is_none() {
+                    break;
                 }
             }
-        }));
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), rude)
+        .await
+        .is_err()
+    {
+        tally.hung.fetch_add(1, Ordering::Relaxed);
     }
-    for handle in handles {
-        handle.await.unwrap();
-    }
-    let elapsed = started.elapsed();
-    running.shutdown(Duration::from_secs(2)).await;
-    for task in tasks {
-        task.abort();
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (rss_after, fds_after) = (rss_kib(), open_fds());
+    tally.left.fetch_add(1, Ordering::Relaxed);
+}
 
-    // Budgets: per request, attempts overall and per upstream.
+/// Reads the whole answer to turn `id` (a stream of `n` choices or not)
+/// and judges it: its outcome tallied, or a violation.
+async fn read_and_judge(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+    (id, stream, n): (&str, bool, usize),
+    stats: &Upstreams,
+    tally: &Tally,
+) {
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("client body error: {e}"))?
+            .to_bytes();
+        Ok::<_, String>((status, body))
+    };
+    match tokio::time::timeout(Duration::from_secs(20), exchange).await {
+        Err(_) => {
+            tally.hung.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Err(error)) => tally
+            .violations
+            .lock()
+            .unwrap()
+            .push(format!("{id}: transport: {error}")),
+        Ok(Ok((status, body))) => match judge_n(stream, n, status, &body) {
+            Ok((outcome, voice)) => {
+                // A cut needs a cause: the voice's upstream
+                // must have had a fault on its last answer.
+                if outcome == Outcome::CutWithTerminal {
+                    let fault = voice.and_then(|v| {
+                        let seen = stats.faults_seen.lock().unwrap();
+                        seen.get(&(id.to_owned(), v))
+                            .and_then(|f| f.last().copied())
+                    });
+                    if fault == Some(None) {
+                        tally.violations.lock().unwrap().push(format!(
+                            "{id}: SPURIOUS terminal chunk on a healthy upstream: {}",
+                            String::from_utf8_lossy(&body)
+                        ));
+                    }
+                }
+                *tally
+                    .outcomes
+                    .lock()
+                    .unwrap()
+                    .entry((stream, outcome))
+                    .or_default() += 1;
+            }
+            Err(why) => tally
+                .violations
+                .lock()
+                .unwrap()
+                .push(format!("{id}: {why}")),
+        },
+    }
+}
+
+/// Attempts per turn (by request id), and the budgets broken: too many
+/// attempts on one upstream or in one turn, or more extra attempts over
+/// the run (`elapsed`) than the retry budget allows.
+fn attempts_over_budget(
+    stats: &Upstreams,
+    elapsed: Duration,
+) -> (HashMap<String, usize>, Vec<String>) {
     let mut over_budget = Vec::new();
     let mut per_request: HashMap<String, usize> = HashMap::new();
     for ((id, name), n) in stats.attempts.lock().unwrap().iter() {
@@ -710,7 +771,17 @@ write_stall_timeout_ms = 500
             "{extra_attempts} extra attempts for {first_attempts} turns: over the retry budget's {allowed_extra:.0}"
         ));
     }
+    (per_request, over_budget)
+}
 
+/// Prints the requests sent, the faults by kind and cut offset, and the
+/// outcomes.
+fn print_faults_and_outcomes(
+    stats: &Upstreams,
+    tally: &Tally,
+    elapsed: Duration,
+    total_faults: u64,
+) {
     let faults = stats.faults.lock().unwrap().clone();
     let mut by_kind: HashMap<Fault, u64> = HashMap::new();
     let mut by_offset: HashMap<Offset, u64> = HashMap::new();
@@ -724,25 +795,80 @@ write_stall_timeout_ms = 500
     by_kind.sort();
     let mut by_offset: Vec<_> = by_offset.into_iter().collect();
     by_offset.sort();
-    let mut outcomes: Vec<_> = outcomes.lock().unwrap().clone().into_iter().collect();
+    let mut outcomes: Vec<_> = tally.outcomes.lock().unwrap().clone().into_iter().collect();
     outcomes.sort();
-    let violations = violations.lock().unwrap().clone();
-    let splices = violations.iter().filter(|v| v.contains("SPLICE")).count();
-    let total_faults = stats.total_faults.load(Ordering::Relaxed);
     println!(
         "soak: {} requests in {:.1} s",
-        next_id.load(Ordering::Relaxed),
+        tally.next_id.load(Ordering::Relaxed),
         elapsed.as_secs_f64()
     );
     println!("soak: faults {total_faults}: {by_kind:?}");
     println!("soak: cut offsets: {by_offset:?}");
     println!("soak: outcomes (stream, outcome): {outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_no_splice_no_hang_within_budgets() {
+    let target_faults = env_usize("SOAK_FAULTS", 5000) as u64;
+    let clients = env_usize("SOAK_CLIENTS", 16);
+    let cap = Duration::from_secs(env_usize("SOAK_MAX_SECONDS", 240) as u64);
+    let seed = std::env::var("SOAK_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("soak: seed {seed}, {clients} clients, until {target_faults} faults");
+
+    let stats = Arc::new(Upstreams::default());
+    let (providers, tasks) = start_upstreams(&stats, seed).await;
+    let config = soak_config(&providers);
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let url = format!("http://{}/v1/chat/completions", running.addr);
+
+    let (rss_before, fds_before) = (rss_kib(), open_fds());
+    let started = tokio::time::Instant::now();
+    let limits = Limits {
+        target_faults,
+        started,
+        cap,
+    };
+    let tally = Arc::new(Tally::default());
+    let mut handles = Vec::new();
+    for c in 0..clients {
+        handles.push(tokio::spawn(run_client(
+            c,
+            seed,
+            url.clone(),
+            Arc::clone(&stats),
+            Arc::clone(&tally),
+            limits,
+        )));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    running.shutdown(Duration::from_secs(2)).await;
+    for task in tasks {
+        task.abort();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (rss_after, fds_after) = (rss_kib(), open_fds());
+
+    // Budgets: per request, attempts overall and per upstream.
+    let (per_request, over_budget) = attempts_over_budget(&stats, elapsed);
+
+    let violations = tally.violations.lock().unwrap().clone();
+    let splices = violations.iter().filter(|v| v.contains("SPLICE")).count();
+    let total_faults = stats.total_faults.load(Ordering::Relaxed);
+    print_faults_and_outcomes(&stats, &tally, elapsed, total_faults);
     println!(
         "soak: splices {splices}, other violations {}, hung {}, over budget {}, clients that left or stopped reading {}",
         violations.len() - splices,
-        hung.load(Ordering::Relaxed),
+        tally.hung.load(Ordering::Relaxed),
         over_budget.len(),
-        left.load(Ordering::Relaxed)
+        tally.left.load(Ordering::Relaxed)
     );
     println!(
         "soak: attempts {} for {} turns that reached an upstream",
@@ -759,7 +885,7 @@ write_stall_timeout_ms = 500
         violations.len(),
         &violations[..violations.len().min(5)]
     );
-    assert_eq!(hung.load(Ordering::Relaxed), 0, "hung requests");
+    assert_eq!(tally.hung.load(Ordering::Relaxed), 0, "hung requests");
     assert!(over_budget.is_empty(), "{over_budget:#?}");
     assert!(
         total_faults >= target_faults,

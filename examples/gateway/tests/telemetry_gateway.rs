@@ -187,20 +187,11 @@ fn promtool_check(text: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_logs_and_otlp_tell_where_each_failure_landed() {
-    let (otlp, received) = otlp_receiver().await;
-    let primary = FakeUpstream::builder("primary")
-        .tokens(12)
-        .start()
-        .await
-        .unwrap();
-    let backup = FakeUpstream::builder("backup")
-        .tokens(6)
-        .start()
-        .await
-        .unwrap();
-    let config = app::Config::from_toml(&format!(
+/// The gateway config: OTLP export to `otlp`, JSON logs, and two routes
+/// whose first target fails (a quota error before any token; a reset
+/// after 5 tokens) with `backup` behind it.
+fn telemetry_config(otlp: &str, primary: &FakeUpstream, backup: &FakeUpstream) -> app::Config {
+    app::Config::from_toml(&format!(
         r#"
 listen = "127.0.0.1:0"
 
@@ -246,32 +237,15 @@ targets = [
         primary = primary.base_url(),
         backup = backup.base_url(),
     ))
-    .unwrap();
-    let logs = Logs::default();
-    let telemetry =
-        tower_llm_gateway::telemetry::Telemetry::install(&config.telemetry, logs.clone()).unwrap();
-    let gateway = app::Gateway::from_config(&config)
-        .unwrap()
-        .with_prometheus(telemetry.prometheus.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
-    let addr = running.addr;
+    .unwrap()
+}
 
-    // 1: the quota error before any token, then the backup (after a hop).
-    // 2: the spent credential rests: the backup answers first.
-    // 3: cut after 5 tokens: committed, then ended with a terminal chunk.
-    for model in ["demo-failover", "demo-failover", "demo-cut"] {
-        let (status, body) = chat(addr, model).await;
-        assert_eq!(status, StatusCode::OK, "{model}: {body}");
-        assert!(body.ends_with("data: [DONE]\n\n"), "{model}: {body}");
-    }
-
-    let text = get(addr, "/metrics").await;
-    let billing = "primary-billing/primary-model#fault:status=429;error=quota";
-    let cut = "primary/primary-model#fault:reset_after=5";
+/// The scrape counts each attempt, turn, terminal chunk and reroute where
+/// it landed.
+fn check_attempt_and_turn_metrics(text: &str, billing: &str, cut: &str) {
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_attempts_total",
             &[
                 ("failover_target", billing),
@@ -285,7 +259,7 @@ targets = [
     );
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_attempts_total",
             &[
                 ("failover_target", cut),
@@ -298,7 +272,7 @@ targets = [
     );
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_attempts_total",
             &[("failover_target", cut), ("failover_class", "none")]
         ),
@@ -312,7 +286,7 @@ targets = [
     ] {
         assert_eq!(
             sample(
-                &text,
+                text,
                 "failover_turns_total",
                 &[("failover_outcome", outcome)]
             ),
@@ -322,7 +296,7 @@ targets = [
     }
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_terminal_chunks_total",
             &[("failover_target", cut)]
         ),
@@ -331,16 +305,21 @@ targets = [
     );
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_reroutes_total",
             &[("failover_target", billing)]
         ),
         Some(1.0),
         "{text}"
     );
+}
+
+/// The scrape shows the spent credential cooling, the retry budget and the
+/// convention histograms, and passes `promtool check metrics`.
+fn check_health_budget_and_histograms(text: &str, billing: &str) {
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_cooldowns_total",
             &[
                 ("failover_scope", "account"),
@@ -352,7 +331,7 @@ targets = [
     );
     assert_eq!(
         sample(
-            &text,
+            text,
             "failover_health_state",
             &[
                 ("gen_ai_provider_name", "primary-billing"),
@@ -364,19 +343,19 @@ targets = [
         "{text}"
     );
     assert_eq!(
-        sample(&text, "failover_retry_budget_deposits_total", &[]),
+        sample(text, "failover_retry_budget_deposits_total", &[]),
         Some(3.0),
         "{text}"
     );
     // The default budget: a reserve of 10/s for 10 s (100 extra attempts),
     // plus a fifth per first attempt, less the two hops (deposits may
     // have expired by the scrape, never the reserve).
-    let level = sample(&text, "failover_retry_budget_level", &[]).expect(&text);
+    let level = sample(text, "failover_retry_budget_level", &[]).expect(text);
     assert!((98.0..=100.0).contains(&level), "{level}: {text}");
     // Convention histograms (summaries without configured buckets).
     assert_eq!(
         sample(
-            &text,
+            text,
             "gen_ai_client_operation_duration_count",
             &[
                 ("failover_target", billing),
@@ -388,13 +367,15 @@ targets = [
     );
     assert!(text.contains("gen_ai_server_time_to_first_token"), "{text}");
     assert_eq!(
-        sample(&text, "failover_attempts_per_turn_count", &[]),
+        sample(text, "failover_attempts_per_turn_count", &[]),
         Some(3.0),
         "{text}"
     );
-    promtool_check(&text);
+    promtool_check(text);
+}
 
-    // One JSON line per attempt (4) and per turn (3).
+/// One JSON line per attempt (4) and per turn (3).
+fn check_log_lines(logs: &Logs, cut: &str) {
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<serde_json::Value> = logs
         .lines()
@@ -418,16 +399,11 @@ targets = [
     assert_eq!(cut_line["fields"]["phase"], "committed");
     assert!(cut_line["fields"]["bytes_flushed"].as_u64().unwrap() > 0);
     assert_eq!(of("tower_llm_failover::turn").len(), 3, "{logs}");
+}
 
-    // OTLP: every buffered span and metric pushed now.
-    let flush = tokio::task::spawn_blocking(move || {
-        let flushed = telemetry.flush();
-        (telemetry, flushed)
-    })
-    .await
-    .unwrap();
-    flush.1.unwrap();
-    let received = std::mem::take(&mut *received.lock().unwrap());
+/// The OTLP attempt spans carry the failure and the commit, as children
+/// of their turn's span.
+fn check_spans(received: &Received, billing: &str, cut: &str) {
     let spans: Vec<&Span> = received
         .traces
         .iter()
@@ -494,7 +470,10 @@ targets = [
         string(turn, "gen_ai.request.model").as_deref(),
         Some("demo-failover")
     );
+}
 
+/// The OTLP metrics export carries the attempt, turn and duration metrics.
+fn check_otlp_metric_names(received: &Received) {
     let metric_names: Vec<&str> = received
         .metrics
         .iter()
@@ -510,6 +489,59 @@ targets = [
     ] {
         assert!(metric_names.contains(&name), "{name}: {metric_names:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_logs_and_otlp_tell_where_each_failure_landed() {
+    let (otlp, received) = otlp_receiver().await;
+    let primary = FakeUpstream::builder("primary")
+        .tokens(12)
+        .start()
+        .await
+        .unwrap();
+    let backup = FakeUpstream::builder("backup")
+        .tokens(6)
+        .start()
+        .await
+        .unwrap();
+    let config = telemetry_config(&otlp, &primary, &backup);
+    let logs = Logs::default();
+    let telemetry =
+        tower_llm_gateway::telemetry::Telemetry::install(&config.telemetry, logs.clone()).unwrap();
+    let gateway = app::Gateway::from_config(&config)
+        .unwrap()
+        .with_prometheus(telemetry.prometheus.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let addr = running.addr;
+
+    // 1: the quota error before any token, then the backup (after a hop).
+    // 2: the spent credential rests: the backup answers first.
+    // 3: cut after 5 tokens: committed, then ended with a terminal chunk.
+    for model in ["demo-failover", "demo-failover", "demo-cut"] {
+        let (status, body) = chat(addr, model).await;
+        assert_eq!(status, StatusCode::OK, "{model}: {body}");
+        assert!(body.ends_with("data: [DONE]\n\n"), "{model}: {body}");
+    }
+
+    let text = get(addr, "/metrics").await;
+    let billing = "primary-billing/primary-model#fault:status=429;error=quota";
+    let cut = "primary/primary-model#fault:reset_after=5";
+    check_attempt_and_turn_metrics(&text, billing, cut);
+    check_health_budget_and_histograms(&text, billing);
+    check_log_lines(&logs, cut);
+
+    // OTLP: every buffered span and metric pushed now.
+    let flush = tokio::task::spawn_blocking(move || {
+        let flushed = telemetry.flush();
+        (telemetry, flushed)
+    })
+    .await
+    .unwrap();
+    flush.1.unwrap();
+    let received = std::mem::take(&mut *received.lock().unwrap());
+    check_spans(&received, billing, cut);
+    check_otlp_metric_names(&received);
     drop(received);
     let _ = tokio::task::spawn_blocking(move || flush.0.shutdown()).await;
     running.shutdown(std::time::Duration::from_secs(5)).await;

@@ -3,8 +3,10 @@
 //! SDKs raise on) and whole `chat.completion` bodies.
 
 use bytes::Bytes;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::fmt;
 
 use crate::FailureClass;
 use crate::{
@@ -180,124 +182,129 @@ enum Choices {
     NotAList,
 }
 
+/// A visitor's arms for JSON scalars (and null), all read as `$value`.
+macro_rules! scalars_read_as {
+    ($value:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
 impl<'de> Deserialize<'de> for Choices {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-        use std::fmt;
-
-        /// A visitor's arms for JSON scalars (and null), all read as `$value`.
-        macro_rules! scalars_read_as {
-            ($value:expr) => {
-                fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-                fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-                fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-                fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-                fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-                fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                    Ok($value)
-                }
-            };
-        }
-
-        /// One choice: its `finish_reason` when it is an object with a
-        /// string there, else nothing (a choice of another shape leaves the
-        /// answer valid, with no reason recorded).
-        struct FirstChoice(Option<String>);
-        impl<'de> Deserialize<'de> for FirstChoice {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct ChoiceVisitor;
-                impl<'de> Visitor<'de> for ChoiceVisitor {
-                    type Value = FirstChoice;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                        f.write_str("a choice")
-                    }
-                    fn visit_map<A: MapAccess<'de>>(
-                        self,
-                        mut map: A,
-                    ) -> Result<FirstChoice, A::Error> {
-                        let mut reason = None;
-                        while let Some(FinishReasonKey(is_reason)) = map.next_key()? {
-                            if is_reason {
-                                reason = map.next_value::<Reason>()?.0;
-                            } else {
-                                map.next_value::<IgnoredAny>()?;
-                            }
-                        }
-                        Ok(FirstChoice(reason))
-                    }
-                    fn visit_seq<A: SeqAccess<'de>>(
-                        self,
-                        mut seq: A,
-                    ) -> Result<FirstChoice, A::Error> {
-                        while seq.next_element::<IgnoredAny>()?.is_some() {}
-                        Ok(FirstChoice(None))
-                    }
-                    scalars_read_as!(FirstChoice(None));
-                }
-                d.deserialize_any(ChoiceVisitor)
-            }
-        }
-
-        /// Whether a choice's key is `finish_reason` (read without a copy).
-        struct FinishReasonKey(bool);
-        impl<'de> Deserialize<'de> for FinishReasonKey {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct KeyVisitor;
-                impl Visitor<'_> for KeyVisitor {
-                    type Value = FinishReasonKey;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                        f.write_str("a key")
-                    }
-                    fn visit_str<E>(self, key: &str) -> Result<FinishReasonKey, E> {
-                        Ok(FinishReasonKey(key == "finish_reason"))
-                    }
-                }
-                d.deserialize_identifier(KeyVisitor)
-            }
-        }
-
-        /// A `finish_reason`: a string, or anything else read as none.
-        struct Reason(Option<String>);
-        impl<'de> Deserialize<'de> for Reason {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let value = serde_json::Value::deserialize(d)?;
-                Ok(Reason(match value {
-                    serde_json::Value::String(reason) => Some(reason),
-                    _ => None,
-                }))
-            }
-        }
-
-        struct ChoicesVisitor;
-        impl<'de> Visitor<'de> for ChoicesVisitor {
-            type Value = Choices;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("the choices")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
-                let Some(FirstChoice(finish_reason)) = seq.next_element::<FirstChoice>()? else {
-                    return Ok(Choices::Empty);
-                };
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Choices::First { finish_reason })
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Choices, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Choices::NotAList)
-            }
-            scalars_read_as!(Choices::NotAList);
-        }
         deserializer.deserialize_any(ChoicesVisitor)
+    }
+}
+
+/// Reads a completion's `choices` in one pass: the first choice for its
+/// `finish_reason`, the rest only skipped; a value that is not an array is
+/// [`Choices::NotAList`].
+struct ChoicesVisitor;
+
+impl<'de> Visitor<'de> for ChoicesVisitor {
+    type Value = Choices;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the choices")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+        let Some(FirstChoice(finish_reason)) = seq.next_element::<FirstChoice>()? else {
+            return Ok(Choices::Empty);
+        };
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Choices::First { finish_reason })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Choices, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Choices::NotAList)
+    }
+    scalars_read_as!(Choices::NotAList);
+}
+
+/// One choice: its `finish_reason` when it is an object with a
+/// string there, else nothing (a choice of another shape leaves the
+/// answer valid, with no reason recorded).
+struct FirstChoice(Option<String>);
+
+impl<'de> Deserialize<'de> for FirstChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FirstChoiceVisitor)
+    }
+}
+
+/// Reads one choice for its `finish_reason`, skipping every other key.
+struct FirstChoiceVisitor;
+
+impl<'de> Visitor<'de> for FirstChoiceVisitor {
+    type Value = FirstChoice;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a choice")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FirstChoice, A::Error> {
+        let mut reason = None;
+        while let Some(FinishReasonKey(is_reason)) = map.next_key()? {
+            if is_reason {
+                reason = map.next_value::<Reason>()?.0;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(FirstChoice(reason))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FirstChoice, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(FirstChoice(None))
+    }
+    scalars_read_as!(FirstChoice(None));
+}
+
+/// Whether a choice's key is `finish_reason` (read without a copy).
+struct FinishReasonKey(bool);
+
+impl<'de> Deserialize<'de> for FinishReasonKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_identifier(FinishReasonKeyVisitor)
+    }
+}
+
+/// Reads a choice's key as whether it is `finish_reason`.
+struct FinishReasonKeyVisitor;
+
+impl Visitor<'_> for FinishReasonKeyVisitor {
+    type Value = FinishReasonKey;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, key: &str) -> Result<FinishReasonKey, E> {
+        Ok(FinishReasonKey(key == "finish_reason"))
+    }
+}
+
+/// A `finish_reason`: a string, or anything else read as none.
+struct Reason(Option<String>);
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(Reason(match value {
+            serde_json::Value::String(reason) => Some(reason),
+            _ => None,
+        }))
     }
 }
 
