@@ -193,10 +193,10 @@ fn inspect_client(e: &(dyn Error + 'static), seen: &mut Seen) {
             seen.user = true;
         }
     }
-    if seen.check.is_none() {
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            seen.check = tls_check(tls);
-        }
+    if seen.check.is_none()
+        && let Some(tls) = e.downcast_ref::<rustls::Error>()
+    {
+        seen.check = tls_check(tls);
     }
 }
 

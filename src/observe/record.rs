@@ -180,7 +180,7 @@ impl TurnRecord {
         {
             let mut inner = self.lock();
             if let Some(held) = inner.held.as_mut()
-                && matches!(held.decision, Decision::RetrySame { .. })
+                && matches!(held.decision, Decision::RetrySame)
                 && *held.target != *target
             {
                 held.decision = Decision::Reroute;

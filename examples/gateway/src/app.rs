@@ -20,6 +20,7 @@ use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
+use tower_llm_failover::failover::HeaderPolicy;
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
 use tower_llm_failover::shutdown::Shutdown;
@@ -709,23 +710,32 @@ impl StackParts<'_> {
             .shutdown(self.shutdown.clone())
             .strategy(self.strategy.clone())
             .commit_window(self.commit)
-            .response_timeout(b.response_timeout_ms.map(Duration::from_millis))
-            .first_output_timeout(Duration::from_millis(b.first_token_timeout_ms))
-            .max_retries_per_target(f.max_retries_per_target)
-            .max_same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
-            .max_request_bytes(f.max_request_bytes)
+            .timeouts(|t| {
+                let mut t = t
+                    .response(b.response_timeout_ms.map(Duration::from_millis))
+                    .first_output(Duration::from_millis(b.first_token_timeout_ms));
+                if let Some(ms) = b.head_timeout_ms {
+                    t = t.head(Some(Duration::from_millis(ms)));
+                }
+                if let Some(ms) = b.non_streaming_head_timeout_ms {
+                    t = t.non_streaming_head(Some(Duration::from_millis(ms)));
+                }
+                t
+            })
+            .caps(|c| {
+                c.retries_per_target(f.max_retries_per_target)
+                    .same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
+                    .request_bytes(f.max_request_bytes)
+            })
             .health(self.health.clone())
             .refuse_when_cooling(f.refuse_when_cooling)
-            .forward_request_headers(&f.forward_request_headers)
-            .forward_response_headers(&f.forward_response_headers)
-            .allow_anthropic_betas(&f.allow_anthropic_betas)
+            .header_policy(
+                HeaderPolicy::new()
+                    .forward_request_headers(&f.forward_request_headers)
+                    .forward_response_headers(&f.forward_response_headers)
+                    .allow_anthropic_betas(&f.allow_anthropic_betas),
+            )
             .stream_policy(self.stream_policy.clone());
-        if let Some(ms) = b.head_timeout_ms {
-            builder = builder.head_timeout(Some(Duration::from_millis(ms)));
-        }
-        if let Some(ms) = b.non_streaming_head_timeout_ms {
-            builder = builder.non_streaming_head_timeout(Some(Duration::from_millis(ms)));
-        }
         for target in &route.targets {
             builder = builder.target(self.target(route, target)?);
         }

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::failover::{Failover, HeaderPolicy, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_gateway::app;
