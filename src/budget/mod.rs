@@ -18,8 +18,8 @@
 //!   after each attempt (marked when estimated), [`TurnBudget::check_spend`]
 //!   with the next attempt's estimate before it (the turn's own ceiling).
 //! - **Backoff** between attempts on the same target ([`Backoff`]), with
-//!   provider hints honoured; [`TurnBudget::retry_delay`] and
-//!   [`TurnBudget::wait_fits`] refuse a wait that would end past the deadline.
+//!   provider hints honoured; a wait that would end past the deadline is
+//!   refused.
 //! - **Tenant spend** over a day or a month ([`TenantSpend`] over a
 //!   [`SpendStore`]: in memory, or shared by replicas on Redis), for the
 //!   tenant of the request's [`ClientId`](crate::identity::ClientId)

@@ -27,7 +27,7 @@
 //! | concern | methods |
 //! |---|---|
 //! | a request | [`read_request`](Dialect::read_request) (→ [`Requirements`]), [`upstream_body`](Dialect::upstream_body), [`upstream_headers`](Dialect::upstream_headers), [`forwarded_request_headers`](Dialect::forwarded_request_headers) |
-//! | a stream | [`inspect`](Dialect::inspect) with the stream's [`Memo`](Dialect::Memo) (→ [`Chunk`]: kind, finish reason, [`Usage`](crate::Usage), identity), [`answer_open`](Dialect::answer_open) |
+//! | a stream | [`inspect`](Dialect::inspect) with the stream's [`Memo`](Dialect::Memo) (→ [`Chunk`]: kind, finish reason, [`Usage`], identity), [`answer_open`](Dialect::answer_open) |
 //! | ending a stream | [`terminal`](Dialect::terminal) (per [`TerminalMode`]), [`done_frame`](Dialect::done_frame) |
 //! | a whole answer | [`check_answer`](Dialect::check_answer) (→ [`BodyCheck`], [`AnswerFacts`]) |
 //! | errors | [`error_facts`](Dialect::error_facts) (an in-band event or a body: [`ErrorSource`]), [`error_body`](Dialect::error_body), [`error_status`](Dialect::error_status), and the provided [`error_response`](Dialect::error_response) every answering layer uses |

@@ -55,21 +55,21 @@
 //! Hop-by-hop headers never pass either way. Credential and account headers
 //! (`authorization`, `x-api-key`, `api-key`, `x-goog-api-key`, cookies,
 //! `openai-organization`, `openai-project`) pass only when the operator
-//! names them exactly: [`FailoverBuilder::forward_request_headers`] and
-//! [`FailoverBuilder::forward_response_headers`] add to the defaults,
-//! [`FailoverBuilder::header_policy`] replaces them.
+//! names them exactly: [`HeaderPolicy::forward_request_headers`] and
+//! [`HeaderPolicy::forward_response_headers`] add to the defaults, given
+//! with [`FailoverBuilder::header_policy`].
 //!
 //! # Timeouts
 //!
 //! Every wait is bounded by the turn's deadline, and sooner by:
 //!
-//! | wait | default | builder |
+//! | wait | default | set with ([`FailoverBuilder::timeouts`]) |
 //! |---|---|---|
-//! | response head of a stream | 10 s (and never past the first-output timeout) | [`head_timeout`](FailoverBuilder::head_timeout) |
-//! | first model output of a stream | 15 s | [`first_output_timeout`](FailoverBuilder::first_output_timeout); per target [`Target::first_output_timeout`], and [`Target::reasoning_first_output_timeout`] for a request that asks for reasoning |
-//! | response head of a non-streaming answer | 60 s | [`non_streaming_head_timeout`](FailoverBuilder::non_streaming_head_timeout) |
+//! | response head of a stream | 10 s (and never past the first-output timeout) | [`Timeouts::head`] |
+//! | first model output of a stream | 15 s | [`Timeouts::first_output`]; per target [`Target::first_output_timeout`], and [`Target::reasoning_first_output_timeout`] for a request that asks for reasoning |
+//! | response head of a non-streaming answer | 60 s | [`Timeouts::non_streaming_head`] |
 //! | gap between body frames, streamed or whole | 30 s | [`StreamPolicy::idle_timeout`](crate::stream::StreamPolicy::idle_timeout) |
-//! | a whole non-streaming answer, head and body | none | [`response_timeout`](FailoverBuilder::response_timeout) |
+//! | a whole non-streaming answer, head and body | none | [`Timeouts::response`] |
 //!
 //! A silent head or a stalled body before commit is rerouted while the turn
 //! still has time. A non-streaming head comes only once the provider has

@@ -268,7 +268,7 @@ impl<S> Target<S> {
 
     /// How long a stream from this target may take to its first output
     /// (default: the builder's
-    /// [`first_output_timeout`](super::FailoverBuilder::first_output_timeout)).
+    /// [`Timeouts::first_output`](super::Timeouts::first_output)).
     /// A slow model's wait is its own: a faster target's stays short.
     pub fn first_output_timeout(mut self, timeout: Duration) -> Self {
         self.first_output_timeout = Some(timeout);

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// first token for invisible failover. Whichever limit is reached first
 /// commits; a finish reason or the end of the response always does. Held
 /// output is also capped in memory: reaching
-/// [`max_held_bytes`](crate::failover::FailoverBuilder::max_held_bytes) commits too.
+/// [`Caps::held_bytes`](crate::failover::Caps::held_bytes) commits too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitWindow {
     pub(crate) output_events: Option<u64>,
