@@ -599,7 +599,7 @@ impl TurnBudget {
 
     /// Whether a wait of `wait` starting now would end before the deadline.
     /// A backoff that does not fit is never taken.
-    pub(crate) fn wait_fits(&self, wait: Duration) -> bool {
+    pub fn wait_fits(&self, wait: Duration) -> bool {
         Instant::now()
             .checked_add(wait)
             .is_some_and(|end| end < self.inner.deadline)

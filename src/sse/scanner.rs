@@ -44,8 +44,7 @@ impl SseEvent {
     }
 
     /// The data as text.
-    #[cfg(test)]
-    pub(crate) fn data_str(&self) -> Option<&str> {
+    pub fn data_str(&self) -> Option<&str> {
         std::str::from_utf8(&self.data).ok()
     }
 
@@ -61,7 +60,7 @@ impl SseEvent {
 
     /// The absolute byte range of the stream this event came from, from the
     /// byte after the previous dispatch up to and including its blank line.
-    pub(crate) fn range(&self) -> Range<u64> {
+    pub fn range(&self) -> Range<u64> {
         self.start..self.end
     }
 }
