@@ -237,13 +237,6 @@ impl RetryBudget {
         self.withdraw()
     }
 
-    /// Extra attempts `client`'s own share would grant now (`None` without
-    /// shares).
-    #[cfg(test)]
-    pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
-        self.shares.as_ref().map(|s| s.bucket(client).level())
-    }
-
     /// Record a first attempt; each one earns a fraction of an extra attempt.
     pub fn deposit(&self) {
         match &*self.inner {
@@ -480,6 +473,15 @@ impl TokenBucket {
             .iter()
             .fold(slots.writer, |sum, slot| sum.saturating_add(*slot))
             .saturating_add(self.reserve)
+    }
+}
+
+#[cfg(test)]
+impl RetryBudget {
+    /// Extra attempts `client`'s own share would grant now (`None` without
+    /// shares).
+    pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
+        self.shares.as_ref().map(|s| s.bucket(client).level())
     }
 }
 

@@ -325,16 +325,7 @@ pub(crate) enum RetryDelay {
     },
 }
 
-impl RetryDelay {
-    /// The wait to take, if any.
-    #[cfg(test)]
-    pub(crate) fn wait(self) -> Option<Duration> {
-        match self {
-            RetryDelay::Wait(d) => Some(d),
-            _ => None,
-        }
-    }
-}
+impl RetryDelay {}
 
 impl TurnBudget {
     /// A turn with the default [`TurnLimits`], starting now.
@@ -639,6 +630,17 @@ impl fmt::Debug for TurnBudget {
             .field("spend_ceiling", &self.inner.spend_ceiling)
             .field("tenant", &self.inner.tenant.get())
             .finish()
+    }
+}
+
+#[cfg(test)]
+impl RetryDelay {
+    /// The wait to take, if any.
+    pub(crate) fn wait(self) -> Option<Duration> {
+        match self {
+            RetryDelay::Wait(d) => Some(d),
+            _ => None,
+        }
     }
 }
 

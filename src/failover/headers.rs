@@ -212,18 +212,6 @@ impl HeaderPolicy {
         self
     }
 
-    /// The client request headers that reach the provider, as configured.
-    #[cfg(test)]
-    pub(crate) fn request_headers(&self) -> impl Iterator<Item = &str> {
-        self.request.iter().map(|n| &**n)
-    }
-
-    /// The provider response headers that reach the client, as configured.
-    #[cfg(test)]
-    pub(crate) fn response_headers(&self) -> impl Iterator<Item = &str> {
-        self.response.iter().map(|n| &**n)
-    }
-
     /// Whether a client request header named `name` reaches the provider
     /// (when no `Connection` header names it).
     /// Whether a client request header of this name reaches the provider
@@ -336,6 +324,19 @@ fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
         .map(|name| name.trim().to_ascii_lowercase())
         .filter(|name| !name.is_empty())
         .collect()
+}
+
+#[cfg(test)]
+impl HeaderPolicy {
+    /// The client request headers that reach the provider, as configured.
+    pub(crate) fn request_headers(&self) -> impl Iterator<Item = &str> {
+        self.request.iter().map(|n| &**n)
+    }
+
+    /// The provider response headers that reach the client, as configured.
+    pub(crate) fn response_headers(&self) -> impl Iterator<Item = &str> {
+        self.response.iter().map(|n| &**n)
+    }
 }
 
 #[cfg(test)]

@@ -236,18 +236,6 @@ impl SseScanner {
         self.event_start
     }
 
-    /// The last event id the stream set, as the spec keeps it across events.
-    #[cfg(test)]
-    pub(crate) fn last_event_id(&self) -> Option<&[u8]> {
-        self.last_event_id.as_deref()
-    }
-
-    /// Whether a fatal error stopped the scanner.
-    #[cfg(test)]
-    pub(crate) fn is_failed(&self) -> bool {
-        self.failed
-    }
-
     /// Feeds one chunk, calling `on_item` for each dispatch or error in
     /// stream order. After a fatal error the rest of the input is ignored.
     pub fn feed(&mut self, chunk: &Bytes, mut on_item: impl FnMut(SseItem)) {
@@ -456,5 +444,18 @@ impl SseScanner {
             start,
             end,
         }));
+    }
+}
+
+#[cfg(test)]
+impl SseScanner {
+    /// The last event id the stream set, as the spec keeps it across events.
+    pub(crate) fn last_event_id(&self) -> Option<&[u8]> {
+        self.last_event_id.as_deref()
+    }
+
+    /// Whether a fatal error stopped the scanner.
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed
     }
 }
