@@ -32,17 +32,23 @@ impl Classification {
     /// The status and error body for this failure, shaped by `dialect`
     /// (which may restate the status, see [`Dialect::error_status`]).
     pub fn to_error<D: Dialect>(&self, dialect: &D) -> (StatusCode, Bytes) {
-        let body = if self.message.is_empty() {
+        let (parts, body) = self.answer(dialect).into_parts();
+        (parts.status, body)
+    }
+
+    /// The whole answer: [`Dialect::error_response`] with this failure's
+    /// status and reply (a failure with no message says its class).
+    fn answer<D: Dialect>(&self, dialect: &D) -> Response<Bytes> {
+        if self.message.is_empty() {
             let message = format!("upstream failure: {}", self.class);
             let reply = ErrorReply {
                 message: &message,
                 ..self.error_reply()
             };
-            dialect.error_body(&reply)
+            dialect.error_response(self.client_status(), &reply)
         } else {
-            dialect.error_body(&self.error_reply())
-        };
-        (dialect.error_status(self.class, self.client_status()), body)
+            dialect.error_response(self.client_status(), &self.error_reply())
+        }
     }
 }
 
@@ -54,21 +60,10 @@ impl UpstreamError {
         self.classification().to_error(dialect)
     }
 
-    /// [`to_error`](Self::to_error) as a ready response.
+    /// [`to_error`](Self::to_error) as a ready response, with the dialect's
+    /// content type.
     pub fn to_response<D: Dialect>(&self, dialect: &D) -> Response<Full<Bytes>> {
-        let c = self.classification();
-        let message = format!("upstream failure: {}", c.class);
-        let reply = if c.message.is_empty() {
-            ErrorReply {
-                message: &message,
-                ..c.error_reply()
-            }
-        } else {
-            c.error_reply()
-        };
-        dialect
-            .error_response(c.client_status(), &reply)
-            .map(Full::new)
+        self.classification().answer(dialect).map(Full::new)
     }
 }
 
