@@ -5,9 +5,11 @@
 //! skipped them would report `ok` for something it never checked.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
+
+#[path = "support/sdk.rs"]
+mod sdk;
+use sdk::Sdk;
 
 use serde_json::Value;
 use tower_llm_gateway::app;
@@ -98,100 +100,6 @@ base_url = "{}"
     }
 }
 
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The workspace root (this package is `examples/gateway/` in it), whose
-/// `target/sdk/` is where `.ci/run` installs the SDKs.
-fn workspace_root() -> PathBuf {
-    let manifest_dir = manifest_dir();
-    manifest_dir
-        .ancestors()
-        .nth(2)
-        .expect("examples/gateway sits two levels below the workspace root")
-        .to_path_buf()
-}
-
-/// An SDK client: the program and the script it runs.
-struct Sdk {
-    name: &'static str,
-    program: PathBuf,
-    script: PathBuf,
-    node_path: Option<PathBuf>,
-}
-
-/// Whether this is a CI run (`CI=true`, or `CI=1`), where every test must
-/// run: `.ci/run` decides the same way.
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
-
-/// An SDK is not there: under CI the test fails, locally it skips loudly.
-fn missing(what: &str, why: &str) {
-    if in_ci() {
-        panic!(
-            "!!!!!!!! FAILED: {what} cannot run: {why}. CI=true, so a missing SDK \
-             fails the run instead of skipping; .ci/run installs it under target/sdk/"
-        );
-    }
-    eprintln!();
-    eprintln!("!!!!!!!! SKIPPED: {what}: {why}");
-    eprintln!("!!!!!!!! run .ci/run (or install it under target/sdk/) to run this test");
-    eprintln!();
-}
-
-async fn works(program: &PathBuf, args: &[&str], node_path: Option<&PathBuf>) -> bool {
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(path) = node_path {
-        command.env("NODE_PATH", path);
-    }
-    matches!(command.status().await, Ok(status) if status.success())
-}
-
-async fn python_sdk() -> Option<Sdk> {
-    let program = std::env::var_os("OPENAI_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/sdk/venv/bin/python"));
-    if !works(&program, &["-c", "import openai"], None).await {
-        missing(
-            "the official Python openai SDK tests",
-            &format!("{} cannot import openai", program.display()),
-        );
-        return None;
-    }
-    Some(Sdk {
-        name: "python",
-        program,
-        script: manifest_dir().join("tests/sdk/openai_client.py"),
-        node_path: None,
-    })
-}
-
-async fn node_sdk() -> Option<Sdk> {
-    let node_path = std::env::var_os("OPENAI_SDK_NODE_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/sdk/node/node_modules"));
-    let program = PathBuf::from("node");
-    if !works(&program, &["-e", "require('openai')"], Some(&node_path)).await {
-        missing(
-            "the official npm openai SDK tests",
-            &format!("node cannot require openai from {}", node_path.display()),
-        );
-        return None;
-    }
-    Some(Sdk {
-        name: "node",
-        program,
-        script: manifest_dir().join("tests/sdk/openai_client.cjs"),
-        node_path: Some(node_path),
-    })
-}
-
 async fn run(sdk: &Sdk, gateway: &Gateway, model: &str, mode: &str) -> Value {
     let mut command = tokio::process::Command::new(&sdk.program);
     command
@@ -264,14 +172,14 @@ async fn check_sdk(sdk: Sdk) {
 
 #[tokio::test]
 async fn the_official_python_sdk_reads_every_outcome_cleanly() {
-    if let Some(sdk) = python_sdk().await {
+    if let Some(sdk) = sdk::python("OPENAI_SDK_PYTHON", "openai", "openai_client.py").await {
         check_sdk(sdk).await;
     }
 }
 
 #[tokio::test]
 async fn the_official_node_sdk_reads_every_outcome_cleanly() {
-    if let Some(sdk) = node_sdk().await {
+    if let Some(sdk) = sdk::node("OPENAI_SDK_NODE_PATH", "openai", "openai_client.cjs").await {
         check_sdk(sdk).await;
     }
 }
