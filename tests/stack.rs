@@ -167,3 +167,37 @@ async fn a_stream_cut_at_the_turn_deadline_always_ends_with_its_terminal_chunk()
         }
     }
 }
+
+/// The budget layer outside the stream layer: the turn's deadline reaches
+/// the stream layer as the `TurnDeadline` request extension, so the stream
+/// ends itself at the deadline with its terminal chunk and `[DONE]`, and the
+/// budget body, told so, does not cut it with a bare error.
+#[tokio::test(start_paused = true)]
+async fn a_budget_outside_the_stream_layer_hands_it_the_deadline() {
+    let upstream = tower::service_fn(|request: Request<Full<Bytes>>| async move {
+        assert!(
+            request
+                .extensions()
+                .get::<tower_llm_failover::TurnDeadline>()
+                .is_some(),
+            "the budget layer publishes the deadline"
+        );
+        Ok::<_, std::convert::Infallible>(sse_response([
+            Step::Data(chunks::role("m")),
+            Step::Data(chunks::content("m", "a")),
+            Step::Stall,
+        ]))
+    });
+    let service = ServiceBuilder::new()
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(2)))
+        .layer(StreamStateLayer::new())
+        .service(upstream);
+    let started = Instant::now();
+    let response: Response<_> = service.oneshot(request()).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert!(text.contains("\"finish_reason\":\"error\""), "{text}");
+    assert!(text.contains("\"code\":\"timeout\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+}

@@ -148,9 +148,11 @@ impl StopReason {
 
 /// The turn's deadline, as a request extension.
 ///
-/// The budget layer inserts it when it starts a turn; the stream layer and
-/// the failover layer read it, so no layer needs another's types to know
-/// how long the turn may still run.
+/// The budget layer inserts it for every turn it serves (from its
+/// [`TurnBudget::turn_deadline`](crate::budget::TurnBudget::turn_deadline));
+/// the stream layer reads it and ends a stream at the deadline with its
+/// terminal event, needing none of the budget's types. A stack that starts
+/// its own `TurnBudget` inserts this beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TurnDeadline {
     /// When the turn's time is up.
