@@ -370,7 +370,7 @@ impl TurnBudget {
     }
 
     /// The deadline as the request extension the other layers read.
-    pub(crate) fn turn_deadline(&self) -> TurnDeadline {
+    pub fn turn_deadline(&self) -> TurnDeadline {
         TurnDeadline {
             at: self.inner.deadline,
             limit: self.inner.limit,
