@@ -149,19 +149,8 @@ pub(super) fn stream_steps(
     pace: Duration,
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
-    let cut = match fault {
-        Some(
-            Fault::ErrorAfter { tokens: n, .. }
-            | Fault::ResetAfter { tokens: n }
-            | Fault::StallAfter { tokens: n }
-            | Fault::EofAfter { tokens: n },
-        ) => Some(*n),
-        _ => None,
-    };
-    let malformed_at = match fault {
-        Some(Fault::MalformedAt { tokens: n }) => Some(*n),
-        _ => None,
-    };
+    let cut = fault.and_then(Fault::cut_after);
+    let malformed_at = fault.and_then(Fault::malformed_at);
     let mut steps = VecDeque::with_capacity(tokens * 2 + 8);
     steps.push_back(Step::Data(event(
         "message_start",

@@ -292,6 +292,26 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// After how many tokens a mid-stream fault cuts the stream (error,
+    /// reset, stall or EOF); `None` for the others.
+    pub(crate) fn cut_after(&self) -> Option<usize> {
+        match self {
+            Fault::ErrorAfter { tokens: n, .. }
+            | Fault::ResetAfter { tokens: n }
+            | Fault::StallAfter { tokens: n }
+            | Fault::EofAfter { tokens: n } => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The token a `MalformedAt` fault replaces with a malformed event.
+    pub(crate) fn malformed_at(&self) -> Option<usize> {
+        match self {
+            Fault::MalformedAt { tokens: n } => Some(*n),
+            _ => None,
+        }
+    }
+
     /// `status` before any body, with the fixture for the status.
     pub fn status(status: u16) -> Self {
         Self::Status {
@@ -1476,19 +1496,8 @@ fn stream_steps(
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
     let model = ask.model.as_str();
-    let cut = match fault {
-        Some(
-            Fault::ErrorAfter { tokens: n, .. }
-            | Fault::ResetAfter { tokens: n }
-            | Fault::StallAfter { tokens: n }
-            | Fault::EofAfter { tokens: n },
-        ) => Some(*n),
-        _ => None,
-    };
-    let malformed_at = match fault {
-        Some(Fault::MalformedAt { tokens: n }) => Some(*n),
-        _ => None,
-    };
+    let cut = fault.and_then(Fault::cut_after);
+    let malformed_at = fault.and_then(Fault::malformed_at);
     let mut steps = VecDeque::with_capacity(tokens * 2 + 6);
     steps.push_back(Step::Data(chunks::role(model)));
     for i in 0..tokens {
