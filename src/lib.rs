@@ -52,14 +52,14 @@
 //!   `tracing` and the `metrics` facade.
 //! - [`shutdown`]: the signal that ends running streams cleanly when a
 //!   gateway's grace period is over.
-//! - `action` (feature `actions`, on by default): idempotent tool actions
-//!   keyed by the application.
-//! - `client` (feature `client`, on by default): `UpstreamClient`, the real
-//!   upstream HTTP client (hyper, rustls).
-//! - `redis` (feature `redis`): the shared stores on Redis.
 //!
-//! Scripted fake providers for tests live in the companion crate
-//! `tower-llm-testing`.
+//! Companion crates of the same workspace:
+//! - `tower-llm-client`: `UpstreamClient`, the real upstream HTTP client
+//!   (hyper, rustls, provider auth, egress proxies).
+//! - `tower-llm-actions`: idempotent tool actions keyed by the application.
+//! - `tower-llm-redis`: the health, action, retry-budget, rate and spend
+//!   stores shared by every replica on Redis.
+//! - `tower-llm-testing`: scripted fake providers for tests.
 //!
 //! # How a request and its body flow
 //!
@@ -139,23 +139,14 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "actions")]
-#[cfg_attr(docsrs, doc(cfg(feature = "actions")))]
-pub mod action;
 pub mod budget;
 pub mod classify;
-#[cfg(feature = "client")]
-#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
-pub mod client;
 pub mod dialect;
 pub mod failover;
 pub mod health;
 pub mod identity;
 pub mod limit;
 pub mod observe;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod redis;
 pub mod shutdown;
 pub mod sse;
 pub mod stream;

@@ -1006,7 +1006,7 @@ async fn row_17_elapsed_and_wrapped_errors() {
     assert_eq!((c.class, c.phase), (Timeout, Phase::Preamble));
 }
 
-#[cfg(feature = "client")]
+#[cfg(feature = "hyper")]
 mod client {
     use super::*;
     use hyper_util::client::legacy::Client;

@@ -1,13 +1,8 @@
 //! Clients cannot spend each other's share: the identity layer names the
 //! client (a tenant header only when trusted), one client's failing
 //! requests spend its own retry share and leave the fleet's reroutes to
-//! another, health gauges label only configured models, and a Redis rate
-//! limit is one allowance across replicas.
+//! another, health gauges label only configured models.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
-
-#[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -220,34 +215,4 @@ fn health_gauges_label_only_configured_models() {
     );
     assert_eq!(models[&("other".to_owned(), "cooling".to_owned())], 50.0);
     assert_eq!(models[&("gpt-4o".to_owned(), "cooling".to_owned())], 1.0);
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_rate_limit_is_one_allowance_across_replicas() {
-    use tower_llm_failover::limit::{PerMinute, RateDecision, RateLimitStore};
-    use tower_llm_failover::redis::{RedisRateLimits, connect};
-    let Some(redis) = redis_server::RedisServer::start("a_redis_rate_limit_is_one_allowance").await
-    else {
-        return;
-    };
-    let a = RedisRateLimits::new(connect(&redis.url()).unwrap());
-    let b = RedisRateLimits::new(connect(&redis.url()).unwrap());
-    let rate = PerMinute::new(4).unwrap();
-    let mut allowed = 0;
-    for i in 0..10 {
-        let store = if i % 2 == 0 { &a } else { &b };
-        match store.take("rpm:team-a", rate, 1).await.unwrap() {
-            RateDecision::Allowed => allowed += 1,
-            RateDecision::Limited { retry_after } => {
-                assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(15));
-            }
-        }
-    }
-    assert_eq!(allowed, 4, "both replicas drew on one allowance");
-    // Another bucket is its own.
-    assert_eq!(
-        a.take("rpm:team-b", rate, 1).await.unwrap(),
-        RateDecision::Allowed
-    );
 }

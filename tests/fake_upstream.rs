@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_llm_failover::client::{Auth, UpstreamClient};
+use tower_llm_client::{Auth, UpstreamClient};
 use tower_llm_testing::upstream::{ErrorFixture, FakeUpstream, Fault};
 
 /// Bound on any wait that should end at once; only reached on failure.

@@ -115,8 +115,6 @@ pub use future::ResponseFuture;
 pub use layer::BudgetLayer;
 pub use retry_budget::{RetryBudget, RetryBudgetConfig, RetryBudgetConfigError, RetryBudgetStats};
 pub use service::Budget;
-#[cfg(feature = "redis")]
-pub(crate) use spend::settle_delta;
 pub use spend::{
     MemorySpendStore, Reservation, SpendCeilings, SpendCheck, SpendError, SpendFuture, SpendStore,
     SpendWindow, TenantRefusal, TenantSpend,

@@ -17,8 +17,9 @@ use crate::identity::ClientId;
 pub type SpendFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The calendar window a tenant's ceiling applies to (UTC).
+///
+/// Exhaustive: a new window is a change every [`SpendStore`] must make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum SpendWindow {
     /// One UTC day.
     Day,
@@ -174,14 +175,6 @@ pub trait SpendStore: fmt::Debug + Send + Sync + 'static {
         reserved: Cost,
         actual: Cost,
     ) -> SpendFuture<'a, Result<Cost, SpendError>>;
-}
-
-/// `actual - reserved` in nano-USD, as a signed store delta (clamped to
-/// `i64`, which every store's counter takes).
-#[cfg(any(feature = "redis", test))]
-pub(crate) fn settle_delta(reserved: Cost, actual: Cost) -> i64 {
-    let delta = i128::from(actual.as_nanos()) - i128::from(reserved.as_nanos());
-    i64::try_from(delta).unwrap_or(if delta < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// The in-memory [`SpendStore`], for one gateway process. Holds one total
@@ -892,8 +885,6 @@ mod tests {
         let total = store.settle_at("t", SpendWindow::Day, Cost::from_usd(2.0), Cost::ZERO, day);
         assert_eq!(total, Cost::ZERO);
         assert!(store.is_empty());
-        assert_eq!(settle_delta(Cost::MAX, Cost::ZERO), i64::MIN);
-        assert_eq!(settle_delta(Cost::from_nanos(2), Cost::from_nanos(7)), 5);
     }
 
     /// A store whose settlements fail `failures` times, then go through.

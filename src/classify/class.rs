@@ -340,7 +340,7 @@ impl Classification {
     }
 
     /// Sets the note.
-    pub(crate) fn with_note(mut self, note: Note) -> Self {
+    pub fn with_note(mut self, note: Note) -> Self {
         self.note = Some(note);
         self
     }

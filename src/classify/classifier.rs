@@ -222,7 +222,7 @@ impl Classifier {
     ///   keeps its classification;
     /// - `tokio::time::error::Elapsed`, `io::ErrorKind::TimedOut`, hyper's
     ///   timeouts: `Timeout`;
-    /// - hyper-util's connect errors (DNS, TCP, TLS; feature `client`), and
+    /// - hyper-util's connect errors (DNS, TCP, TLS; feature `hyper`), and
     ///   io `ConnectionRefused`, `NotFound` (DNS), `AddrNotAvailable`,
     ///   `HostUnreachable`, `NetworkUnreachable`, `NetworkDown`: `Connect` in
     ///   [`Phase::BeforeSend`] (the request never left);

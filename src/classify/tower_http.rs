@@ -106,7 +106,7 @@ impl ClassifyResponse for TowerHttpClassifier {
         if let Some(io) = any.downcast_ref::<std::io::Error>() {
             return self.classifier.classify_transport(provider, io, false);
         }
-        #[cfg(feature = "client")]
+        #[cfg(feature = "hyper")]
         {
             if let Some(e) = any.downcast_ref::<hyper_util::client::legacy::Error>() {
                 return self.classifier.classify_transport(provider, e, false);

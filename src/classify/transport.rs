@@ -107,7 +107,7 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
             }
             // io::Error::source skips the wrapped error itself; get_ref does not.
             if let Some(inner) = io_err.get_ref() {
-                #[cfg(feature = "client")]
+                #[cfg(feature = "hyper")]
                 if io_err.kind() == io::ErrorKind::InvalidData && seen.check.is_none() {
                     seen.check = alert_text_check(&inner.to_string());
                 }
@@ -124,7 +124,7 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
                 what: failed.0.what(),
             });
         }
-        #[cfg(feature = "client")]
+        #[cfg(feature = "hyper")]
         inspect_client(e, &mut seen);
         if let Some(next) = e.source() {
             stack.push(next);
@@ -173,7 +173,7 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
         .with_note(note)
 }
 
-#[cfg(feature = "client")]
+#[cfg(feature = "hyper")]
 fn inspect_client(e: &(dyn Error + 'static), seen: &mut Seen) {
     if let Some(client) = e.downcast_ref::<hyper_util::client::legacy::Error>()
         && client.is_connect()
@@ -202,7 +202,7 @@ fn inspect_client(e: &(dyn Error + 'static), seen: &mut Seen) {
 
 /// The TLS failures that mean "this connection was refused at the
 /// handshake": the server's application never saw a request.
-#[cfg(feature = "client")]
+#[cfg(feature = "hyper")]
 fn tls_check(error: &rustls::Error) -> Option<Check> {
     use rustls::{CertificateError as Cert, Error as E};
     let check = |note, what| Some(Check { note, what });
@@ -244,7 +244,7 @@ fn tls_check(error: &rustls::Error) -> Option<Check> {
 /// A TLS alert the upstream sent, by its rustls name. HTTP/2 keeps only
 /// the text of an io error (`received fatal alert: CertificateRequired`),
 /// so the name is what both paths share.
-#[cfg(feature = "client")]
+#[cfg(feature = "hyper")]
 fn alert_check(name: &str) -> Option<Check> {
     let check = |note, what| Some(Check { note, what });
     match name {
@@ -274,7 +274,7 @@ fn alert_check(name: &str) -> Option<Check> {
 }
 
 /// The text of an io error whose rustls error was flattened to a string.
-#[cfg(feature = "client")]
+#[cfg(feature = "hyper")]
 fn alert_text_check(text: &str) -> Option<Check> {
     alert_check(text.strip_prefix("received fatal alert: ")?.trim())
 }

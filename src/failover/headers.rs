@@ -122,7 +122,7 @@ const NEVER: [&str; 9] = [
 ///   `x-goog-api-key`, `openai-organization`, `openai-project`) pass only
 ///   when named exactly, never through a prefix;
 /// - the target's own credential is set by its client
-///   ([`UpstreamClient`](crate::client::UpstreamClient)), not by this
+///   (`tower_llm_client::UpstreamClient`), not by this
 ///   policy.
 ///
 /// ```

@@ -202,11 +202,9 @@ pub struct Target<S> {
 
 impl Target<BoxUpstream> {
     /// A target in front of any Tower HTTP service, type-erased so targets
-    /// of different service types (the [`UpstreamClient`], a
+    /// of different service types (`tower_llm_client::UpstreamClient`, a
     /// `tower::service_fn`, a fake) mix in one failover without type
     /// plumbing. Costs one allocation per call.
-    ///
-    /// [`UpstreamClient`]: crate::client::UpstreamClient
     pub fn boxed<S, B>(name: impl Into<Arc<str>>, service: S) -> Self
     where
         S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + Sync + 'static,

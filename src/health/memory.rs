@@ -592,7 +592,7 @@ impl Drop for Admitted {
     }
 }
 
-#[cfg(all(test, feature = "redis"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

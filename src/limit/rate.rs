@@ -51,7 +51,7 @@ pub enum RateLimitError {
 }
 
 /// Where rate-limit state is kept: in this process
-/// ([`MemoryRateLimits`]) or shared by a fleet (Redis, feature `redis`).
+/// ([`MemoryRateLimits`]) or shared by a fleet (on Redis: crate `tower-llm-redis`).
 pub trait RateLimitStore: fmt::Debug + Send + Sync + 'static {
     /// Takes `units` from `bucket`'s allowance of `rate`, or says when they
     /// would fit. `units` larger than a whole minute's allowance are taken

@@ -60,9 +60,6 @@
 //! | `failover.retry_budget.level` | gauge: extra attempts the budget would grant now (a budget from [`RetryBudget::from_budget`](crate::budget::RetryBudget::from_budget), e.g. the Redis one, cannot say: no gauge) | none |
 //! | `failover.bytes_flushed_before_failure` (By) | histogram | `failover.phase`, `failover.target` |
 //! | `failover.attempts_per_turn` | histogram | `failover.outcome` |
-//! | `failover.actions` (feature `actions`) | counter: every tool-action state change | `failover.action.state` (entered: `running`, `succeeded`, `failed`, `unknown`), `failover.action.cause` (`claim`, `complete`, `fail`, `effect_error`, `timeout`, `dropped`, `reconcile`) |
-//! | `failover.action.replays` | counter: calls answered from the record, effect not run | `failover.action.state` (`succeeded`, `failed`) |
-//! | `failover.action.reconciliations` | counter | `failover.action.answer` (`succeeded`, `not_applied`, `still_unknown`, `error`) |
 //!
 //! The model is left out of attempt metrics' labels (target and provider
 //! names are the operator's, a model may be the client's); health gauges

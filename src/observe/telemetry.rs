@@ -75,19 +75,6 @@ pub(crate) mod attr {
     pub(crate) const FAILOVER_STATE: &str = "failover.state";
     /// A retry-budget withdrawal's result.
     pub(crate) const FAILOVER_RESULT: &str = "failover.result";
-    /// The state a tool action entered (`running`, `succeeded`, `failed`,
-    /// `unknown`), or was found in when answered from the store.
-    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
-    pub(crate) const FAILOVER_ACTION_STATE: &str = "failover.action.state";
-    /// What moved a tool action: `claim` (started, or a lapsed lease
-    /// turned unknown), `complete`, `fail`, `effect_error`, `timeout`,
-    /// `dropped`, `reconcile`.
-    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
-    pub(crate) const FAILOVER_ACTION_CAUSE: &str = "failover.action.cause";
-    /// A reconciler's answer: `succeeded`, `not_applied`, `still_unknown`,
-    /// `error`.
-    #[cfg_attr(not(feature = "actions"), allow(dead_code))]
-    pub(crate) const FAILOVER_ACTION_ANSWER: &str = "failover.action.answer";
 }
 
 /// Metric names.
@@ -121,14 +108,6 @@ pub(crate) mod metric {
     pub(crate) const BYTES_FLUSHED_BEFORE_FAILURE: &str = "failover.bytes_flushed_before_failure";
     /// Histogram: attempts a turn made.
     pub(crate) const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
-    /// Counter: tool-action state changes, by the state entered and the
-    /// cause.
-    pub(crate) const ACTIONS: &str = "failover.actions";
-    /// Counter: tool-action calls answered from the store's record
-    /// (a stored result or final error replayed, the effect not run).
-    pub(crate) const ACTION_REPLAYS: &str = "failover.action.replays";
-    /// Counter: reconciler answers about actions in state unknown.
-    pub(crate) const ACTION_RECONCILIATIONS: &str = "failover.action.reconciliations";
 }
 
 /// Describes every metric (units and help text) to the installed
@@ -186,18 +165,6 @@ pub fn describe_metrics() {
         metric::ATTEMPTS_PER_TURN,
         Unit::Count,
         "Upstream attempts per turn."
-    );
-    metrics::describe_counter!(
-        metric::ACTIONS,
-        "Tool-action state changes, by the state entered and the cause."
-    );
-    metrics::describe_counter!(
-        metric::ACTION_REPLAYS,
-        "Tool-action calls answered from the stored record, by state."
-    );
-    metrics::describe_counter!(
-        metric::ACTION_RECONCILIATIONS,
-        "Reconciler answers about unknown tool actions."
     );
 }
 

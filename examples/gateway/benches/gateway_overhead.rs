@@ -24,7 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceExt;
-use tower_llm_failover::client::UpstreamClient;
+use tower_llm_client::UpstreamClient;
 use tower_llm_gateway::app;
 use tower_llm_testing::upstream::FakeUpstream;
 

@@ -15,8 +15,8 @@ use axum::routing::{get, post};
 use http_body_util::Full;
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_llm_client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };

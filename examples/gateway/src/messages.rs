@@ -14,9 +14,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::Full;
 use tower::ServiceExt;
+use tower_llm_client::UpstreamClient;
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::Budget;
-use tower_llm_failover::client::UpstreamClient;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect, ErrorReply, ParsedRequest};
 use tower_llm_failover::failover::Failover;
 

@@ -157,7 +157,7 @@ fn on_redis(
     cooldown: CooldownPolicy,
     retry: RetryBudgetConfig,
 ) -> Result<Built, String> {
-    use tower_llm_failover::redis::{TlsCertificates, connect, connect_sentinel, connect_tls};
+    use tower_llm_redis::{TlsCertificates, connect, connect_sentinel, connect_tls};
     let tls = match &state.redis_ca_file {
         Some(path) => Some(TlsCertificates {
             client_tls: None,
@@ -208,12 +208,12 @@ fn on_redis(
 
 fn on_cluster(
     urls: &[String],
-    tls: Option<tower_llm_failover::redis::TlsCertificates>,
+    tls: Option<tower_llm_redis::TlsCertificates>,
     state: &StateConfig,
     cooldown: CooldownPolicy,
     retry: RetryBudgetConfig,
 ) -> Result<Built, String> {
-    use tower_llm_failover::redis::connect_cluster;
+    use tower_llm_redis::connect_cluster;
     stores_on(
         || connect_cluster(urls, tls.clone()).map_err(|e| format!("state.redis_cluster_urls: {e}")),
         state,
@@ -237,7 +237,7 @@ where
     C: ::redis::aio::ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static,
 {
     use std::time::Duration;
-    use tower_llm_failover::redis::{
+    use tower_llm_redis::{
         DEFAULT_PREFIX, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
     };
     let prefix = state.prefix.clone().unwrap_or(DEFAULT_PREFIX.to_owned());

@@ -144,6 +144,7 @@ impl Telemetry {
         }
         metrics::set_global_recorder(recorders.build()).map_err(|e| format!("telemetry: {e}"))?;
         tower_llm_failover::observe::describe_metrics();
+        tower_llm_actions::describe_metrics();
         Ok(Self {
             prometheus: handle,
             tracer,

@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_llm_failover::client::{Auth, UpstreamClient};
+use tower_llm_client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::AnthropicMessages;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;

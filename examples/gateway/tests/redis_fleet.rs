@@ -22,13 +22,9 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 use redis_server::RedisServer;
 use serde_json::json;
+use tower_llm_actions::{ActionStore, Claim, ClaimRequest, FenceToken};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::action::{ActionStore, Claim, ClaimRequest, FenceToken};
 use tower_llm_failover::limit::{PerMinute, RateDecision, RateLimitStore};
-use tower_llm_failover::redis::{
-    RedisActionStore, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
-    TlsCertificates, connect, connect_sentinel, connect_tls,
-};
 use tower_llm_failover::{
     Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
 };
@@ -37,6 +33,10 @@ use tower_llm_failover::{
     health::Scope,
 };
 use tower_llm_gateway::app;
+use tower_llm_redis::{
+    RedisActionStore, RedisHealthStore, RedisRateLimits, RedisRetryBudget, RedisSpendStore,
+    TlsCertificates, connect, connect_sentinel, connect_tls,
+};
 
 /// Runs one operation of each store over connections from `connection`
 /// (two replicas where sharing is the point) and asserts the outcomes.
@@ -262,7 +262,7 @@ async fn rediss_refuses_a_server_it_does_not_trust() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_works_on_a_three_node_cluster() {
-    use tower_llm_failover::redis::connect_cluster;
+    use tower_llm_redis::connect_cluster;
     let Some(cluster) = redis_server::RedisCluster::start("every_store_works_on_a_cluster").await
     else {
         return;
@@ -290,7 +290,7 @@ async fn every_store_works_on_a_three_node_cluster() {
 #[tokio::test]
 async fn a_cluster_needs_a_node() {
     let none: [&str; 0] = [];
-    assert!(tower_llm_failover::redis::connect_cluster(&none, None).is_err());
+    assert!(tower_llm_redis::connect_cluster(&none, None).is_err());
 }
 
 // ------------------------------------------------------------- sentinel

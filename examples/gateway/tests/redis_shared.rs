@@ -25,15 +25,12 @@ use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
 use tower::{BoxError, Service, ServiceExt};
-use tower_llm_failover::FailureClass;
-use tower_llm_failover::action::{
+use tower_llm_actions::{
     ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
     ClaimRequest, Reconciliation, StoreError, ToolCall,
 };
+use tower_llm_failover::FailureClass;
 use tower_llm_failover::identity::ClientId;
-use tower_llm_failover::redis::{
-    RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
-};
 use tower_llm_failover::{
     Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
     budget::TenantRefusal, budget::TenantSpend,
@@ -44,6 +41,9 @@ use tower_llm_failover::{
     health::Scope,
 };
 use tower_llm_gateway::app;
+use tower_llm_redis::{
+    RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
+};
 use tower_llm_testing::FakeProvider;
 use tower_llm_testing::upstream::{FakeUpstream, Fault};
 
