@@ -275,9 +275,9 @@ async fn a_stalled_body_ends_with_a_deadline_error_at_the_deadline() {
     assert_eq!(start.elapsed(), Duration::from_secs(5));
     assert_eq!(&received[..], b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\n");
     let deadline = DeadlineExceeded::find_in(err.as_ref()).expect("a deadline error");
-    assert_eq!(deadline.phase(), Phase::Committed);
-    assert_eq!(deadline.body_bytes(), received.len() as u64);
-    assert_eq!(deadline.class(), FailureClass::Timeout);
+    assert_eq!(deadline.phase, Phase::Committed);
+    assert_eq!(deadline.body_bytes, received.len() as u64);
+    assert_eq!(deadline.classification().class, FailureClass::Timeout);
     // The body is over: no more frames, and it says so.
     assert!(http_body::Body::is_end_stream(&body));
     assert!(body.frame().await.is_none());
@@ -295,7 +295,7 @@ async fn a_body_stalled_before_any_byte_reports_preamble() {
     let body = svc.oneshot(request()).await.unwrap().into_body();
     let err = body.collect().await.unwrap_err();
     assert_eq!(
-        DeadlineExceeded::find_in(err.as_ref()).map(DeadlineExceeded::phase),
+        DeadlineExceeded::find_in(err.as_ref()).map(|deadline| deadline.phase),
         Some(Phase::Preamble)
     );
 }

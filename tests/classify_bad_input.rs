@@ -86,7 +86,7 @@ async fn odd_but_valid_json_falls_back_to_the_status() {
     // Nesting deeper than serde_json's recursion limit.
     let deep = "[".repeat(10_000);
     let e = classify(500, deep).await;
-    assert_eq!(e.class(), FailureClass::ServerError);
+    assert_eq!(e.classification().class, FailureClass::ServerError);
     assert_eq!(e.classification().note, Some(Note::InvalidJsonErrorBody));
 }
 
@@ -116,7 +116,7 @@ async fn a_10_mib_body_is_capped() {
     .await;
     assert_eq!(e.body().len(), 100 * 1024);
     assert_eq!(e.classification().note, Some(Note::ErrorBodyTooLarge));
-    assert_eq!(e.class(), FailureClass::ServerError);
+    assert_eq!(e.classification().class, FailureClass::ServerError);
     assert_eq!(
         pulled.load(Ordering::SeqCst),
         2,
@@ -152,7 +152,7 @@ async fn invalid_utf8() {
         &b"{\"error\":{\"message\":\"bad \xff key\",\"code\":\"invalid_api_key\"}}"[..],
     )
     .await;
-    assert_eq!(e.class(), FailureClass::Auth);
+    assert_eq!(e.classification().class, FailureClass::Auth);
     assert_eq!(e.classification().note, Some(Note::InvalidJsonErrorBody));
 
     // In-band and 200 bodies too.
@@ -245,7 +245,7 @@ async fn a_busy_body_that_never_ends_is_capped_by_time() {
     .await
     .expect("the body timeout ends the read");
     assert_eq!(e.classification().note, Some(Note::ErrorBodyTimeout));
-    assert_eq!(e.class(), FailureClass::ServerError);
+    assert_eq!(e.classification().class, FailureClass::ServerError);
     assert!(e.body().is_empty());
 }
 
@@ -291,7 +291,7 @@ async fn html_error_pages_from_proxies() {
 
     let nginx_503 = "<html>\r\n<head><title>503 Service Temporarily Unavailable</title></head>\r\n<body>\r\n<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n";
     let e = classify(503, nginx_503).await;
-    assert_eq!(e.class(), FailureClass::Overloaded);
+    assert_eq!(e.classification().class, FailureClass::Overloaded);
     assert_eq!(
         e.classification().message,
         "503 Service Temporarily Unavailable"
@@ -299,7 +299,7 @@ async fn html_error_pages_from_proxies() {
 
     let cloudflare_524 = "<!DOCTYPE html><html><head><title>api.example.com | 524: A timeout occurred</title></head><body></body></html>";
     assert_eq!(
-        classify(524, cloudflare_524).await.class(),
+        classify(524, cloudflare_524).await.classification().class,
         FailureClass::Timeout
     );
 
@@ -309,7 +309,7 @@ async fn html_error_pages_from_proxies() {
 
     // Envoy's plain-text answer.
     let e = classify(503, "upstream connect error or disconnect/reset before headers. reset reason: connection failure").await;
-    assert_eq!(e.class(), FailureClass::Overloaded);
+    assert_eq!(e.classification().class, FailureClass::Overloaded);
     assert_eq!(e.classification().note, Some(Note::TextErrorBody));
 }
 

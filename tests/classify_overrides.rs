@@ -169,7 +169,7 @@ async fn through_the_layer_with_its_provider_name() {
         .oneshot(Request::new(Full::default()))
         .await
         .unwrap_err();
-    assert_eq!(error.class(), FailureClass::RateLimited);
+    assert_eq!(error.classification().class, FailureClass::RateLimited);
 
     let service = ServiceBuilder::new()
         .layer(
@@ -182,5 +182,5 @@ async fn through_the_layer_with_its_provider_name() {
         .oneshot(Request::new(Full::default()))
         .await
         .unwrap_err();
-    assert_eq!(error.class(), FailureClass::QuotaExhausted);
+    assert_eq!(error.classification().class, FailureClass::QuotaExhausted);
 }

@@ -112,7 +112,7 @@ async fn echoed_keys_are_redacted_everywhere() {
     ];
     for (status, body, secret, class) in cases {
         let error = through_layer(status, body).await;
-        assert_eq!(error.class(), class, "{error}");
+        assert_eq!(error.classification().class, class, "{error}");
         assert_no_secret(&error, secret);
         // The raw body is retained as the provider sent it (documented as unsanitized).
         assert!(

@@ -95,7 +95,7 @@ async fn redirects_are_not_success() {
         .await
         .unwrap_err();
     assert_eq!(
-        (error.class(), error.phase()),
+        (error.classification().class, error.classification().phase),
         (FailureClass::InvalidResponse, Phase::Head)
     );
 }
@@ -125,7 +125,7 @@ async fn readiness_errors_are_before_send() {
     let mut service = Classify::new(Closed).provider("down");
     let error = service.ready().await.err().unwrap();
     assert_eq!(
-        (error.class(), error.phase()),
+        (error.classification().class, error.classification().phase),
         (FailureClass::Connect, Phase::BeforeSend)
     );
     assert_eq!(error.provider(), Some("down"));
@@ -135,7 +135,7 @@ async fn readiness_errors_are_before_send() {
         .await
         .unwrap_err();
     assert_eq!(
-        (error.class(), error.phase()),
+        (error.classification().class, error.classification().phase),
         (FailureClass::Connect, Phase::Head)
     );
 }
@@ -158,7 +158,7 @@ async fn nested_layers_keep_the_inner_classification() {
         .oneshot(Request::new(Full::default()))
         .await
         .unwrap_err();
-    assert_eq!(error.class(), FailureClass::Overloaded);
+    assert_eq!(error.classification().class, FailureClass::Overloaded);
     assert_eq!(error.provider(), Some("anthropic"));
 }
 
@@ -173,7 +173,7 @@ async fn inner_errors_keep_their_source() {
         .oneshot(Request::new(Full::default()))
         .await
         .unwrap_err();
-    assert_eq!(error.phase(), Phase::BeforeSend);
+    assert_eq!(error.classification().phase, Phase::BeforeSend);
     let source = std::error::Error::source(&error).unwrap();
     assert_eq!(
         source.downcast_ref::<std::io::Error>().unwrap().kind(),

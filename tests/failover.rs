@@ -474,7 +474,10 @@ async fn parallel_tool_calls_rule_out_a_target_only_when_the_request_asks_for_th
 
 #[test]
 fn a_target_declared_without_reasoning_lacks_it_only_for_a_reasoning_request() {
-    let thinking = Requirements::new("m").reasoning(true);
+    let thinking = Requirements {
+        reasoning: true,
+        ..Requirements::new("m")
+    };
     let plain = Capabilities::default().reasoning(false);
     assert_eq!(plain.missing(&thinking), ["reasoning"]);
     assert!(plain.missing(&Requirements::new("m")).is_empty());
@@ -492,20 +495,26 @@ fn a_text_only_target_lacks_inputs_only_for_requests_that_carry_them() {
         .document_input(false);
     assert!(text_only.missing(&Requirements::new("m")).is_empty());
     assert_eq!(
-        text_only.missing(&Requirements::new("m").image_input(true)),
+        text_only.missing(&Requirements {
+            image_input: true,
+            ..Requirements::new("m")
+        }),
         ["image input"]
     );
     assert_eq!(
-        text_only.missing(&Requirements::new("m").document_input(true)),
+        text_only.missing(&Requirements {
+            document_input: true,
+            ..Requirements::new("m")
+        }),
         ["document input"]
     );
     assert!(
         Capabilities::default()
-            .missing(
-                &Requirements::new("m")
-                    .image_input(true)
-                    .document_input(true)
-            )
+            .missing(&Requirements {
+                image_input: true,
+                document_input: true,
+                ..Requirements::new("m")
+            })
             .is_empty()
     );
 }
@@ -1390,9 +1399,10 @@ async fn a_request_a_gateway_already_read_is_not_parsed_again() {
     let mut request = Request::post("/v1/chat/completions")
         .body(Full::new(Bytes::from_static(b"not json")))
         .unwrap();
-    request
-        .extensions_mut()
-        .insert(ParsedRequest::new(requirements, chat));
+    request.extensions_mut().insert(ParsedRequest {
+        requirements,
+        request: chat,
+    });
     let reply = send(&failover, request).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(primary.seen()[0].body["model"], "read-once");

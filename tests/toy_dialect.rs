@@ -57,10 +57,10 @@ struct Line<'a> {
 fn fail_facts(data: &[u8]) -> Option<ErrorFacts> {
     let value: Value = serde_json::from_slice(data).ok()?;
     let fail = value.get("fail")?;
-    let facts = ErrorFacts::new().code(fail.get("kind")?.as_str()?);
-    Some(match fail.get("msg").and_then(Value::as_str) {
-        Some(msg) => facts.message(msg),
-        None => facts,
+    Some(ErrorFacts {
+        code: Some(fail.get("kind")?.as_str()?.to_owned()),
+        message: fail.get("msg").and_then(Value::as_str).map(str::to_owned),
+        ..ErrorFacts::default()
     })
 }
 
@@ -84,9 +84,11 @@ impl Dialect for LineDialect {
             field: "prompt",
             problem: "is required and must be a string",
         })?;
-        let requirements = Requirements::new(model)
-            .stream(stream)
-            .input_tokens(prompt.len() as u64 / 4 + 1);
+        let requirements = Requirements {
+            stream,
+            input_tokens: prompt.len() as u64 / 4 + 1,
+            ..Requirements::new(model)
+        };
         let prompt = prompt.to_owned();
         Ok((requirements, LineRequest { stream, prompt }))
     }

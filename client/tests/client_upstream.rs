@@ -331,8 +331,8 @@ async fn it_sits_under_classify_layer() {
         .oneshot(chat("/v1/ratelimit").body(Full::default()).unwrap())
         .await
         .unwrap_err();
-    assert_eq!(error.class(), FailureClass::RateLimited);
-    assert_eq!(error.phase(), Phase::Head);
+    assert_eq!(error.classification().class, FailureClass::RateLimited);
+    assert_eq!(error.classification().phase, Phase::Head);
     assert_eq!(error.provider(), Some("primary"));
 
     // A transport failure under the layer keeps its class and phase.
@@ -351,8 +351,8 @@ async fn it_sits_under_classify_layer() {
         .oneshot(chat("/v1/chat/completions").body(Full::default()).unwrap())
         .await
         .unwrap_err();
-    assert_eq!(error.class(), FailureClass::Connect);
-    assert_eq!(error.phase(), Phase::BeforeSend);
+    assert_eq!(error.classification().class, FailureClass::Connect);
+    assert_eq!(error.classification().phase, Phase::BeforeSend);
 }
 
 #[test]

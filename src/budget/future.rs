@@ -140,8 +140,11 @@ where
                         this.dialect,
                         this.budget,
                         StatusCode::GATEWAY_TIMEOUT,
-                        &ErrorReply::new(FailureClass::Timeout, &deadline.to_string())
-                            .code("turn_deadline_exceeded"),
+                        &ErrorReply::coded(
+                            FailureClass::Timeout,
+                            "turn_deadline_exceeded",
+                            &deadline.to_string(),
+                        ),
                     ))
                 } else {
                     return Poll::Pending;
@@ -219,7 +222,7 @@ fn refused<B, D: Dialect>(
         dialect,
         budget,
         status,
-        &ErrorReply::new(class, &message).code(code),
+        &ErrorReply::coded(class, code, &message),
     );
     // The refused turn's line is logged under this id: the client can name it.
     if let Ok(value) = HeaderValue::from_str(budget.turn_id().as_str()) {

@@ -372,7 +372,7 @@ impl crate::DeadlineExceeded {
     /// This failure as a [`Classification`]: class `timeout`, this phase,
     /// provider code `turn_deadline_exceeded`, recovery `Stop`.
     pub fn classification(&self) -> Classification {
-        Classification::new(FailureClass::Timeout, self.phase())
+        Classification::new(FailureClass::Timeout, self.phase)
             .with_provider_code("turn_deadline_exceeded")
             .with_message(self.to_string())
             .with_recovery(Decision::Stop)

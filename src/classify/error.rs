@@ -8,7 +8,6 @@ use bytes::Bytes;
 
 use super::Classification;
 use super::sanitize::sanitize_message;
-use crate::{FailureClass, Phase};
 
 /// A failed upstream call, classified.
 ///
@@ -65,16 +64,6 @@ impl UpstreamError {
     /// Consumes the error, returning its classification.
     pub(crate) fn into_classification(self) -> Classification {
         self.classification
-    }
-
-    /// The failure class.
-    pub fn class(&self) -> FailureClass {
-        self.classification.class
-    }
-
-    /// The phase.
-    pub fn phase(&self) -> Phase {
-        self.classification.phase
     }
 
     /// The provider name, when the layer was given one.

@@ -20,13 +20,14 @@ impl Classification {
     /// This failure as a dialect-neutral error answer (message sanitized,
     /// `param` only for request errors).
     pub(crate) fn error_reply(&self) -> ErrorReply<'_> {
-        ErrorReply::new(self.class, &self.message)
-            .provider_code(self.provider_code.as_deref())
-            .param(
-                self.param
-                    .as_deref()
-                    .filter(|_| self.class.is_request_error()),
-            )
+        ErrorReply {
+            provider_code: self.provider_code.as_deref(),
+            param: self
+                .param
+                .as_deref()
+                .filter(|_| self.class.is_request_error()),
+            ..ErrorReply::new(self.class, &self.message)
+        }
     }
 
     /// The status and error body for this failure, shaped by `dialect`

@@ -153,9 +153,9 @@ pub enum TerminalMode {
     ErrorEventOnly,
 }
 
-/// The facts a terminal event reports about a failure.
+/// The facts a terminal event reports about a failure: built with
+/// [`TerminalError::new`] and struct update syntax for the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct TerminalError {
     /// Human-readable message (already sanitized).
     pub message: String,
@@ -183,25 +183,14 @@ impl TerminalError {
             output_events: 0,
         }
     }
-
-    /// With the provider's own code.
-    pub fn provider_code(mut self, code: Option<String>) -> Self {
-        self.provider_code = code;
-        self
-    }
-
-    /// With what the client received before the failure.
-    pub fn sent(mut self, bytes: u64, output_events: u64) -> Self {
-        self.bytes_sent = bytes;
-        self.output_events = output_events;
-        self
-    }
 }
 
 /// An error a gateway answers a client with, in wire-neutral terms; the
-/// dialect shapes it ([`Dialect::error_body`]).
+/// dialect shapes it ([`Dialect::error_body`]). Built with
+/// [`ErrorReply::new`] (a provider's failure) or [`ErrorReply::coded`] (the
+/// gateway's own), and struct update syntax for the rest:
+/// `ErrorReply { param: Some("model"), ..ErrorReply::coded(class, "invalid_request", message) }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct ErrorReply<'a> {
     /// The failure class the error reports.
     pub class: FailureClass,
@@ -229,22 +218,13 @@ impl<'a> ErrorReply<'a> {
         }
     }
 
-    /// With the gateway's own code.
-    pub fn code(mut self, code: &'a str) -> Self {
-        self.code = Some(code);
-        self
-    }
-
-    /// With the provider's code.
-    pub fn provider_code(mut self, code: Option<&'a str>) -> Self {
-        self.provider_code = code;
-        self
-    }
-
-    /// With the request field at fault.
-    pub fn param(mut self, param: Option<&'a str>) -> Self {
-        self.param = param;
-        self
+    /// The gateway's own error of `class`, under its machine-readable
+    /// `code`, with this message.
+    pub fn coded(class: FailureClass, code: &'a str, message: &'a str) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::new(class, message)
+        }
     }
 }
 
@@ -254,37 +234,19 @@ impl<'a> ErrorReply<'a> {
 /// body again: one parse per turn.
 #[derive(Debug, Clone)]
 pub struct ParsedRequest<R> {
-    requirements: Requirements,
-    request: R,
-}
-
-impl<R> ParsedRequest<R> {
-    /// What [`Dialect::read_request`] returned.
-    pub fn new(requirements: Requirements, request: R) -> Self {
-        Self {
-            requirements,
-            request,
-        }
-    }
-
-    /// The request's requirements.
-    pub fn requirements(&self) -> &Requirements {
-        &self.requirements
-    }
-
-    /// The parts back.
-    pub fn into_parts(self) -> (Requirements, R) {
-        (self.requirements, self.request)
-    }
+    /// What the request needs from a target.
+    pub requirements: Requirements,
+    /// What the dialect keeps of the request ([`Dialect::Request`]).
+    pub request: R,
 }
 
 /// What an error says, as its dialect reads it: the facts classification's
 /// contract rules read. A dialect whose errors the classifier does not know
 /// by shape (OpenAI, Anthropic, Gemini, vLLM and their relatives it does)
 /// reports them here, so its overload is an overload and its bad request a
-/// bad request.
+/// bad request. Built with struct update syntax:
+/// `ErrorFacts { kind: Some("overloaded".into()), ..ErrorFacts::default() }`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
 pub struct ErrorFacts {
     /// The error's type (`rate_limit_error`, `overloaded_error`, ...).
     pub kind: Option<String>,
@@ -296,43 +258,6 @@ pub struct ErrorFacts {
     pub status: Option<u16>,
     /// How long the provider asks to wait.
     pub retry_after: Option<std::time::Duration>,
-}
-
-impl ErrorFacts {
-    /// No facts yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// With the error's type.
-    pub fn kind(mut self, kind: impl Into<String>) -> Self {
-        self.kind = Some(kind.into());
-        self
-    }
-
-    /// With the error's code.
-    pub fn code(mut self, code: impl Into<String>) -> Self {
-        self.code = Some(code.into());
-        self
-    }
-
-    /// With the error's message.
-    pub fn message(mut self, message: impl Into<String>) -> Self {
-        self.message = Some(message.into());
-        self
-    }
-
-    /// With the status the error names.
-    pub fn status(mut self, status: u16) -> Self {
-        self.status = Some(status);
-        self
-    }
-
-    /// With the provider's retry hint.
-    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
-        self.retry_after = Some(after);
-        self
-    }
 }
 
 /// What a dialect found in a whole (non-streaming) answer.
@@ -360,19 +285,11 @@ pub enum BodyCheck {
 /// and spans (`gen_ai.response.id`, `gen_ai.response.finish_reasons`) by
 /// [`Dialect::check_answer`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct AnswerFacts {
     /// The answer's id, when it has one.
     pub id: Option<String>,
     /// Why the model stopped (the first choice's, as for a stream).
     pub finish_reason: Option<String>,
-}
-
-impl AnswerFacts {
-    /// Facts with `id` and `finish_reason`.
-    pub fn new(id: Option<String>, finish_reason: Option<String>) -> Self {
-        Self { id, finish_reason }
-    }
 }
 
 /// Where an error a dialect reads came from.

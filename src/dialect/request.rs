@@ -11,9 +11,9 @@ pub enum ResponseFormat {
 
 /// What a request needs from a target, read once from the client's request
 /// body by its [`Dialect`](super::Dialect). A dialect outside this crate
-/// builds it with [`Requirements::new`] and the setters.
+/// builds it from [`Requirements::new`]:
+/// `Requirements { stream: true, ..Requirements::new("gpt-x") }`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
 pub struct Requirements {
     /// The client's `model`.
     pub model: String,
@@ -48,54 +48,6 @@ impl Requirements {
             model: model.into(),
             ..Self::default()
         }
-    }
-
-    /// Sets [`stream`](Self::stream).
-    pub fn stream(mut self, stream: bool) -> Self {
-        self.stream = stream;
-        self
-    }
-
-    /// Sets [`tools`](Self::tools).
-    pub fn tools(mut self, tools: bool) -> Self {
-        self.tools = tools;
-        self
-    }
-
-    /// Sets [`include_usage`](Self::include_usage).
-    pub fn include_usage(mut self, include: bool) -> Self {
-        self.include_usage = include;
-        self
-    }
-
-    /// Sets [`image_input`](Self::image_input).
-    pub fn image_input(mut self, images: bool) -> Self {
-        self.image_input = images;
-        self
-    }
-
-    /// Sets [`document_input`](Self::document_input).
-    pub fn document_input(mut self, documents: bool) -> Self {
-        self.document_input = documents;
-        self
-    }
-
-    /// Sets [`reasoning`](Self::reasoning).
-    pub fn reasoning(mut self, reasoning: bool) -> Self {
-        self.reasoning = reasoning;
-        self
-    }
-
-    /// Sets [`input_tokens`](Self::input_tokens).
-    pub fn input_tokens(mut self, tokens: u64) -> Self {
-        self.input_tokens = tokens;
-        self
-    }
-
-    /// Sets [`max_output_tokens`](Self::max_output_tokens).
-    pub fn max_output_tokens(mut self, tokens: Option<u64>) -> Self {
-        self.max_output_tokens = tokens;
-        self
     }
 }
 

@@ -55,7 +55,7 @@ pub(super) fn client_error<B, D: Dialect>(
     } else {
         FailureClass::InvalidRequest
     };
-    error(dialect, status, &ErrorReply::new(class, message).code(code))
+    error(dialect, status, &ErrorReply::coded(class, code, message))
 }
 
 /// A client's request the dialect could not read: a 400 naming the field
@@ -66,9 +66,10 @@ pub(super) fn request_error<B, D: Dialect>(
     code: &str,
     param: Option<&str>,
 ) -> Response<FailoverBody<B, D>> {
-    let reply = ErrorReply::new(FailureClass::InvalidRequest, message)
-        .code(code)
-        .param(param);
+    let reply = ErrorReply {
+        param,
+        ..ErrorReply::coded(FailureClass::InvalidRequest, code, message)
+    };
     error(dialect, StatusCode::BAD_REQUEST, &reply)
 }
 
@@ -126,7 +127,7 @@ pub(super) fn exhausted<B, D: Dialect>(
         error(
             dialect,
             StatusCode::SERVICE_UNAVAILABLE,
-            &ErrorReply::new(FailureClass::Overloaded, message).code("no_available_target"),
+            &ErrorReply::coded(FailureClass::Overloaded, "no_available_target", message),
         )
     };
     let (target, failure) = match first {
@@ -155,8 +156,10 @@ pub(super) fn exhausted<B, D: Dialect>(
     } else {
         exhausted_status(failure.class)
     };
-    let reply =
-        ErrorReply::new(failure.class, &message).provider_code(failure.provider_code.as_deref());
+    let reply = ErrorReply {
+        provider_code: failure.provider_code.as_deref(),
+        ..ErrorReply::new(failure.class, &message)
+    };
     with_retry_after(error(dialect, status, &reply), failure.retry.after)
 }
 
@@ -172,7 +175,11 @@ pub(super) fn budget_stop<B, D: Dialect>(
         (BudgetExhausted::Spend { .. }, _) => error(
             dialect,
             StatusCode::PAYMENT_REQUIRED,
-            &ErrorReply::new(FailureClass::QuotaExhausted, &message).code("spend_ceiling_reached"),
+            &ErrorReply::coded(
+                FailureClass::QuotaExhausted,
+                "spend_ceiling_reached",
+                &message,
+            ),
         ),
         // Another option was there, but the fleet is retrying too much
         // right now: say so, rather than blame the first failure.
@@ -188,31 +195,38 @@ pub(super) fn budget_stop<B, D: Dialect>(
             error(
                 dialect,
                 StatusCode::SERVICE_UNAVAILABLE,
-                &ErrorReply::new(FailureClass::Overloaded, &message).code("retry_budget_exhausted"),
+                &ErrorReply::coded(FailureClass::Overloaded, "retry_budget_exhausted", &message),
             )
         }
         (BudgetExhausted::TenantCeiling { .. }, _) => error(
             dialect,
             StatusCode::PAYMENT_REQUIRED,
-            &ErrorReply::new(FailureClass::QuotaExhausted, &message)
-                .code("tenant_spend_ceiling_reached"),
+            &ErrorReply::coded(
+                FailureClass::QuotaExhausted,
+                "tenant_spend_ceiling_reached",
+                &message,
+            ),
         ),
         (BudgetExhausted::TenantRequired, _) => error(
             dialect,
             StatusCode::BAD_REQUEST,
-            &ErrorReply::new(FailureClass::InvalidRequest, &message).code("tenant_required"),
+            &ErrorReply::coded(FailureClass::InvalidRequest, "tenant_required", &message),
         ),
         // The store's own error is in the log, not for the client.
         (BudgetExhausted::SpendStoreUnavailable, _) => error(
             dialect,
             StatusCode::SERVICE_UNAVAILABLE,
-            &ErrorReply::new(FailureClass::Overloaded, &message).code("spend_store_unavailable"),
+            &ErrorReply::coded(
+                FailureClass::Overloaded,
+                "spend_store_unavailable",
+                &message,
+            ),
         ),
         (_, Some(_)) => exhausted(dialect, first, budget, &message, false),
         (_, None) => error(
             dialect,
             StatusCode::GATEWAY_TIMEOUT,
-            &ErrorReply::new(FailureClass::Timeout, &message).code("turn_budget_exhausted"),
+            &ErrorReply::coded(FailureClass::Timeout, "turn_budget_exhausted", &message),
         ),
     }
 }

@@ -60,7 +60,7 @@ where
     let unanswered = Unanswered(&run);
     // Read by a gateway in front already: not parsed again.
     let parsed = match parts.extensions.remove::<ParsedRequest<D::Request>>() {
-        Some(parsed) => Ok(parsed.into_parts()),
+        Some(parsed) => Ok((parsed.requirements, parsed.request)),
         None => read(&shared, body).await,
     };
     // The span starts once the model is known, so its name is the
@@ -144,11 +144,7 @@ where
                     reply::error(
                         &shared.dialect,
                         StatusCode::SERVICE_UNAVAILABLE,
-                        &ErrorReply::new(
-                            FailureClass::Shutdown,
-                            "the gateway is shutting down; retry the request",
-                        )
-                        .code("shutdown"),
+                        &ErrorReply::coded(FailureClass::Shutdown, "shutdown", "the gateway is shutting down; retry the request",),
                     )
                 }
                 response = turn.run() => response,

@@ -74,7 +74,7 @@ fn refusal<D: Dialect>(dialect: &D, refusal: Refusal) -> Response<Bytes> {
         Refusal::Missing => "this gateway needs an API key (Authorization: Bearer, or x-api-key)",
         Refusal::Unknown => "the API key is not valid for this gateway",
     };
-    let reply = ErrorReply::new(FailureClass::Auth, message).code("invalid_api_key");
+    let reply = ErrorReply::coded(FailureClass::Auth, "invalid_api_key", message);
     let mut response = dialect.error_response(StatusCode::UNAUTHORIZED, &reply);
     response
         .headers_mut()

@@ -100,11 +100,11 @@ pub fn shed_response<D: Dialect>(dialect: &D, retry_after: Duration) -> Response
 
 /// [`shed_response`] with its body as bytes.
 pub(crate) fn shed_answer<D: Dialect>(dialect: &D, retry_after: Duration) -> Response<Bytes> {
-    let reply = ErrorReply::new(
+    let reply = ErrorReply::coded(
         FailureClass::Overloaded,
+        "overloaded",
         "the gateway is at its limit of concurrent requests; retry later",
-    )
-    .code("overloaded");
+    );
     let mut response = dialect.error_response(StatusCode::SERVICE_UNAVAILABLE, &reply);
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     response

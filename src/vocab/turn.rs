@@ -3,7 +3,7 @@
 
 use std::error::Error as StdError;
 
-use super::{FailureClass, Phase};
+use super::Phase;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 /// The id of one turn (one client request and all its hops), shared by its
 /// records and log lines.
 ///
-/// [`TurnId::random`] makes 16 lowercase hex characters (64 random bits, not
+/// A turn the library starts gets 16 lowercase hex characters (64 random bits, not
 /// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
 /// header, say). Cloning is cheap.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,7 +21,7 @@ pub struct TurnId(Arc<str>);
 
 impl TurnId {
     /// A fresh random id from fastrand's thread-local generator.
-    pub fn random() -> Self {
+    pub(crate) fn random() -> Self {
         Self::from_rng(&mut fastrand::Rng::new())
     }
 
@@ -171,7 +171,7 @@ impl TurnDeadline {
 /// The turn's deadline passed while the [`Budget`](crate::budget::Budget) service
 /// waited for the response head or streamed the response body.
 ///
-/// Its class is [`FailureClass::Timeout`], and its recovery
+/// Its class is [`FailureClass::Timeout`](crate::FailureClass::Timeout), and its recovery
 /// [`Decision::Stop`](crate::Decision::Stop): the turn has no time left for
 /// another hop (see its
 /// [`classification`](DeadlineExceeded::classification)).
@@ -180,19 +180,8 @@ impl TurnDeadline {
     "turn {turn_id}: deadline of {limit:?} passed in phase {phase} ({elapsed:?} elapsed, {body_bytes} body bytes passed)"
 )]
 pub struct DeadlineExceeded {
-    pub(crate) turn_id: TurnId,
-    pub(crate) phase: Phase,
-    pub(crate) limit: Duration,
-    pub(crate) elapsed: Duration,
-    pub(crate) body_bytes: u64,
-}
-
-impl DeadlineExceeded {
     /// The turn that ran out of time.
-    pub fn turn_id(&self) -> &TurnId {
-        &self.turn_id
-    }
-
+    pub turn_id: TurnId,
     /// Where the deadline passed.
     ///
     /// [`Phase::Head`] while waiting for the response head. In the body the
@@ -200,31 +189,17 @@ impl DeadlineExceeded {
     /// body byte had passed yet and [`Phase::Committed`] once any had (bytes
     /// that went out cannot be taken back, so the stream must be ended, not
     /// rerouted). A stream layer that tracks commit knows better.
-    pub fn phase(&self) -> Phase {
-        self.phase
-    }
-
-    /// Always [`FailureClass::Timeout`].
-    pub fn class(&self) -> FailureClass {
-        FailureClass::Timeout
-    }
-
+    pub phase: Phase,
     /// The turn's whole time budget.
-    pub fn limit(&self) -> Duration {
-        self.limit
-    }
-
+    pub limit: Duration,
     /// Time since the turn started when the deadline fired.
-    pub fn elapsed(&self) -> Duration {
-        self.elapsed
-    }
-
+    pub elapsed: Duration,
     /// Body data bytes that passed through the budget layer before the
     /// deadline (0 for a head timeout).
-    pub fn body_bytes(&self) -> u64 {
-        self.body_bytes
-    }
+    pub body_bytes: u64,
+}
 
+impl DeadlineExceeded {
     /// Find a `DeadlineExceeded` in an error or its chain of sources (e.g.
     /// behind a boxed body error).
     pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {

@@ -911,7 +911,7 @@ impl Gateway {
 
 /// An error answer in the OpenAI dialect's shape.
 fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &str) -> Response {
-    let body = OpenAiChat.error_body(&ErrorReply::new(class, message).code(code));
+    let body = OpenAiChat.error_body(&ErrorReply::coded(class, code, message));
     let mut response = (status, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -1038,9 +1038,10 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
             "model_not_found",
         );
     };
-    parts
-        .extensions
-        .insert(ParsedRequest::new(requirements, chat));
+    parts.extensions.insert(ParsedRequest {
+        requirements,
+        request: chat,
+    });
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {
         match route.service.clone().oneshot(request).await {

@@ -136,7 +136,7 @@ pub(crate) fn split_by_dialect(
 /// An error answer in Anthropic's shape.
 fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &str) -> Response {
     let dialect = AnthropicMessages;
-    let body = dialect.error_body(&ErrorReply::new(class, message).code(code));
+    let body = dialect.error_body(&ErrorReply::coded(class, code, message));
     let mut response = (dialect.error_status(class, status), body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -188,9 +188,10 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             "model_not_found",
         );
     };
-    parts
-        .extensions
-        .insert(ParsedRequest::new(requirements, messages));
+    parts.extensions.insert(ParsedRequest {
+        requirements,
+        request: messages,
+    });
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {
         match route.service.clone().oneshot(request).await {

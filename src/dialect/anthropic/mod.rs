@@ -288,9 +288,12 @@ mod tests {
 
     #[test]
     fn the_terminal_event_is_an_error_event_and_nothing_after_it() {
-        let error = TerminalError::new(FailureClass::Overloaded, Phase::Committed, "Overloaded")
-            .provider_code(Some("overloaded_error".to_owned()))
-            .sent(1234, 40);
+        let error = TerminalError {
+            provider_code: Some("overloaded_error".to_owned()),
+            bytes_sent: 1234,
+            output_events: 40,
+            ..TerminalError::new(FailureClass::Overloaded, Phase::Committed, "Overloaded")
+        };
         for mode in [TerminalMode::Raise, TerminalMode::ErrorEventOnly] {
             let frames =
                 AnthropicMessages.terminal(&ChunkIdentity::default(), "error", &error, mode);
@@ -322,9 +325,11 @@ mod tests {
 
     #[test]
     fn error_bodies_have_the_sdk_shape_and_status() {
-        let body = AnthropicMessages.error_body(
-            &ErrorReply::new(FailureClass::Overloaded, "none left").code("no_available_target"),
-        );
+        let body = AnthropicMessages.error_body(&ErrorReply::coded(
+            FailureClass::Overloaded,
+            "no_available_target",
+            "none left",
+        ));
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             json,
@@ -364,7 +369,10 @@ mod tests {
                     usage: Some(Usage::new(15, 3)),
                     model: Some("claude-x".to_owned()),
                 },
-                AnswerFacts::new(Some("msg_1".to_owned()), Some("end_turn".to_owned()))
+                AnswerFacts {
+                    id: Some("msg_1".to_owned()),
+                    finish_reason: Some("end_turn".to_owned())
+                }
             )
         );
         let empty_after_tool = br#"{"type":"message","content":[],"stop_reason":"end_turn"}"#;

@@ -155,6 +155,9 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     };
     let text =
         |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok());
-    let facts = AnswerFacts::new(text(message.id), text(message.stop_reason));
+    let facts = AnswerFacts {
+        id: text(message.id),
+        finish_reason: text(message.stop_reason),
+    };
     (check, facts)
 }

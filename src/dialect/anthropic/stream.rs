@@ -295,12 +295,15 @@ mod tests {
 
     #[test]
     fn the_quiet_terminal_claims_no_output_token_count() {
-        let error = TerminalError::new(
-            crate::FailureClass::Overloaded,
-            crate::Phase::Committed,
-            "Overloaded",
-        )
-        .sent(1234, 40);
+        let error = TerminalError {
+            bytes_sent: 1234,
+            output_events: 40,
+            ..TerminalError::new(
+                crate::FailureClass::Overloaded,
+                crate::Phase::Committed,
+                "Overloaded",
+            )
+        };
         let frames = terminal("error", &error, TerminalMode::Finish);
         let text = std::str::from_utf8(&frames).unwrap();
         let prefix = "event: message_delta\ndata: ";

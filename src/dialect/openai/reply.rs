@@ -155,7 +155,7 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
             let id = completion
                 .id
                 .and_then(|id| serde_json::from_str::<String>(id.get()).ok());
-            (check, AnswerFacts::new(id, finish_reason))
+            (check, AnswerFacts { id, finish_reason })
         }
         Some(Choices::Empty) => {
             invalid(BodyFault::NoAnswer, "the completion has an empty `choices`")
@@ -314,27 +314,29 @@ mod tests {
 
     #[test]
     fn error_bodies_have_the_sdk_shape() {
-        let body = error_body(
-            &ErrorReply::new(FailureClass::RateLimited, "slow down")
-                .provider_code(Some("x"))
-                .param(Some("ignored")),
-        );
+        let body = error_body(&ErrorReply {
+            provider_code: Some("x"),
+            param: Some("ignored"),
+            ..ErrorReply::new(FailureClass::RateLimited, "slow down")
+        });
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"error": {"message": "slow down", "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
         );
-        let body = error_body(
-            &ErrorReply::new(FailureClass::InvalidRequest, "bad")
-                .provider_code(Some("invalid_value"))
-                .param(Some("temperature")),
-        );
+        let body = error_body(&ErrorReply {
+            provider_code: Some("invalid_value"),
+            param: Some("temperature"),
+            ..ErrorReply::new(FailureClass::InvalidRequest, "bad")
+        });
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["error"]["code"], "invalid_value");
         assert_eq!(json["error"]["param"], "temperature");
-        let body = error_body(
-            &ErrorReply::new(FailureClass::Overloaded, "none left").code("no_available_target"),
-        );
+        let body = error_body(&ErrorReply::coded(
+            FailureClass::Overloaded,
+            "no_available_target",
+            "none left",
+        ));
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["error"]["code"], "no_available_target");
         assert_eq!(json["error"]["type"], "server_error");
@@ -353,7 +355,10 @@ mod tests {
                     }),
                     model: Some("m".to_owned())
                 },
-                AnswerFacts::new(Some("c".to_owned()), Some("stop".to_owned()))
+                AnswerFacts {
+                    id: Some("c".to_owned()),
+                    finish_reason: Some("stop".to_owned())
+                }
             )
         );
         // An id or a choice of an unexpected shape: still an answer,

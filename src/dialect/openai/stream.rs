@@ -325,12 +325,15 @@ mod tests {
             model: Some("gpt-x".into()),
             created: Some(7),
         };
-        let error = TerminalError::new(
-            crate::FailureClass::RateLimited,
-            crate::Phase::Committed,
-            "Rate limit \"reached\"",
-        )
-        .sent(400, 40);
+        let error = TerminalError {
+            bytes_sent: 400,
+            output_events: 40,
+            ..TerminalError::new(
+                crate::FailureClass::RateLimited,
+                crate::Phase::Committed,
+                "Rate limit \"reached\"",
+            )
+        };
         let frames = terminal(&identity, "error", &error, TerminalMode::Raise);
         let text = std::str::from_utf8(&frames).unwrap();
         let (chunk, done) = text.split_once("\n\n").unwrap();

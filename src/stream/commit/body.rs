@@ -589,9 +589,12 @@ impl<D: Dialect> Inspector<D> {
         // The provider's message and transport chains stay in the log line
         // below and the records: the client gets the class's own message.
         let message = classification.class.client_message();
-        let error = TerminalError::new(classification.class, phase, message)
-            .provider_code(classification.provider_code.clone())
-            .sent(bytes_sent, self.output_events);
+        let error = TerminalError {
+            provider_code: classification.provider_code.clone(),
+            bytes_sent,
+            output_events: self.output_events,
+            ..TerminalError::new(classification.class, phase, message)
+        };
         let identity = ChunkIdentity {
             id: self.identity.id.as_deref().map(Into::into),
             model: self.identity.model.as_deref().map(Into::into),
