@@ -26,11 +26,12 @@ fn head(classifier: &Classifier, provider: &str, status: u16, body: &[u8]) -> Cl
 
 #[test]
 fn by_status_and_provider() {
-    let classifier = Classifier::new().with_override(
-        Override::for_status(StatusCode::BAD_REQUEST)
-            .and_provider("local")
-            .class(FailureClass::Overloaded),
-    );
+    let classifier = Classifier::new().with_override(Override {
+        when_status: Some(StatusCode::BAD_REQUEST),
+        when_provider: Some("local".into()),
+        class: Some(FailureClass::Overloaded),
+        ..Override::default()
+    });
     let c = head(&classifier, "LOCAL", 400, BAD);
     // The class changes and the recovery follows it.
     assert_eq!(
@@ -50,8 +51,11 @@ fn by_status_and_provider() {
 
 #[test]
 fn by_provider_code() {
-    let classifier = Classifier::new()
-        .with_override(Override::for_code("INSUFFICIENT_QUOTA").recovery(Decision::Stop));
+    let classifier = Classifier::new().with_override(Override {
+        when_code: Some("INSUFFICIENT_QUOTA".into()),
+        recovery: Some(Decision::Stop),
+        ..Override::default()
+    });
     let c = head(&classifier, "openai", 429, QUOTA);
     assert_eq!(
         (c.class, c.recovery),
@@ -60,8 +64,11 @@ fn by_provider_code() {
 
     // Codes are matched against every code-like field: Gemini status strings,
     // Anthropic details, in-band errors.
-    let classifier = Classifier::new()
-        .with_override(Override::for_code("UNAVAILABLE").class(FailureClass::ServerError));
+    let classifier = Classifier::new().with_override(Override {
+        when_code: Some("UNAVAILABLE".into()),
+        class: Some(FailureClass::ServerError),
+        ..Override::default()
+    });
     let c = classifier.classify_in_band(
         Some("gemini"),
         None,
@@ -73,11 +80,12 @@ fn by_provider_code() {
 
 #[test]
 fn by_provider_and_class() {
-    let classifier = Classifier::new().with_override(
-        Override::for_provider("slow-cloud")
-            .and_class(FailureClass::Timeout)
-            .recovery(Decision::Reroute),
-    );
+    let classifier = Classifier::new().with_override(Override {
+        when_provider: Some("slow-cloud".into()),
+        when_class: Some(FailureClass::Timeout),
+        recovery: Some(Decision::Reroute),
+        ..Override::default()
+    });
     let c = head(&classifier, "slow-cloud", 504, b"");
     assert_eq!(
         (c.class, c.recovery),
@@ -108,15 +116,22 @@ fn by_provider_and_class() {
 #[test]
 fn first_matching_rule_wins_and_recovery_matches_the_final_class() {
     let classifier = Classifier::new()
-        .with_override(
-            Override::for_status(StatusCode::TOO_MANY_REQUESTS)
-                .and_provider("a")
-                .class(FailureClass::Overloaded),
-        )
-        .with_override(
-            Override::for_status(StatusCode::TOO_MANY_REQUESTS).class(FailureClass::ServerError),
-        )
-        .with_override(Override::for_class(FailureClass::Overloaded).recovery(Decision::Reroute));
+        .with_override(Override {
+            when_status: Some(StatusCode::TOO_MANY_REQUESTS),
+            when_provider: Some("a".into()),
+            class: Some(FailureClass::Overloaded),
+            ..Override::default()
+        })
+        .with_override(Override {
+            when_status: Some(StatusCode::TOO_MANY_REQUESTS),
+            class: Some(FailureClass::ServerError),
+            ..Override::default()
+        })
+        .with_override(Override {
+            when_class: Some(FailureClass::Overloaded),
+            recovery: Some(Decision::Reroute),
+            ..Override::default()
+        });
     let c = head(&classifier, "a", 429, b"");
     assert_eq!(
         (c.class, c.recovery),
@@ -136,9 +151,11 @@ fn an_explicit_recovery_beats_x_should_retry() {
     let plain = Classifier::new();
     let c = plain.classify_head(None, StatusCode::INTERNAL_SERVER_ERROR, &headers, b"");
     assert_eq!(c.recovery, Decision::Reroute);
-    let forced = Classifier::new().with_override(
-        Override::for_status(StatusCode::INTERNAL_SERVER_ERROR).recovery(Decision::RetrySame),
-    );
+    let forced = Classifier::new().with_override(Override {
+        when_status: Some(StatusCode::INTERNAL_SERVER_ERROR),
+        recovery: Some(Decision::RetrySame),
+        ..Override::default()
+    });
     let c = forced.classify_head(None, StatusCode::INTERNAL_SERVER_ERROR, &headers, b"");
     assert_eq!(c.recovery, Decision::RetrySame);
 }
@@ -153,11 +170,12 @@ async fn through_the_layer_with_its_provider_name() {
                 .unwrap(),
         )
     });
-    let classifier = Classifier::new().with_override(
-        Override::for_provider("openai")
-            .and_code("insufficient_quota")
-            .class(FailureClass::RateLimited),
-    );
+    let classifier = Classifier::new().with_override(Override {
+        when_provider: Some("openai".into()),
+        when_code: Some("insufficient_quota".into()),
+        class: Some(FailureClass::RateLimited),
+        ..Override::default()
+    });
     let service = ServiceBuilder::new()
         .layer(
             ClassifyLayer::new()

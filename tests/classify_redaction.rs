@@ -49,6 +49,7 @@ fn assert_no_secret(error: &UpstreamError, secret: &str) {
             "openai body",
             String::from_utf8(
                 error
+                    .classification()
                     .to_error(&tower_llm_failover::dialect::OpenAiChat)
                     .1
                     .to_vec(),

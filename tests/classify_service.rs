@@ -182,7 +182,9 @@ async fn inner_errors_keep_their_source() {
 }
 
 fn openai_json(c: Classification) -> (StatusCode, serde_json::Value) {
-    let (status, body) = UpstreamError::new(c).to_error(&tower_llm_failover::dialect::OpenAiChat);
+    let (status, body) = UpstreamError::new(c)
+        .classification()
+        .to_error(&tower_llm_failover::dialect::OpenAiChat);
     (status, serde_json::from_slice(&body).unwrap())
 }
 

@@ -83,7 +83,7 @@ async fn a_tenant_header_is_read_only_when_trusted() {
     // Without keys: the anonymous client, whatever it presents.
     let (status, seen) = through(IdentityLayer::new(ApiKeys::new()), &asked).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(seen.0.lock().unwrap()[0].is_anonymous());
+    assert!(seen.0.lock().unwrap()[0].key_name().is_none());
     assert_eq!(
         *seen.1.lock().unwrap(),
         [true],

@@ -13,7 +13,7 @@ use super::sanitize::sanitize_message;
 ///
 /// Carries the [`Classification`], the provider name, the retained (capped)
 /// error body and, for transport failures, the client's error as `source()`.
-/// [`to_error`](Self::to_error) turns it into the response a
+/// [`to_response`](Self::to_response) turns it into the response a
 /// gateway returns on a final stop.
 ///
 /// `Debug` and `Display` show the sanitized message only: the retained body

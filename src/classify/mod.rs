@@ -12,7 +12,7 @@
 //!   `Err(`[`UpstreamError`]`)`: the error body is read with a cap (64 KiB)
 //!   and a timeout (10 s), classified, and kept so that a final stop can
 //!   answer the client in its dialect's error shape
-//!   ([`UpstreamError::to_error`]). Transport errors from the inner
+//!   ([`UpstreamError::to_response`]). Transport errors from the inner
 //!   client are classified too. It works alone (metrics, logs, a
 //!   `tower::retry::Policy` reading [`Classification::recovery`]) and inside
 //!   the failover stack.
@@ -64,7 +64,7 @@
 //!
 //! // What a gateway answers when no other provider is left, in the shape
 //! // of the client's wire dialect.
-//! let (status, body) = error.to_error(&tower_llm_failover::dialect::DefaultDialect::default());
+//! let (status, body) = error.classification().to_error(&tower_llm_failover::dialect::DefaultDialect::default());
 //! assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
 //! assert!(body.starts_with(br#"{"error":{"#));
 //! # }

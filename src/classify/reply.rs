@@ -54,15 +54,10 @@ impl Classification {
 }
 
 impl UpstreamError {
-    /// The status and error body a gateway returns when this failure is
-    /// final, shaped by `dialect`: the sanitized message, never the raw
-    /// provider body.
-    pub fn to_error<D: Dialect>(&self, dialect: &D) -> (StatusCode, Bytes) {
-        self.classification().to_error(dialect)
-    }
-
-    /// [`to_error`](Self::to_error) as a ready response, with the dialect's
-    /// content type.
+    /// The response a gateway returns when this failure is final, shaped by
+    /// `dialect` with its content type: the sanitized message, never the
+    /// raw provider body ([`Classification::to_error`] gives the status and
+    /// body alone).
     pub fn to_response<D: Dialect>(&self, dialect: &D) -> Response<Full<Bytes>> {
         self.classification().answer(dialect).map(Full::new)
     }

@@ -68,11 +68,6 @@ impl ClientId {
         self.tenant.as_deref().or(self.key.as_deref())
     }
 
-    /// Whether the request presented no key.
-    pub fn is_anonymous(&self) -> bool {
-        self.key.is_none()
-    }
-
     /// The client a request's extensions name, or the anonymous one.
     pub fn of(extensions: &http::Extensions) -> Self {
         extensions.get::<Self>().cloned().unwrap_or_default()
@@ -117,9 +112,9 @@ mod tests {
         assert_eq!((a.key_name(), a.tenant()), (Some("team-a"), Some("team-a")));
         let b = ClientId::key("ci").with_tenant("acme");
         assert_eq!(b.tenant(), Some("acme"));
-        assert!(!b.is_anonymous());
+        assert!(b.key_name().is_some());
         let anon = ClientId::anonymous();
-        assert!(anon.is_anonymous());
+        assert!(anon.key_name().is_none());
         assert_eq!(
             (anon.tenant(), anon.label(), anon.witness()),
             (None, "anonymous", None)

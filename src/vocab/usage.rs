@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::iter::Sum;
-use std::ops::{Add, AddAssign};
+use std::ops::{Add, AddAssign, Sub};
 
 /// Token usage a provider reported, in any dialect's terms: tokens read
 /// and tokens written.
@@ -87,12 +87,12 @@ impl Cost {
     }
 
     /// `self + other`, saturating at [`Cost::MAX`].
-    pub const fn saturating_add(self, other: Cost) -> Cost {
+    pub(crate) const fn saturating_add(self, other: Cost) -> Cost {
         Cost(self.0.saturating_add(other.0))
     }
 
     /// `self - other`, saturating at zero.
-    pub const fn saturating_sub(self, other: Cost) -> Cost {
+    pub(crate) const fn saturating_sub(self, other: Cost) -> Cost {
         Cost(self.0.saturating_sub(other.0))
     }
 }
@@ -103,6 +103,15 @@ impl Add for Cost {
     /// Saturating addition.
     fn add(self, rhs: Cost) -> Cost {
         self.saturating_add(rhs)
+    }
+}
+
+impl Sub for Cost {
+    type Output = Cost;
+
+    /// Saturating subtraction: never below zero.
+    fn sub(self, rhs: Cost) -> Cost {
+        self.saturating_sub(rhs)
     }
 }
 
