@@ -26,7 +26,7 @@ const MAX_VALUE_BYTES: usize = 256;
 /// let kept = RateLimitHeaders::from_headers(&headers);
 /// assert_eq!(kept.get("anthropic-ratelimit-requests-remaining"), Some("0"));
 /// assert_eq!(kept.get("retry-after"), Some("12"));
-/// assert_eq!(kept.len(), 2);
+/// assert_eq!(kept.iter().count(), 2);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 // One pointer wide, and shared by clones: a classification stays small.
@@ -59,16 +59,6 @@ impl RateLimitHeaders {
     /// Every kept header, in the response's order.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
         self.all().iter().map(|(n, v)| (n, v))
-    }
-
-    /// The number of headers kept.
-    pub fn len(&self) -> usize {
-        self.all().len()
-    }
-
-    /// Whether none were kept.
-    pub fn is_empty(&self) -> bool {
-        self.all().is_empty()
     }
 
     fn all(&self) -> &[(HeaderName, HeaderValue)] {

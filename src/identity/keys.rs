@@ -76,11 +76,6 @@ impl ApiKeys {
         self.entries.is_empty()
     }
 
-    /// Keys in the table.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
     /// The client whose key `presented` is, if any.
     pub fn find(&self, presented: &[u8]) -> Option<ClientId> {
         let digest: [u8; 32] = Sha256::digest(presented).into();

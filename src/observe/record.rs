@@ -118,7 +118,7 @@ pub struct TurnRecord {
 
 impl TurnRecord {
     /// An empty record for `turn_id`.
-    pub fn new(turn_id: TurnId) -> Self {
+    pub(crate) fn new(turn_id: TurnId) -> Self {
         Self {
             turn_id,
             started: tokio::time::Instant::now(),

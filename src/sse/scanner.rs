@@ -226,14 +226,8 @@ impl SseScanner {
     }
 
     /// Total bytes fed so far.
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.offset
-    }
-
-    /// Absolute offset of the last dispatch boundary: every byte before it
-    /// belongs to a dispatched (or skipped) event.
-    pub fn boundary(&self) -> u64 {
-        self.event_start
     }
 
     /// Feeds one chunk, calling `on_item` for each dispatch or error in
