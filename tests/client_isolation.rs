@@ -123,7 +123,10 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
         .caps(|c| c.retries_per_target(0))
-        .limits(TurnLimits::new().retry_budget(retry_budget.clone()))
+        .limits(TurnLimits {
+            retry_budget: Some(retry_budget.clone()),
+            ..TurnLimits::new()
+        })
         .health(Arc::new(MemoryHealthStore::new(
             CooldownPolicy::default().never_repeated(),
         )))

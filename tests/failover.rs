@@ -266,7 +266,10 @@ async fn a_retry_that_finds_its_target_resting_is_recorded_as_a_reroute() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_reroutes_or_stops_at_once() {
-    let limits = TurnLimits::new().deadline(Duration::from_secs(5));
+    let limits = TurnLimits {
+        deadline: Duration::from_secs(5),
+        ..TurnLimits::new()
+    };
     let primary = FakeProvider::new("primary")
         .always(Reply::status(429, ANTHROPIC_429).header("retry-after", "10"));
     let backup = FakeProvider::new("backup");
@@ -585,7 +588,10 @@ async fn the_turn_never_exceeds_its_deadline() {
     let backup = FakeProvider::new("backup").always(Reply::Silent);
     let failover = two(&primary, &backup)
         .timeouts(|t| t.head(Some(Duration::from_secs(30))))
-        .limits(TurnLimits::new().deadline(Duration::from_secs(5)))
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(5),
+            ..TurnLimits::new()
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -614,7 +620,10 @@ async fn a_spent_ceiling_stops_the_turn_before_another_attempt() {
         .target(Target::new("backup", backup.clone()).pricing(price))
         .caps(|c| c.retries_per_target(0))
         .default_output_tokens(0)
-        .limits(TurnLimits::new().spend_ceiling(Cost::from_usd(1.0)))
+        .limits(TurnLimits {
+            spend_ceiling: Some(Cost::from_usd(1.0)),
+            ..TurnLimits::new()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 402);
@@ -678,7 +687,10 @@ async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget
     // Cooldowns would also stop the storm; switch them off to see the
     // retry budget alone hold it.
     let failover = two(&primary, &backup)
-        .limits(TurnLimits::new().retry_budget(retry_budget))
+        .limits(TurnLimits {
+            retry_budget: Some(retry_budget),
+            ..TurnLimits::new()
+        })
         .health(Arc::new(MemoryHealthStore::new(
             CooldownPolicy::default().never_repeated(),
         )))

@@ -683,7 +683,10 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
     // The turn's 2 s are what limit the wait for the head (its own timeout
     // is 60 s): five such timeouts say nothing about the provider.
     let failover = builder(&store)
-        .limits(TurnLimits::new().deadline(Duration::from_secs(2)))
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(2),
+            ..TurnLimits::new()
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..5 {
@@ -701,7 +704,10 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
     // does count: three cool the model.
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
-        .limits(TurnLimits::new().deadline(Duration::from_secs(30)))
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(30),
+            ..TurnLimits::new()
+        })
         .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(1))))
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();

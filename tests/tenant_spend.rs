@@ -175,10 +175,11 @@ async fn a_head_timeout_on_a_whole_answer_is_charged_prompt_plus_max_tokens() {
     let answered = attempts[1].cost.unwrap();
     assert!(!attempts[1].estimated);
     assert_eq!(budget.spent(), (charged + answered, true));
-    // Each attempt reserved its estimate; settled, the tenant pays both
-    // attempts as charged.
+    // Each attempt reserved its estimate (the store holds both while the
+    // turn is not settled); settled, the tenant pays both attempts as
+    // charged.
     assert_eq!(
-        budget.tenant_reserved(),
+        total(&store, "acme").await,
         Cost::from_nanos(charged.as_nanos() * 2)
     );
     drop(budget);

@@ -47,7 +47,7 @@ pin_project! {
 
 impl<B> BudgetBody<B> {
     /// Wrap `inner` so it ends at `budget`'s deadline.
-    pub fn new(inner: B, budget: TurnBudget) -> Self {
+    pub(crate) fn new(inner: B, budget: TurnBudget) -> Self {
         Self {
             inner: Some(inner),
             whole: None,
@@ -78,13 +78,9 @@ impl<B> BudgetBody<B> {
     }
 
     /// The turn this body belongs to.
-    pub fn budget(&self) -> &TurnBudget {
+    #[cfg(test)]
+    pub(crate) fn budget(&self) -> &TurnBudget {
         &self.budget
-    }
-
-    /// Data bytes passed through so far.
-    pub fn body_bytes(&self) -> u64 {
-        self.body_bytes
     }
 }
 

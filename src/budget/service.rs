@@ -35,11 +35,6 @@ impl<S> Budget<S> {
         let layer = BudgetLayer::new();
         Self::from_parts(inner, layer.settings, layer.dialect)
     }
-
-    /// A [`BudgetLayer`] with the defaults, to configure.
-    pub fn layer() -> BudgetLayer {
-        BudgetLayer::new()
-    }
 }
 
 impl<S, D> Budget<S, D> {

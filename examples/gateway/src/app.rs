@@ -27,7 +27,7 @@ use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
     Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget,
-    budget::RetryBudgetConfig, budget::SpendStore, budget::TenantSpend,
+    budget::RetryBudgetConfig, budget::SpendStore, budget::TenantSpend, budget::TurnLimits,
 };
 use tower_llm_failover::{
     failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
@@ -782,13 +782,13 @@ impl StackParts<'_> {
     /// ceiling, the shared retry budget and tenant metering.
     fn budget_layer(&self) -> BudgetLayer {
         let b = &self.config.budget;
-        let mut budget = BudgetLayer::new()
-            .deadline(Duration::from_millis(b.deadline_ms))
-            .max_attempts(b.max_attempts)
-            .retry_budget(self.retry_budget.clone());
-        if let Some(usd) = b.spend_ceiling_usd {
-            budget = budget.spend_ceiling(Cost::from_usd(usd));
-        }
+        let mut budget = BudgetLayer::new().limits(TurnLimits {
+            deadline: Duration::from_millis(b.deadline_ms),
+            max_attempts: b.max_attempts,
+            spend_ceiling: b.spend_ceiling_usd.map(Cost::from_usd),
+            retry_budget: Some(self.retry_budget.clone()),
+            ..TurnLimits::new()
+        });
         if let Some(spend) = &self.tenant {
             budget = budget.tenant_spend(spend.clone());
         }
