@@ -108,11 +108,15 @@ async fn a_tenant_header_is_read_only_when_trusted() {
 #[tokio::test(start_paused = true)]
 async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
     // Fleet: 20 extra attempts in reserve; each client's share: 10.
-    let fleet = RetryBudgetConfig::new()
-        .ttl(Duration::from_secs(10))
-        .min_per_sec(2)
-        .retry_percent(0.0);
-    let share = fleet.min_per_sec(1);
+    let fleet = RetryBudgetConfig {
+        ttl: Duration::from_secs(10),
+        min_per_sec: 2,
+        retry_percent: 0.0,
+    };
+    let share = RetryBudgetConfig {
+        min_per_sec: 1,
+        ..fleet
+    };
     let retry_budget = RetryBudget::new(fleet)
         .unwrap()
         .with_client_shares(share, 100)

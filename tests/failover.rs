@@ -675,12 +675,11 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget() {
-    let retry_budget = RetryBudget::new(
-        RetryBudgetConfig::new()
-            .ttl(Duration::from_secs(10))
-            .min_per_sec(0)
-            .retry_percent(0.2),
-    )
+    let retry_budget = RetryBudget::new(RetryBudgetConfig {
+        ttl: Duration::from_secs(10),
+        min_per_sec: 0,
+        retry_percent: 0.2,
+    })
     .unwrap();
     let primary = FakeProvider::new("primary").always(Reply::status(500, SERVER_500));
     let backup = FakeProvider::new("backup").always(Reply::status(500, SERVER_500));

@@ -146,8 +146,12 @@ async fn deadline_is_shared_by_every_hop() {
 /// only 20 extra attempts are ever made.
 #[tokio::test(start_paused = true)]
 async fn retry_budget_caps_extra_attempts_across_turns() {
-    let retry_budget =
-        RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2)).unwrap();
+    let retry_budget = RetryBudget::new(RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 0.2,
+        ..RetryBudgetConfig::new()
+    })
+    .unwrap();
     let limits = TurnLimits {
         max_attempts: 3,
         retry_budget: Some(retry_budget.clone()),

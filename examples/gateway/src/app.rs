@@ -209,10 +209,11 @@ impl Default for FailoverConfig {
 impl BudgetConfig {
     /// The retry budget's settings, checked.
     fn retry_budget_config(&self) -> Result<RetryBudgetConfig, String> {
-        let retry_config = RetryBudgetConfig::new()
-            .ttl(Duration::from_millis(self.retry_ttl_ms))
-            .min_per_sec(self.retry_min_per_sec)
-            .retry_percent(self.retry_percent);
+        let retry_config = RetryBudgetConfig {
+            ttl: Duration::from_millis(self.retry_ttl_ms),
+            min_per_sec: self.retry_min_per_sec,
+            retry_percent: self.retry_percent,
+        };
         retry_config
             .validate()
             .map_err(|e| format!("budget: {e}"))?;
@@ -814,10 +815,12 @@ impl Gateway {
         let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
         // A share per client inside the fleet's budget: one client's
         // failures spend its own reroutes, not the others'.
-        let share = retry_config.min_per_sec(
-            b.retry_client_min_per_sec
+        let share = RetryBudgetConfig {
+            min_per_sec: b
+                .retry_client_min_per_sec
                 .unwrap_or((b.retry_min_per_sec / 2).max(1)),
-        );
+            ..retry_config
+        };
         let retry_budget = stores
             .retry_budget
             .with_client_shares(share, 10_000)

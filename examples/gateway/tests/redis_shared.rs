@@ -24,6 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
+use tower::retry::budget::Budget as _;
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::action::{
@@ -35,7 +36,7 @@ use tower_llm_failover::redis::{
     RedisActionStore, RedisHealthStore, RedisRetryBudget, RedisSpendStore, connect,
 };
 use tower_llm_failover::{
-    Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
+    Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
     budget::TenantRefusal, budget::TenantSpend,
 };
 use tower_llm_failover::{
@@ -853,14 +854,14 @@ async fn a_burst_larger_than_the_lease_reroutes_while_the_shared_budget_is_high(
     assert_eq!(f.backup.requests().len(), 51, "every turn rerouted");
 }
 
-/// A replica's shared retry budget alone, shipping only when asked.
-fn shared_budget(url: &str, config: RetryBudgetConfig) -> (RedisRetryBudget, RetryBudget) {
-    let budget = RedisRetryBudget::builder(connect(url).unwrap(), config)
+/// A replica's shared retry budget alone, shipping only when asked. Its
+/// deposits and withdrawals are tower's `Budget` calls, as the turns make
+/// them through the `RetryBudget` it becomes.
+fn shared_budget(url: &str, config: RetryBudgetConfig) -> RedisRetryBudget {
+    RedisRetryBudget::builder(connect(url).unwrap(), config)
         .sync_every(Duration::from_secs(3600))
         .start()
-        .unwrap();
-    let retry = budget.clone().into_retry_budget();
-    (budget, retry)
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -869,14 +870,18 @@ async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() 
         return;
     };
     // No reserve: only deposits fund withdrawals.
-    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2);
-    let (budget, retry) = shared_budget(&redis.url(), config);
+    let config = RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 0.2,
+        ..RetryBudgetConfig::new()
+    };
+    let budget = shared_budget(&redis.url(), config);
     budget.sync().await.unwrap();
     assert!(budget.is_shared());
     redis.kill();
     // A long outage's first attempts (the local fallback counts them).
     for _ in 0..1000 {
-        retry.deposit();
+        budget.deposit();
     }
     assert!(budget.sync().await.is_err(), "Redis is down");
     redis.restart().await;
@@ -886,7 +891,7 @@ async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() 
     .await;
     assert!(budget.is_shared());
     // 1000 old deposits credited at once would fund 200 retries now.
-    let granted = (0..50).filter(|_| retry.withdraw()).count();
+    let granted = (0..50).filter(|_| budget.withdraw()).count();
     assert_eq!(granted, 0, "the outage's deposits funded a retry storm");
 }
 
@@ -896,8 +901,12 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         return;
     };
     // Each first attempt earns one retry; no reserve.
-    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
-    let (budget, retry) = shared_budget(&redis.url(), config);
+    let config = RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 1.0,
+        ..RetryBudgetConfig::new()
+    };
+    let budget = shared_budget(&redis.url(), config);
     budget.sync().await.unwrap();
     assert!(budget.is_shared());
     // Redis answers, but with an error (OOM) to every script.
@@ -911,7 +920,7 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         .await
         .unwrap();
     for _ in 0..5 {
-        retry.deposit();
+        budget.deposit();
     }
     let error = budget.sync().await.unwrap_err();
     assert!(!error.is_io_error(), "an answer, not an outage: {error}");
@@ -919,7 +928,7 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         !budget.is_shared(),
         "an error answer switches to the fallback"
     );
-    let granted = (0..5).filter(|_| retry.withdraw()).count();
+    let granted = (0..5).filter(|_| budget.withdraw()).count();
     assert_eq!(granted, 5, "the local budget grants what deposits earned");
 }
 
