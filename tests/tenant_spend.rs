@@ -131,7 +131,7 @@ async fn twenty_concurrent_turns_admit_exactly_the_five_estimates_the_ceiling_co
     // Each admitted turn used 10 prompt and 5 output tokens (reported):
     // settled, the tenant's total is that, not the estimates.
     settled().await;
-    let real = pricing().cost_of(&tower_llm_failover::budget::ReportedUsage::reported(10, 5));
+    let real = pricing().cost(10, 5);
     assert_eq!(
         total(&store, "acme").await,
         Cost::from_nanos(real.as_nanos() * 5)
@@ -284,7 +284,8 @@ async fn a_request_without_a_tenant_is_not_metered_unless_one_is_required() {
     response.into_body().collect().await.unwrap();
     settled().await;
     assert!(store.is_empty());
-    let required = spend.require_tenant(true);
+    let mut required = spend;
+    required.require_tenant = true;
     let mut anonymous = request("ignored", false);
     anonymous.extensions_mut().remove::<ClientId>();
     let response = stack(&required, &[("p", &provider)])

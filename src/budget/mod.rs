@@ -104,7 +104,6 @@
 mod backoff;
 mod body;
 mod cost;
-mod error;
 mod future;
 mod layer;
 #[cfg(test)]

@@ -101,7 +101,7 @@ impl From<TenantRefusal> for BudgetExhausted {
 impl BudgetExhausted {
     /// The [`StopReason`](crate::StopReason) a turn refused for this
     /// reason stops with.
-    pub fn stop_reason(&self) -> crate::StopReason {
+    pub(crate) fn stop_reason(&self) -> crate::StopReason {
         use crate::StopReason;
         match self {
             Self::Deadline { .. } => StopReason::Deadline,

@@ -370,8 +370,8 @@ fn key_ceilings(key: &KeyConfig, spend: &Arc<dyn SpendStore>, fail_open: bool) -
         (key.spend_usd_per_month, SpendWindow::Month),
     ] {
         if let Some(usd) = usd {
-            let ceiling = TenantSpend::new(Arc::clone(spend), window, Cost::from_usd(usd))
-                .fail_open(fail_open);
+            let mut ceiling = TenantSpend::new(Arc::clone(spend), window, Cost::from_usd(usd));
+            ceiling.fail_open = fail_open;
             ceilings = ceilings.ceiling(ceiling, key_account(&key.name));
         }
     }

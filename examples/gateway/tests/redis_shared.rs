@@ -1364,7 +1364,9 @@ async fn redis_killed_mid_run_then_restarted() {
         ))
     ));
     // ...or open when configured.
-    assert!(tenant.clone().fail_open(true).admit(&acme).await.is_ok());
+    let mut open = tenant.clone();
+    open.fail_open = true;
+    assert!(open.admit(&acme).await.is_ok());
     // Health keeps serving from the local view: A's own failure cools the
     // key on A, and admissions are answered.
     let key = HealthKey::model("primary", "gpt-x");
