@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::failover::{Failover, Target, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::{
@@ -66,7 +66,10 @@ type Stack = Budget<Failover<FakeProvider>>;
 
 fn stack(spend: &TenantSpend, targets: &[(&str, &FakeProvider)]) -> Stack {
     let mut builder = Failover::builder()
-        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(5))))
+        .timeouts(|t| Timeouts {
+            non_streaming_head: Some(Duration::from_secs(5)),
+            ..t
+        })
         .caps(|c| c.retries_per_target(0));
     for (name, provider) in targets {
         builder = builder.target(Target::new(*name, (*provider).clone()).pricing(pricing()));

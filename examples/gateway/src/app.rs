@@ -20,7 +20,7 @@ use tower_llm_failover::client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
-use tower_llm_failover::failover::HeaderPolicy;
+use tower_llm_failover::failover::{HeaderPolicy, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
 use tower_llm_failover::shutdown::Shutdown;
@@ -477,21 +477,17 @@ impl TargetConfig {
 
     fn capabilities(&self) -> Capabilities {
         let d = Capabilities::default();
-        let mut c = d
-            .clone()
-            .tools(self.tools.unwrap_or(d.tools))
-            .parallel_tool_calls(self.parallel_tool_calls.unwrap_or(d.parallel_tool_calls))
-            .json_schema(self.json_schema.unwrap_or(d.json_schema))
-            .json_object(self.json_object.unwrap_or(d.json_object))
-            .streaming(self.streaming.unwrap_or(d.streaming))
-            .image_input(self.image_input.unwrap_or(d.image_input));
-        if let Some(window) = self.context_window {
-            c = c.context_window(window);
+        Capabilities {
+            tools: self.tools.unwrap_or(d.tools),
+            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(d.parallel_tool_calls),
+            json_schema: self.json_schema.unwrap_or(d.json_schema),
+            json_object: self.json_object.unwrap_or(d.json_object),
+            streaming: self.streaming.unwrap_or(d.streaming),
+            image_input: self.image_input.unwrap_or(d.image_input),
+            context_window: self.context_window,
+            max_output_tokens: self.max_output_tokens,
+            ..d
         }
-        if let Some(max) = self.max_output_tokens {
-            c = c.max_output_tokens(max);
-        }
-        c
     }
 }
 
@@ -711,17 +707,14 @@ impl StackParts<'_> {
             .shutdown(self.shutdown.clone())
             .strategy(self.strategy.clone())
             .commit_window(self.commit)
-            .timeouts(|t| {
-                let mut t = t
-                    .response(b.response_timeout_ms.map(Duration::from_millis))
-                    .first_output(Duration::from_millis(b.first_token_timeout_ms));
-                if let Some(ms) = b.head_timeout_ms {
-                    t = t.head(Some(Duration::from_millis(ms)));
-                }
-                if let Some(ms) = b.non_streaming_head_timeout_ms {
-                    t = t.non_streaming_head(Some(Duration::from_millis(ms)));
-                }
-                t
+            .timeouts(|t| Timeouts {
+                head: b.head_timeout_ms.map(Duration::from_millis).or(t.head),
+                non_streaming_head: b
+                    .non_streaming_head_timeout_ms
+                    .map(Duration::from_millis)
+                    .or(t.non_streaming_head),
+                response: b.response_timeout_ms.map(Duration::from_millis),
+                first_output: Duration::from_millis(b.first_token_timeout_ms),
             })
             .caps(|c| {
                 c.retries_per_target(f.max_retries_per_target)
