@@ -797,7 +797,10 @@ async fn a_cut_inside_the_commit_window_is_rerouted_invisibly() {
     ));
     let backup = FakeProvider::new("backup").always(Reply::stream("backup", 100));
     let failover = two(&primary, &backup)
-        .commit_window(CommitWindow::output_events(64))
+        .commit_window(CommitWindow {
+            output_events: Some(64),
+            ..CommitWindow::default()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
@@ -818,7 +821,10 @@ async fn a_cut_after_the_commit_window_ends_with_a_terminal_chunk() {
     ));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .commit_window(CommitWindow::output_events(64))
+        .commit_window(CommitWindow {
+            output_events: Some(64),
+            ..CommitWindow::default()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.body.matches("primary-").count(), 80);

@@ -308,7 +308,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         let headers = self
             .headers
             .forward_request_headers(self.dialect.forwarded_request_headers());
-        let idle = self.stream.idle().unwrap_or(Duration::MAX);
+        let idle = self.stream.idle_timeout.unwrap_or(Duration::MAX);
         Failover {
             shared: Arc::new(Shared {
                 dialect: self.dialect,

@@ -245,14 +245,11 @@ impl FailoverConfig {
     /// When a stream commits: after `commit_output_events`, or the output
     /// bytes, or the time after first output, whichever comes first.
     fn commit_window(&self) -> CommitWindow {
-        let mut commit = CommitWindow::output_events(self.commit_output_events);
-        if let Some(bytes) = self.commit_output_bytes {
-            commit = commit.or_bytes(bytes);
+        CommitWindow {
+            output_events: Some(self.commit_output_events),
+            output_bytes: self.commit_output_bytes,
+            after_first_output: self.commit_after_first_output_ms.map(Duration::from_millis),
         }
-        if let Some(ms) = self.commit_after_first_output_ms {
-            commit = commit.or_after(Duration::from_millis(ms));
-        }
-        commit
     }
 
     /// The library's cooldown policy with the `cooldown_*` keys set.
@@ -825,9 +822,11 @@ impl Gateway {
             &stores.spend,
         )?;
         let configured_models = configured_models(&routes_config);
-        let stream_policy = StreamPolicy::new()
-            .terminal_mode(terminal_mode)
-            .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
+        let stream_policy = StreamPolicy {
+            terminal_mode,
+            idle_timeout: Some(Duration::from_millis(b.idle_timeout_ms)),
+            ..StreamPolicy::new()
+        };
 
         let parts = StackParts {
             config,
