@@ -131,9 +131,10 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
             retry_budget: Some(retry_budget.clone()),
             ..TurnLimits::new()
         })
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().never_repeated(),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            failure_threshold: u32::MAX,
+            ..CooldownPolicy::default()
+        })))
         .build();
     let send = |client: ClientId| {
         let failover = failover.clone();
@@ -173,9 +174,11 @@ fn health_gauges_label_only_configured_models() {
         health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore,
         health::Scope,
     };
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().failures_within(1, Duration::from_secs(30)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        failure_threshold: 1,
+        failure_window: Duration::from_secs(30),
+        ..CooldownPolicy::default()
+    });
     let _rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

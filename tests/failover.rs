@@ -673,9 +673,10 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
     let primary = FakeProvider::new("primary").always(Reply::Refused);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().base(Duration::from_secs(5)),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            base: Duration::from_secs(5),
+            ..CooldownPolicy::default()
+        })))
         .build();
     let mut winners = Vec::new();
     for turn in 0..20 {
@@ -724,9 +725,10 @@ async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget
             retry_budget: Some(retry_budget),
             ..TurnLimits::new()
         })
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().never_repeated(),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            failure_threshold: u32::MAX,
+            ..CooldownPolicy::default()
+        })))
         .build();
     let turns: Vec<_> = (0..100)
         .map(|_| {
@@ -1320,9 +1322,10 @@ async fn a_cancelled_probe_gives_its_slot_back() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().account(Duration::from_secs(10)),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            account: Duration::from_secs(10),
+            ..CooldownPolicy::default()
+        })))
         .build();
     send(&failover, request(true, serde_json::json!({}))).await;
     assert!(matches!(

@@ -370,9 +370,11 @@ async fn when_every_target_rests_the_soonest_is_probed_and_its_success_clears_it
 
 #[tokio::test(start_paused = true)]
 async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().failures_within(3, Duration::from_secs(30)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        failure_threshold: 3,
+        failure_window: Duration::from_secs(30),
+        ..CooldownPolicy::default()
+    });
     let key = HealthKey::model("p", "m");
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
     assert_eq!(store.failure(&key, report.clone()), None);
@@ -577,8 +579,10 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_that_never_reports_is_abandoned_exactly_at_the_probe_timeout() {
-    let store =
-        MemoryHealthStore::new(CooldownPolicy::default().probe_timeout(Duration::from_secs(7)));
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        probe_timeout: Duration::from_secs(7),
+        ..CooldownPolicy::default()
+    });
     assert_eq!(store.policy().probe_timeout, Duration::from_secs(7));
     let key = HealthKey::model("p", "m");
     store.failure(
@@ -1041,9 +1045,10 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
         .retry_after(Some(Duration::from_secs(120)));
     assert_eq!(store.failure(&key, report), Some(Duration::from_secs(120)));
     // And the cap is the operator's to set.
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().max_probe_interval(Duration::from_secs(7)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        max_probe_interval: Duration::from_secs(7),
+        ..CooldownPolicy::default()
+    });
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     for _ in 0..2 {
         store.failure(&key, hintless.clone());

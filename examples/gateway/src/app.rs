@@ -255,25 +255,15 @@ impl FailoverConfig {
     /// The library's cooldown policy with the `cooldown_*` keys set.
     fn cooldown_policy(&self) -> CooldownPolicy {
         let defaults = CooldownPolicy::default();
-        defaults
-            .clone()
-            .account(
-                self.cooldown_account_ms
-                    .map_or(defaults.account, Duration::from_millis),
-            )
-            .failures_within(
-                self.cooldown_failures.unwrap_or(defaults.failure_threshold),
-                self.cooldown_window_ms
-                    .map_or(defaults.failure_window, Duration::from_millis),
-            )
-            .base(
-                self.cooldown_base_ms
-                    .map_or(defaults.base, Duration::from_millis),
-            )
-            .max(
-                self.cooldown_max_ms
-                    .map_or(defaults.max, Duration::from_millis),
-            )
+        let millis_or = |ms: Option<u64>, default| ms.map_or(default, Duration::from_millis);
+        CooldownPolicy {
+            account: millis_or(self.cooldown_account_ms, defaults.account),
+            failure_threshold: self.cooldown_failures.unwrap_or(defaults.failure_threshold),
+            failure_window: millis_or(self.cooldown_window_ms, defaults.failure_window),
+            base: millis_or(self.cooldown_base_ms, defaults.base),
+            max: millis_or(self.cooldown_max_ms, defaults.max),
+            ..defaults
+        }
     }
 }
 
@@ -1078,7 +1068,7 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap)
             let mut json = serde_json::json!({
                 "provider": entry.key.provider(),
                 "model": entry.key.upstream_model(),
-                "scope": entry.key.scope().as_str(),
+                "scope": entry.key.scope().to_string(),
                 "state": entry.state.as_str(),
                 "failure_streak": entry.failure_streak,
                 "cooldowns": entry.cooldowns,

@@ -1242,8 +1242,10 @@ async fn a_cooldown_the_fleet_starts_is_counted() {
         return;
     };
     metrics();
-    let mut policy = CooldownPolicy::default();
-    policy.failure_threshold = 2;
+    let policy = CooldownPolicy {
+        failure_threshold: 2,
+        ..CooldownPolicy::default()
+    };
     let start = || {
         RedisHealthStore::builder(connect(&redis.url()).unwrap())
             .policy(policy.clone())
