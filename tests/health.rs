@@ -392,7 +392,10 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
     let hinted = HealthKey::model("p", "hinted");
     let capped = store.failure(
         &hinted,
-        report.clone().retry_after(Some(Duration::from_secs(3600))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(3600)),
+            ..report.clone()
+        },
     );
     assert_eq!(capped, Some(Duration::from_secs(600)));
 }
@@ -467,7 +470,7 @@ proptest! {
             let before = states(&store);
             store.failure(
                 &key,
-                FailureReport::new(class, scope).retry_after(hint.map(Duration::from_secs)),
+                FailureReport { retry_after: hint.map(Duration::from_secs), ..FailureReport::new(class, scope) },
             );
             let after = states(&store);
             let mut keys: Vec<&HealthKey> = before.keys().chain(after.keys()).collect();
@@ -502,7 +505,10 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
     assert_eq!(
         store.failure(
             &key,
-            report.clone().retry_after(Some(Duration::from_secs(80)))
+            FailureReport {
+                retry_after: Some(Duration::from_secs(80)),
+                ..report.clone()
+            }
         ),
         Some(Duration::from_secs(80))
     );
@@ -511,7 +517,10 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
         store.failure(&key, report.clone());
         store.failure(
             &key,
-            report.clone().retry_after(Some(Duration::from_secs(1))),
+            FailureReport {
+                retry_after: Some(Duration::from_secs(1)),
+                ..report.clone()
+            },
         );
     }
     tokio::time::advance(Duration::from_secs(79)).await;
@@ -529,8 +538,10 @@ async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(60))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(60)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     assert_eq!(
         store.admit(&key, true),
@@ -555,8 +566,10 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(300))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(300)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     // Every target rests; a turn probes this one early, and it fails again.
     assert_eq!(
@@ -565,7 +578,10 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     );
     store.failure(
         &key,
-        FailureReport::new(FailureClass::ServerError, Scope::Model).probe(true),
+        FailureReport {
+            was_probe: true,
+            ..FailureReport::new(FailureClass::ServerError, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(299)).await;
     assert!(
@@ -587,8 +603,10 @@ async fn a_probe_that_never_reports_is_abandoned_exactly_at_the_probe_timeout() 
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(10))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(10)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
@@ -613,8 +631,10 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(10))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(10)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
@@ -1041,8 +1061,10 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
 
     // A provider's own hint may rest it longer (up to `max`).
     let store = MemoryHealthStore::default();
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(120)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_secs(120)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert_eq!(store.failure(&key, report), Some(Duration::from_secs(120)));
     // And the cap is the operator's to set.
     let store = MemoryHealthStore::new(CooldownPolicy {
@@ -1059,7 +1081,13 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
     );
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(
-        store.failure(&key, hintless.probe(true)),
+        store.failure(
+            &key,
+            FailureReport {
+                was_probe: true,
+                ..hintless
+            },
+        ),
         Some(Duration::from_secs(7))
     );
 }

@@ -421,7 +421,10 @@ fn on_stream_end<S, D>(
                     && failure.note != Some(Note::TurnDeadline) =>
             {
                 let scope = scopes.scope(failure.class, failure.note, client_named);
-                let report = FailureReport::new(failure.class, scope).witness(witness.clone());
+                let report = FailureReport {
+                    witness: witness.clone(),
+                    ..FailureReport::new(failure.class, scope)
+                };
                 if health.failure(&key, report).is_some() {
                     crate::observe::cooldown_started(key.provider(), scope.as_str());
                 }

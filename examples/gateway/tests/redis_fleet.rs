@@ -71,8 +71,10 @@ where
     let key = HealthKey::model("primary", "gpt-x");
     a.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(30))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(30)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     a.sync().await.unwrap();
     b.sync().await.unwrap();

@@ -945,8 +945,10 @@ async fn a_second_replicas_probe_claim_keeps_the_first() {
     };
     let (a, b) = (start(), start());
     let key = HealthKey::model("primary", "gpt-x");
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_millis(30)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_millis(30)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     a.failure(&key, report);
     a.sync().await.unwrap();
     b.sync().await.unwrap();
@@ -1167,8 +1169,10 @@ async fn a_refresh_answered_before_a_queued_transition_keeps_the_newer_local_sta
     );
     a.sync().await.unwrap();
     // Meanwhile B learns a cooldown itself; its transition is queued.
-    let rate_limited = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(60)));
+    let rate_limited = FailureReport {
+        retry_after: Some(Duration::from_secs(60)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert!(b.failure(&key, rate_limited).is_some());
     let refreshed = b.stats().refreshed;
     // The refresh goes through (its calls one at a time, however many);
@@ -1372,8 +1376,10 @@ async fn redis_killed_mid_run_then_restarted() {
     // Health keeps serving from the local view: A's own failure cools the
     // key on A, and admissions are answered.
     let key = HealthKey::model("primary", "gpt-x");
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(60)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_secs(60)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert_eq!(
         a.failure(&key, report.clone()),
         Some(Duration::from_secs(60))
@@ -1557,8 +1563,9 @@ async fn timeouts_count_once_per_client_across_the_fleet() {
             .unwrap()
     };
     let (a, b) = (start(), start());
-    let timeout = |who: &str| {
-        FailureReport::new(FailureClass::Timeout, Scope::Model).witness(Some(who.into()))
+    let timeout = |who: &str| FailureReport {
+        witness: Some(who.into()),
+        ..FailureReport::new(FailureClass::Timeout, Scope::Model)
     };
     // One key's timeouts on both replicas: one count, nothing cools.
     let key = HealthKey::model("per-client", "gpt-x");
