@@ -89,17 +89,6 @@ pub(crate) enum Delay {
     },
 }
 
-#[cfg(test)]
-impl Delay {
-    /// The wait, unless the advice is not to wait for this target.
-    pub(crate) fn wait(self) -> Option<Duration> {
-        match self {
-            Delay::Wait(d) => Some(d),
-            Delay::HintTooLong { .. } => None,
-        }
-    }
-}
-
 impl Default for Backoff {
     fn default() -> Self {
         Self::new()
@@ -163,6 +152,17 @@ impl Backoff {
             (self.initial.as_secs_f64() * multiplier.powi(exponent)).min(self.max.as_secs_f64());
         let factor = 1.0 - self.rng.unit() * jitter;
         Duration::try_from_secs_f64(base * factor).unwrap_or(self.max)
+    }
+}
+
+#[cfg(test)]
+impl Delay {
+    /// The wait, unless the advice is not to wait for this target.
+    pub(crate) fn wait(self) -> Option<Duration> {
+        match self {
+            Delay::Wait(d) => Some(d),
+            Delay::HintTooLong { .. } => None,
+        }
     }
 }
 

@@ -76,12 +76,6 @@ impl<B> BudgetBody<B> {
             inner_owns_deadline: false,
         }
     }
-
-    /// The turn this body belongs to.
-    #[cfg(test)]
-    pub(crate) fn budget(&self) -> &TurnBudget {
-        &self.budget
-    }
 }
 
 impl<B> std::fmt::Debug for BudgetBody<B> {
@@ -169,5 +163,13 @@ where
             (None, Some(inner)) => inner.size_hint(),
             (None, None) => SizeHint::with_exact(0),
         }
+    }
+}
+
+#[cfg(test)]
+impl<B> BudgetBody<B> {
+    /// The turn this body belongs to.
+    pub(crate) fn budget(&self) -> &TurnBudget {
+        &self.budget
     }
 }

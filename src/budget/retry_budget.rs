@@ -288,12 +288,6 @@ impl RetryBudget {
             Inner::Other(_) => None,
         }
     }
-
-    /// Whether two handles share one budget.
-    #[cfg(test)]
-    fn ptr_eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.stats, &other.stats)
-    }
 }
 
 /// The per-client shares of a [`RetryBudget`].
@@ -476,6 +470,14 @@ impl RetryBudget {
     /// shares).
     pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
         self.shares.as_ref().map(|s| s.bucket(client).level())
+    }
+}
+
+#[cfg(test)]
+impl RetryBudget {
+    /// Whether two handles share one budget.
+    fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.stats, &other.stats)
     }
 }
 
