@@ -294,20 +294,6 @@ impl MemorySpendStore {
         }
         total
     }
-
-    /// Tenants holding a total (for tests and metrics).
-    pub fn len(&self) -> usize {
-        self.totals
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .spent
-            .len()
-    }
-
-    /// Whether no tenant holds a total.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl SpendStore for MemorySpendStore {
@@ -567,14 +553,6 @@ impl TenantSpend {
         }
     }
 
-    /// Adds a finished turn's cost to `tenant`'s window (for a turn that
-    /// reserved nothing).
-    pub async fn record(&self, tenant: &str, cost: Cost) -> Result<SpendCheck, SpendError> {
-        self.store
-            .add_and_check(tenant, self.window, cost, self.ceiling)
-            .await
-    }
-
     fn ceiling_reached(&self, spent: Cost) -> TenantRefusal {
         TenantRefusal::Ceiling {
             spent,
@@ -637,7 +615,7 @@ impl SpendCeilings {
     }
 
     /// Whether it holds no ceiling.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.accounts.is_empty()
     }
 }
@@ -721,6 +699,23 @@ impl fmt::Debug for TenantLedger {
             .field("tenant", &self.tenant)
             .field("reserved", &self.reserved())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+impl MemorySpendStore {
+    /// Tenants holding a total.
+    fn len(&self) -> usize {
+        self.totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spent
+            .len()
+    }
+
+    /// Whether no tenant holds a total.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

@@ -135,7 +135,7 @@ impl BudgetExhausted {
 ///     ..TurnLimits::new()
 /// };
 /// let turn = limits.start();
-/// assert!(turn.remaining() <= Duration::from_secs(30));
+/// assert!(turn.turn_deadline().remaining() <= Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone)]
 pub struct TurnLimits {
@@ -243,7 +243,7 @@ fn deadline_after(start: Instant, limit: Duration) -> Instant {
 ///
 /// let seen = TurnBudget::from_extensions(request.extensions()).unwrap();
 /// assert_eq!(seen.turn_id().as_str(), "turn-42");
-/// assert!(seen.remaining() <= Duration::from_secs(30));
+/// assert!(seen.turn_deadline().remaining() <= Duration::from_secs(30));
 /// assert_eq!(seen.attempts_used(), 0);
 /// assert_eq!(seen.spent().0, tower_llm_failover::Cost::ZERO);
 /// ```
@@ -323,12 +323,6 @@ impl TurnBudget {
         extensions.get::<TurnBudget>().cloned()
     }
 
-    /// Whether two handles are the same turn.
-    #[cfg(test)]
-    pub(crate) fn ptr_eq(&self, other: &TurnBudget) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
     /// The turn's turn id.
     pub fn turn_id(&self) -> &TurnId {
         &self.inner.turn_id
@@ -340,7 +334,7 @@ impl TurnBudget {
     }
 
     /// When the turn must be over.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.inner.deadline
     }
 
@@ -349,7 +343,9 @@ impl TurnBudget {
         self.inner.limit
     }
 
-    /// The deadline as the request extension the other layers read.
+    /// The turn's deadline (when it must be over, and the whole time it was
+    /// given), as the request extension the other layers read; its
+    /// [`remaining`](TurnDeadline::remaining) is the time left.
     pub fn turn_deadline(&self) -> TurnDeadline {
         TurnDeadline {
             at: self.inner.deadline,
@@ -358,7 +354,7 @@ impl TurnBudget {
     }
 
     /// Time left before the deadline; zero once it has passed.
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.inner
             .deadline
             .saturating_duration_since(Instant::now())
@@ -578,6 +574,14 @@ impl fmt::Debug for TurnBudget {
             .field("spend_ceiling", &self.inner.spend_ceiling)
             .field("tenant", &self.inner.tenant.get())
             .finish()
+    }
+}
+
+#[cfg(test)]
+impl TurnBudget {
+    /// Whether two handles are the same turn.
+    pub(crate) fn ptr_eq(&self, other: &TurnBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 

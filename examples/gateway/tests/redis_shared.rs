@@ -993,7 +993,8 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
         return;
     };
     let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
-    let tenant = TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(1.0));
+    let ceiling = Cost::from_usd(1.0);
+    let tenant = TenantSpend::new(Arc::clone(&store), SpendWindow::Day, ceiling);
     let client = ::redis::Client::open(redis.url()).unwrap();
     let admin = client.get_multiplexed_async_connection().await.unwrap();
     let keys = |admin: &::redis::aio::MultiplexedConnection| {
@@ -1012,8 +1013,12 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
     }
     // ...and leaves no key behind.
     assert_eq!(keys(&admin).await, 0, "admission wrote keys");
-    // Recording a cost writes the tenant's counter, which admission reads.
-    tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
+    // Spend added to the store writes the tenant's counter, which
+    // admission reads.
+    store
+        .add_and_check("acme", SpendWindow::Day, Cost::from_usd(2.0), ceiling)
+        .await
+        .unwrap();
     assert_eq!(keys(&admin).await, 1);
     assert!(matches!(
         tenant.admit(&ClientId::key("acme")).await,
