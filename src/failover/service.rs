@@ -129,8 +129,8 @@ impl<S> Default for FailoverBuilder<S> {
 
 impl<S> FailoverBuilder<S> {
     /// A builder with the defaults and no targets, for OpenAI chat
-    /// completions.
-    pub fn new() -> Self {
+    /// completions ([`Failover::builder`]).
+    pub(crate) fn new() -> Self {
         Self {
             dialect: DefaultDialect::default(),
             targets: Vec::new(),

@@ -83,13 +83,6 @@ impl Capabilities {
         self
     }
 
-    /// Declares the largest output the target accepts, in tokens (sets
-    /// [`max_output_tokens`](Self::max_output_tokens)).
-    pub fn max_output_tokens(mut self, tokens: u64) -> Self {
-        self.max_output_tokens = Some(tokens);
-        self
-    }
-
     /// What of `requirements` this target lacks; empty when eligible.
     pub fn missing(&self, requirements: &Requirements) -> Vec<String> {
         let mut missing = Vec::new();
