@@ -188,9 +188,11 @@ async fn an_attempt_whose_turn_then_stopped_on_the_spend_ceiling_is_logged_as_st
     let ceiling = Cost::from_nanos(one.as_nanos() + one.as_nanos() / 2);
     let mut request = request;
     request.extensions_mut().insert(
-        TurnLimits::new()
-            .spend_ceiling(ceiling)
-            .start_with_turn_id("spend-turn".into()),
+        TurnLimits {
+            spend_ceiling: Some(ceiling),
+            ..TurnLimits::new()
+        }
+        .start_with_turn_id("spend-turn".into()),
     );
     let response = failover.oneshot(request).await.unwrap();
     assert_eq!(response.status(), 402);
@@ -223,9 +225,11 @@ async fn a_turn_refused_before_any_attempt_leaves_a_turn_line() {
         .service(failover);
     let mut request = chat(true, "refused-turn");
     request.extensions_mut().insert(
-        TurnLimits::new()
-            .spend_ceiling(Cost::ZERO)
-            .start_with_turn_id("refused-turn".into()),
+        TurnLimits {
+            spend_ceiling: Some(Cost::ZERO),
+            ..TurnLimits::new()
+        }
+        .start_with_turn_id("refused-turn".into()),
     );
     let response = gateway.oneshot(request).await.unwrap();
     assert_eq!(response.status(), 402);

@@ -103,11 +103,15 @@ async fn a_tenant_header_is_read_only_when_trusted() {
 #[tokio::test(start_paused = true)]
 async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
     // Fleet: 20 extra attempts in reserve; each client's share: 10.
-    let fleet = RetryBudgetConfig::new()
-        .ttl(Duration::from_secs(10))
-        .min_per_sec(2)
-        .retry_percent(0.0);
-    let share = fleet.min_per_sec(1);
+    let fleet = RetryBudgetConfig {
+        ttl: Duration::from_secs(10),
+        min_per_sec: 2,
+        retry_percent: 0.0,
+    };
+    let share = RetryBudgetConfig {
+        min_per_sec: 1,
+        ..fleet
+    };
     let retry_budget = RetryBudget::new(fleet)
         .unwrap()
         .with_client_shares(share, 100)
@@ -118,10 +122,14 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
         .caps(|c| c.retries_per_target(0))
-        .limits(TurnLimits::new().retry_budget(retry_budget.clone()))
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().never_repeated(),
-        )))
+        .limits(TurnLimits {
+            retry_budget: Some(retry_budget.clone()),
+            ..TurnLimits::new()
+        })
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            failure_threshold: u32::MAX,
+            ..CooldownPolicy::default()
+        })))
         .build();
     let send = |client: ClientId| {
         let failover = failover.clone();
@@ -161,9 +169,11 @@ fn health_gauges_label_only_configured_models() {
         health::FailureReport, health::HealthKey, health::HealthStore, health::MemoryHealthStore,
         health::Scope,
     };
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().failures_within(1, Duration::from_secs(30)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        failure_threshold: 1,
+        failure_window: Duration::from_secs(30),
+        ..CooldownPolicy::default()
+    });
     let _rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

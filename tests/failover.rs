@@ -20,7 +20,8 @@ use tower_llm_failover::{
 use tower_llm_failover::{FailureClass, Phase};
 use tower_llm_failover::{
     failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
-    failover::Target, health::Availability, health::CooldownPolicy, stream::CommitWindow,
+    failover::Target, failover::Timeouts, health::Availability, health::CooldownPolicy,
+    health::HealthKey, stream::CommitWindow,
 };
 use tower_llm_testing::chunks;
 use tower_llm_testing::{FakeProvider, Reply, Step};
@@ -81,10 +82,12 @@ fn two(primary: &FakeProvider, backup: &FakeProvider) -> FailoverBuilder<FakePro
         .target(Target::new("backup", backup.clone()))
 }
 
-/// The availability of the target named `name` for the test's model.
-fn availability(failover: &Failover<FakeProvider>, name: &str) -> Availability {
-    let key = failover.health_key(name, "gpt-x").unwrap();
-    failover.health().availability(&key)
+/// The availability of `provider`'s upstream `model` (every target of the
+/// provider sending that model shares its health key).
+fn availability(failover: &Failover<FakeProvider>, provider: &str, model: &str) -> Availability {
+    failover
+        .health()
+        .availability(&HealthKey::model(provider, model))
 }
 
 fn sse_events(body: &str) -> Vec<&str> {
@@ -266,7 +269,10 @@ async fn a_retry_that_finds_its_target_resting_is_recorded_as_a_reroute() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_longer_than_the_time_left_reroutes_or_stops_at_once() {
-    let limits = TurnLimits::new().deadline(Duration::from_secs(5));
+    let limits = TurnLimits {
+        deadline: Duration::from_secs(5),
+        ..TurnLimits::new()
+    };
     let primary = FakeProvider::new("primary")
         .always(Reply::status(429, ANTHROPIC_429).header("retry-after", "10"));
     let backup = FakeProvider::new("backup");
@@ -332,7 +338,7 @@ async fn auth_and_an_operator_models_not_found_reroute_and_cool_the_primary_down
         assert_eq!(reply.status, 200, "{status}");
         assert_eq!(primary.calls(), 1, "never retried on the same target");
         assert!(matches!(
-            availability(&failover, "primary"),
+            availability(&failover, "primary", "configured-model"),
             Availability::Cooling(_)
         ));
         // The next turn does not touch the cooled-down primary.
@@ -422,8 +428,10 @@ async fn targets_without_the_tools_a_request_needs_are_never_tried() {
     let backup = FakeProvider::new("backup");
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().tools(false)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                tools: false,
+                ..Capabilities::default()
+            }),
         )
         .target(Target::new("backup", backup.clone()))
         .build();
@@ -433,12 +441,16 @@ async fn targets_without_the_tools_a_request_needs_are_never_tried() {
 
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().tools(false)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                tools: false,
+                ..Capabilities::default()
+            }),
         )
         .target(
-            Target::new("backup", backup.clone())
-                .capabilities(Capabilities::default().tools(false)),
+            Target::new("backup", backup.clone()).capabilities(Capabilities {
+                tools: false,
+                ..Capabilities::default()
+            }),
         )
         .build();
     let reply = send(&failover, request(true, tools)).await;
@@ -456,8 +468,10 @@ async fn parallel_tool_calls_rule_out_a_target_only_when_the_request_asks_for_th
     let backup = FakeProvider::new("backup");
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().parallel_tool_calls(false)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                parallel_tool_calls: false,
+                ..Capabilities::default()
+            }),
         )
         .target(Target::new("backup", backup.clone()))
         .build();
@@ -478,11 +492,18 @@ fn a_target_declared_without_reasoning_lacks_it_only_for_a_reasoning_request() {
         reasoning: true,
         ..Requirements::new("m")
     };
-    let plain = Capabilities::default().reasoning(false);
+    let plain = Capabilities {
+        reasoning: false,
+        ..Capabilities::default()
+    };
     assert_eq!(plain.missing(&thinking), ["reasoning"]);
     assert!(plain.missing(&Requirements::new("m")).is_empty());
     // Declared back on, it serves reasoning requests again.
-    assert!(plain.reasoning(true).missing(&thinking).is_empty());
+    let declared = Capabilities {
+        reasoning: true,
+        ..plain
+    };
+    assert!(declared.missing(&thinking).is_empty());
 }
 
 /// A text-only target lacks image and document input only for requests
@@ -490,9 +511,11 @@ fn a_target_declared_without_reasoning_lacks_it_only_for_a_reasoning_request() {
 /// backup stays eligible).
 #[test]
 fn a_text_only_target_lacks_inputs_only_for_requests_that_carry_them() {
-    let text_only = Capabilities::default()
-        .image_input(false)
-        .document_input(false);
+    let text_only = Capabilities {
+        image_input: false,
+        document_input: false,
+        ..Capabilities::default()
+    };
     assert!(text_only.missing(&Requirements::new("m")).is_empty());
     assert_eq!(
         text_only.missing(&Requirements {
@@ -535,8 +558,10 @@ async fn primary_failure_with_an_incompatible_backup_stops_explicitly() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(
-            Target::new("backup", backup.clone())
-                .capabilities(Capabilities::default().tools(false)),
+            Target::new("backup", backup.clone()).capabilities(Capabilities {
+                tools: false,
+                ..Capabilities::default()
+            }),
         )
         .build();
     let reply = send(&failover, request(true, tools)).await;
@@ -556,7 +581,10 @@ async fn a_silent_primary_is_rerouted_at_its_head_timeout_and_not_retried() {
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .timeouts(|t| t.head(Some(Duration::from_secs(2))))
+        .timeouts(|t| Timeouts {
+            head: Some(Duration::from_secs(2)),
+            ..t
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -578,7 +606,10 @@ async fn a_slow_first_token_is_rerouted_within_the_first_output_timeout() {
     ]));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .timeouts(|t| t.first_output(Duration::from_secs(3)))
+        .timeouts(|t| Timeouts {
+            first_output: Duration::from_secs(3),
+            ..t
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -593,8 +624,14 @@ async fn the_turn_never_exceeds_its_deadline() {
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup").always(Reply::Silent);
     let failover = two(&primary, &backup)
-        .timeouts(|t| t.head(Some(Duration::from_secs(30))))
-        .limits(TurnLimits::new().deadline(Duration::from_secs(5)))
+        .timeouts(|t| Timeouts {
+            head: Some(Duration::from_secs(30)),
+            ..t
+        })
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(5),
+            ..TurnLimits::new()
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -623,7 +660,10 @@ async fn a_spent_ceiling_stops_the_turn_before_another_attempt() {
         .target(Target::new("backup", backup.clone()).pricing(price))
         .caps(|c| c.retries_per_target(0))
         .default_output_tokens(0)
-        .limits(TurnLimits::new().spend_ceiling(Cost::from_usd(1.0)))
+        .limits(TurnLimits {
+            spend_ceiling: Some(Cost::from_usd(1.0)),
+            ..TurnLimits::new()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 402);
@@ -642,9 +682,10 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
     let primary = FakeProvider::new("primary").always(Reply::Refused);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().base(Duration::from_secs(5)),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            base: Duration::from_secs(5),
+            ..CooldownPolicy::default()
+        })))
         .build();
     let mut winners = Vec::new();
     for turn in 0..20 {
@@ -670,27 +711,33 @@ async fn a_primary_that_recovers_gets_traffic_back_after_a_probe() {
     }
     assert!(winners[..10].iter().all(|w| w == "backup"), "{winners:?}");
     assert!(winners[10..].iter().all(|w| w == "primary"), "{winners:?}");
-    assert_eq!(availability(&failover, "primary"), Availability::Healthy);
+    assert_eq!(
+        availability(&failover, "primary", "gpt-x"),
+        Availability::Healthy
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_turns_against_a_failing_primary_stay_within_the_retry_budget() {
-    let retry_budget = RetryBudget::new(
-        RetryBudgetConfig::new()
-            .ttl(Duration::from_secs(10))
-            .min_per_sec(0)
-            .retry_percent(0.2),
-    )
+    let retry_budget = RetryBudget::new(RetryBudgetConfig {
+        ttl: Duration::from_secs(10),
+        min_per_sec: 0,
+        retry_percent: 0.2,
+    })
     .unwrap();
     let primary = FakeProvider::new("primary").always(Reply::status(500, SERVER_500));
     let backup = FakeProvider::new("backup").always(Reply::status(500, SERVER_500));
     // Cooldowns would also stop the storm; switch them off to see the
     // retry budget alone hold it.
     let failover = two(&primary, &backup)
-        .limits(TurnLimits::new().retry_budget(retry_budget))
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().never_repeated(),
-        )))
+        .limits(TurnLimits {
+            retry_budget: Some(retry_budget),
+            ..TurnLimits::new()
+        })
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            failure_threshold: u32::MAX,
+            ..CooldownPolicy::default()
+        })))
         .build();
     let turns: Vec<_> = (0..100)
         .map(|_| {
@@ -761,7 +808,10 @@ async fn a_cut_inside_the_commit_window_is_rerouted_invisibly() {
     ));
     let backup = FakeProvider::new("backup").always(Reply::stream("backup", 100));
     let failover = two(&primary, &backup)
-        .commit_window(CommitWindow::output_events(64))
+        .commit_window(CommitWindow {
+            output_events: Some(64),
+            ..CommitWindow::default()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
@@ -782,7 +832,10 @@ async fn a_cut_after_the_commit_window_ends_with_a_terminal_chunk() {
     ));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .commit_window(CommitWindow::output_events(64))
+        .commit_window(CommitWindow {
+            output_events: Some(64),
+            ..CommitWindow::default()
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.body.matches("primary-").count(), 80);
@@ -1117,7 +1170,7 @@ async fn when_every_eligible_target_cools_down_the_probe_that_fails_answers_503(
         second.body
     );
     assert!(matches!(
-        availability(&failover, "a"),
+        availability(&failover, "a", "gpt-x"),
         Availability::Cooling(_)
     ));
 }
@@ -1192,7 +1245,7 @@ async fn hintless_429s_in_a_row_cool_the_target_down_and_reroute() {
         "third failure inside the window: cooling"
     );
     assert!(matches!(
-        availability(&failover, "primary"),
+        availability(&failover, "primary", "gpt-x"),
         Availability::Cooling(_)
     ));
 }
@@ -1222,8 +1275,11 @@ async fn a_silent_head_is_bounded_by_the_first_output_timeout_even_without_a_hea
     let primary = FakeProvider::new("primary").always(Reply::Silent);
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .timeouts(|t| t.head(None))
-        .timeouts(|t| t.first_output(Duration::from_secs(3)))
+        .timeouts(|t| Timeouts { head: None, ..t })
+        .timeouts(|t| Timeouts {
+            first_output: Duration::from_secs(3),
+            ..t
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -1275,17 +1331,21 @@ async fn a_cancelled_probe_gives_its_slot_back() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .health(Arc::new(MemoryHealthStore::new(
-            CooldownPolicy::default().account(Duration::from_secs(10)),
-        )))
+        .health(Arc::new(MemoryHealthStore::new(CooldownPolicy {
+            account: Duration::from_secs(10),
+            ..CooldownPolicy::default()
+        })))
         .build();
     send(&failover, request(true, serde_json::json!({}))).await;
     assert!(matches!(
-        availability(&failover, "primary"),
+        availability(&failover, "primary", "gpt-x"),
         Availability::Cooling(_)
     ));
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(availability(&failover, "primary"), Availability::Probe);
+    assert_eq!(
+        availability(&failover, "primary", "gpt-x"),
+        Availability::Probe
+    );
     // The probe goes to a primary that never answers; the client gives up.
     primary.set_always(Reply::Silent);
     let turn = send(&failover, request(true, serde_json::json!({})));
@@ -1295,7 +1355,10 @@ async fn a_cancelled_probe_gives_its_slot_back() {
             .is_err()
     );
     // The abandoned probe does not keep the target out.
-    assert_eq!(availability(&failover, "primary"), Availability::Probe);
+    assert_eq!(
+        availability(&failover, "primary", "gpt-x"),
+        Availability::Probe
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1527,7 +1590,7 @@ async fn a_forced_probe_is_never_retried() {
     assert_ne!(first.status, 200, "{}", first.body);
     let calls = a.calls();
     assert!(matches!(
-        availability(&failover, "a"),
+        availability(&failover, "a", "gpt-x"),
         Availability::Cooling(_)
     ));
     // Nothing else is left: the resting target is probed once, its 500 is

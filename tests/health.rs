@@ -18,10 +18,10 @@ use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
-    failover::Failover, failover::FailoverBuilder, failover::Target, health::Availability,
-    health::CooldownPolicy, health::FailureReport, health::HealthKey, health::HealthStore,
-    health::KeyState, health::MemoryHealthStore, health::Scope, health::ScopeRules,
-    health::SuccessReport,
+    failover::Failover, failover::FailoverBuilder, failover::Target, failover::Timeouts,
+    health::Availability, health::CooldownPolicy, health::FailureReport, health::HealthKey,
+    health::HealthStore, health::KeyState, health::MemoryHealthStore, health::Scope,
+    health::ScopeRules, health::SuccessReport,
 };
 use tower_llm_testing::{FakeProvider, Reply, ScriptedBody, Step};
 
@@ -370,9 +370,11 @@ async fn when_every_target_rests_the_soonest_is_probed_and_its_success_clears_it
 
 #[tokio::test(start_paused = true)]
 async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().failures_within(3, Duration::from_secs(30)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        failure_threshold: 3,
+        failure_window: Duration::from_secs(30),
+        ..CooldownPolicy::default()
+    });
     let key = HealthKey::model("p", "m");
     let report = FailureReport::new(FailureClass::ServerError, Scope::Model);
     assert_eq!(store.failure(&key, report.clone()), None);
@@ -390,7 +392,10 @@ async fn one_transient_failure_cools_nothing_but_three_inside_the_window_do() {
     let hinted = HealthKey::model("p", "hinted");
     let capped = store.failure(
         &hinted,
-        report.clone().retry_after(Some(Duration::from_secs(3600))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(3600)),
+            ..report.clone()
+        },
     );
     assert_eq!(capped, Some(Duration::from_secs(600)));
 }
@@ -465,7 +470,7 @@ proptest! {
             let before = states(&store);
             store.failure(
                 &key,
-                FailureReport::new(class, scope).retry_after(hint.map(Duration::from_secs)),
+                FailureReport { retry_after: hint.map(Duration::from_secs), ..FailureReport::new(class, scope) },
             );
             let after = states(&store);
             let mut keys: Vec<&HealthKey> = before.keys().chain(after.keys()).collect();
@@ -500,7 +505,10 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
     assert_eq!(
         store.failure(
             &key,
-            report.clone().retry_after(Some(Duration::from_secs(80)))
+            FailureReport {
+                retry_after: Some(Duration::from_secs(80)),
+                ..report.clone()
+            }
         ),
         Some(Duration::from_secs(80))
     );
@@ -509,7 +517,10 @@ async fn failures_in_flight_during_a_cooldown_never_shorten_it_or_count_as_new_o
         store.failure(&key, report.clone());
         store.failure(
             &key,
-            report.clone().retry_after(Some(Duration::from_secs(1))),
+            FailureReport {
+                retry_after: Some(Duration::from_secs(1)),
+                ..report.clone()
+            },
         );
     }
     tokio::time::advance(Duration::from_secs(79)).await;
@@ -527,8 +538,10 @@ async fn a_forced_probe_that_is_never_sent_leaves_the_cooldown_in_place() {
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(60))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(60)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     assert_eq!(
         store.admit(&key, true),
@@ -553,8 +566,10 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(300))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(300)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     // Every target rests; a turn probes this one early, and it fails again.
     assert_eq!(
@@ -563,7 +578,10 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
     );
     store.failure(
         &key,
-        FailureReport::new(FailureClass::ServerError, Scope::Model).probe(true),
+        FailureReport {
+            was_probe: true,
+            ..FailureReport::new(FailureClass::ServerError, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(299)).await;
     assert!(
@@ -577,14 +595,18 @@ async fn a_failed_forced_probe_never_shortens_the_rest_it_probed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_probe_that_never_reports_is_abandoned_exactly_at_the_probe_timeout() {
-    let store =
-        MemoryHealthStore::new(CooldownPolicy::default().probe_timeout(Duration::from_secs(7)));
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        probe_timeout: Duration::from_secs(7),
+        ..CooldownPolicy::default()
+    });
     assert_eq!(store.policy().probe_timeout, Duration::from_secs(7));
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(10))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(10)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
@@ -609,8 +631,10 @@ async fn a_probes_success_without_a_first_output_figure_still_clears_the_rest() 
     let key = HealthKey::model("p", "m");
     store.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(10))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(10)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(
@@ -683,7 +707,10 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
     // The turn's 2 s are what limit the wait for the head (its own timeout
     // is 60 s): five such timeouts say nothing about the provider.
     let failover = builder(&store)
-        .limits(TurnLimits::new().deadline(Duration::from_secs(2)))
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(2),
+            ..TurnLimits::new()
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..5 {
@@ -701,8 +728,14 @@ async fn a_timeout_the_turns_own_deadline_caused_cools_nothing() {
     // does count: three cool the model.
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
-        .limits(TurnLimits::new().deadline(Duration::from_secs(30)))
-        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(1))))
+        .limits(TurnLimits {
+            deadline: Duration::from_secs(30),
+            ..TurnLimits::new()
+        })
+        .timeouts(|t| Timeouts {
+            non_streaming_head: Some(Duration::from_secs(1)),
+            ..t
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..3 {
@@ -952,7 +985,10 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     let store = Arc::new(MemoryHealthStore::default());
     let failover = builder(&store)
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
-        .timeouts(|t| t.first_output(Duration::from_secs(40)))
+        .timeouts(|t| Timeouts {
+            first_output: Duration::from_secs(40),
+            ..t
+        })
         .target(
             Target::new("primary", Models::new(&[("gpt-x", slow.clone())]))
                 .model("gpt-x")
@@ -974,7 +1010,10 @@ async fn a_target_waits_its_own_first_output_timeout_and_longer_for_reasoning() 
     // A target that sets none waits the builder's default (40 s).
     let failover = builder(&store)
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(60)))
-        .timeouts(|t| t.first_output(Duration::from_secs(40)))
+        .timeouts(|t| Timeouts {
+            first_output: Duration::from_secs(40),
+            ..t
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", slow.clone())])).model("gpt-x"))
         .target(Target::new("backup", backup).model("backup-model"))
         .build();
@@ -1022,13 +1061,16 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
 
     // A provider's own hint may rest it longer (up to `max`).
     let store = MemoryHealthStore::default();
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(120)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_secs(120)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert_eq!(store.failure(&key, report), Some(Duration::from_secs(120)));
     // And the cap is the operator's to set.
-    let store = MemoryHealthStore::new(
-        CooldownPolicy::default().max_probe_interval(Duration::from_secs(7)),
-    );
+    let store = MemoryHealthStore::new(CooldownPolicy {
+        max_probe_interval: Duration::from_secs(7),
+        ..CooldownPolicy::default()
+    });
     let hintless = FailureReport::new(FailureClass::ServerError, Scope::Model);
     for _ in 0..2 {
         store.failure(&key, hintless.clone());
@@ -1039,7 +1081,13 @@ async fn a_recovered_primary_is_used_again_within_the_probe_interval_after_a_60_
     );
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(
-        store.failure(&key, hintless.probe(true)),
+        store.failure(
+            &key,
+            FailureReport {
+                was_probe: true,
+                ..hintless
+            },
+        ),
         Some(Duration::from_secs(7))
     );
 }
@@ -1085,21 +1133,5 @@ async fn client_named_health_entries_stay_at_the_cap_after_10000_invented_models
         !snapshot
             .iter()
             .any(|e| e.key == HealthKey::model("p", "invented-9899"))
-    );
-
-    // A pass-through target's keys are client-named; a fixed model's are not.
-    let primary = Models::new(&[]);
-    let failover = route(&primary, &primary, &Arc::new(MemoryHealthStore::default()));
-    assert!(
-        failover
-            .health_key("primary", "anything")
-            .unwrap()
-            .is_client_named()
-    );
-    assert!(
-        !failover
-            .health_key("backup", "anything")
-            .unwrap()
-            .is_client_named()
     );
 }

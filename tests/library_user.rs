@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
 use tower_llm_client::UpstreamClient;
 use tower_llm_failover::BoxError;
-use tower_llm_failover::budget::BudgetLayer;
+use tower_llm_failover::budget::{BudgetLayer, TurnLimits};
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_testing::upstream::FakeUpstream;
 use tower_llm_testing::{Step, chunks, json_response, sse_response};
@@ -157,7 +157,11 @@ async fn a_reset_after_commit_ends_with_a_terminal_chunk_and_no_second_voice() {
 #[tokio::test]
 async fn a_refused_turn_is_still_a_response_the_client_reads() {
     // One attempt allowed: the primary's 429 is the answer.
-    let app = start(BudgetLayer::new().max_attempts(1), true).await;
+    let one_attempt = TurnLimits {
+        max_attempts: 1,
+        ..TurnLimits::new()
+    };
+    let app = start(BudgetLayer::new().limits(one_attempt), true).await;
     let reply = chat(&app, "gpt-4o#fault:status=429", true).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(reply.headers["x-failover-attempts"], "1");

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::{BudgetLayer, TurnBudget};
-use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_failover::failover::{Failover, Target, Timeouts};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::stream::{StreamState, StreamStateLayer, StreamStatus};
@@ -74,7 +74,10 @@ async fn silent_targets_end_the_turn_at_its_deadline_with_an_openai_error() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary))
         .target(Target::new("backup", backup))
-        .timeouts(|t| t.head(Some(Duration::from_secs(3))))
+        .timeouts(|t| Timeouts {
+            head: Some(Duration::from_secs(3)),
+            ..t
+        })
         .build();
     let service = ServiceBuilder::new()
         .layer(StreamStateLayer::new())

@@ -140,7 +140,7 @@ async fn zero_allocations_per_frame_when_each_frame_goes_out_alone() {
         allocations, 0,
         "{allocations} allocations over {FRAMES} committed frames"
     );
-    assert_eq!(state.output_events(), FRAMES as u64 + 1);
+    assert_eq!(state.snapshot().output_events, FRAMES as u64 + 1);
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -155,7 +155,10 @@ async fn frames_ready_together_go_out_as_one_write() {
     assert_eq!(frames.len(), 1, "one write for one read");
     assert_eq!(concat(&frames), concat(&upstream));
     assert_eq!(state.snapshot().status, StreamStatus::Finished);
-    assert_eq!(state.bytes_flushed(), concat(&upstream).len() as u64);
+    assert_eq!(
+        state.snapshot().bytes_flushed,
+        concat(&upstream).len() as u64
+    );
 }
 
 #[tokio::test]
@@ -257,7 +260,10 @@ async fn too_many_malformed_chunks_fail_the_stream() {
     let bad = Bytes::from_static(b"data: nope\n\n");
     let steps = data([role("m"), content("m", "a"), bad.clone(), bad.clone(), bad]);
     let (frames, state) = run(
-        StreamStateLayer::new().policy(StreamPolicy::new().max_malformed(2)),
+        StreamStateLayer::new().policy(StreamPolicy {
+            max_malformed: 2,
+            ..StreamPolicy::new()
+        }),
         steps,
     )
     .await;
@@ -401,7 +407,10 @@ async fn sse_response_loses_its_content_length() {
 async fn terminal_modes() {
     let steps = || data([role("m"), content("m", "a")]);
     let (frames, _) = run(
-        StreamStateLayer::new().policy(StreamPolicy::new().terminal_mode(TerminalMode::Finish)),
+        StreamStateLayer::new().policy(StreamPolicy {
+            terminal_mode: TerminalMode::Finish,
+            ..StreamPolicy::new()
+        }),
         steps(),
     )
     .await;
@@ -412,8 +421,10 @@ async fn terminal_modes() {
     assert_eq!(all[3], "data: [DONE]");
 
     let (frames, _) = run(
-        StreamStateLayer::new()
-            .policy(StreamPolicy::new().terminal_mode(TerminalMode::ErrorEventOnly)),
+        StreamStateLayer::new().policy(StreamPolicy {
+            terminal_mode: TerminalMode::ErrorEventOnly,
+            ..StreamPolicy::new()
+        }),
         steps(),
     )
     .await;
@@ -422,7 +433,10 @@ async fn terminal_modes() {
     assert!(all[2].starts_with("event: error\ndata: {\"error\":"));
 
     let (frames, _) = run(
-        StreamStateLayer::new().policy(StreamPolicy::new().finish_reason("length")),
+        StreamStateLayer::new().policy(StreamPolicy {
+            finish_reason: "length".into(),
+            ..StreamPolicy::new()
+        }),
         steps(),
     )
     .await;
@@ -437,11 +451,11 @@ async fn terminal_modes() {
 async fn oversized_event_is_a_clear_failure() {
     let huge = Bytes::from(format!("data: {{\"x\":\"{}\"}}\n\n", "a".repeat(4096)));
     let (frames, state) = run(
-        StreamStateLayer::new().policy(
-            StreamPolicy::new()
-                .max_event_bytes(1024)
-                .max_line_bytes(1024),
-        ),
+        StreamStateLayer::new().policy(StreamPolicy {
+            max_event_bytes: 1024,
+            max_line_bytes: 1024,
+            ..StreamPolicy::new()
+        }),
         data([role("m"), content("m", "a"), huge]),
     )
     .await;
@@ -476,7 +490,7 @@ proptest! {
         let (frames, state) = runtime.block_on(run(StreamStateLayer::new(), steps));
         prop_assert_eq!(concat(&frames), wire);
         prop_assert_eq!(state.status(), StreamStatus::Finished);
-        prop_assert_eq!(state.output_events(), 12);
+        prop_assert_eq!(state.snapshot().output_events, 12);
     }
 }
 

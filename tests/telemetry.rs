@@ -423,49 +423,6 @@ async fn a_provider_key_echoed_in_an_error_appears_nowhere() {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_retry_budget_level_is_a_gauge() {
-    use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig};
-
-    // Recorded synchronously: a recorder of this test's own (a snapshot of
-    // the global one, taken by a test in parallel, resets values).
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let level = |budget: &RetryBudget| {
-        metrics::with_local_recorder(&recorder, || budget.record_metrics());
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, ..)| key.key().name() == "failover.retry_budget.level")
-            .map(|(.., value)| match value {
-                DebugValue::Gauge(level) => level.into_inner(),
-                other => panic!("{other:?}"),
-            })
-    };
-    // 50 %: two first attempts earn one extra attempt; no reserve.
-    let budget =
-        RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
-    for _ in 0..5 {
-        budget.deposit();
-    }
-    assert_eq!(level(&budget), Some(2.5));
-    assert!(budget.withdraw() && budget.withdraw());
-    assert_eq!(level(&budget), Some(0.5));
-    // A budget that cannot say its level sets no gauge.
-    let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
-    let fresh = DebuggingRecorder::new();
-    metrics::with_local_recorder(&fresh, || other.record_metrics());
-    assert!(
-        fresh
-            .snapshotter()
-            .snapshot()
-            .into_vec()
-            .iter()
-            .all(|(key, ..)| key.key().name() != "failover.retry_budget.level")
-    );
-}
-
 /// A whole answer's id and finish reason land on its attempt span and in
 /// its record, in either dialect.
 #[tokio::test(start_paused = true)]

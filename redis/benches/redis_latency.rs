@@ -53,8 +53,10 @@ async fn main() {
         .start()
         .unwrap();
     health.sync().await.unwrap();
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(1)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_secs(1)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     // On the request path a transition is applied to the local view only.
     let started = Instant::now();
     for i in 0..N {

@@ -4,46 +4,51 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Exponential backoff with jitter between attempts on the same target,
-/// honouring the provider's own retry hint.
+/// honouring the provider's own retry hint. The failover layer takes it
+/// from the turn's [`TurnLimits`](super::TurnLimits).
 ///
 /// Defaults follow the official OpenAI SDKs: 0.5 s before the first retry,
 /// doubling per retry, capped at 8 s, each delay multiplied by a jitter
 /// factor drawn from `[0.75, 1]`. A provider hint (`retry-after-ms`,
-/// `retry-after`, Gemini `RetryInfo.retryDelay`, already parsed into a
-/// [`Duration`]) replaces the computed delay, without jitter, when it is at
-/// most [`max_server_delay`](Backoff::max_server_delay) (120 s by default);
-/// past that the hint means "this target will not serve you soon" and
-/// [`Backoff::delay`] says so with [`Delay::HintTooLong`] so the caller
-/// reroutes instead of sleeping.
+/// `retry-after`, Gemini `RetryInfo.retryDelay`) replaces the computed
+/// delay, without jitter, when it is at most
+/// [`max_server_delay`](Backoff::max_server_delay) (120 s by default); past
+/// that the hint means "this target will not serve you soon" and the
+/// failover layer reroutes instead of sleeping. A hint of zero is taken as
+/// no hint (as the OpenAI SDKs do), so a `retry-after: 0` never turns into
+/// a tight loop.
 ///
-/// Cloning shares the jitter source.
+/// Plain data but for the jitter source: start from [`Backoff::new`] and
+/// set the fields you need. Cloning shares the jitter source.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_llm_failover::budget::{Backoff, Delay};
+/// use tower_llm_failover::budget::{Backoff, TurnLimits};
 ///
-/// let backoff = Backoff::new().jitter_seed(7);
-/// // First retry: 0.5 s times a jitter factor in [0.75, 1].
-/// let first = backoff.delay(0, None).wait().unwrap();
-/// assert!(first >= Duration::from_millis(375) && first <= Duration::from_millis(500));
-/// // A provider hint within the cap is honoured as is.
-/// assert_eq!(
-///     backoff.delay(0, Some(Duration::from_secs(2))),
-///     Delay::Wait(Duration::from_secs(2))
-/// );
-/// // A hint longer than the cap: don't wait for this target.
-/// assert!(matches!(
-///     backoff.delay(0, Some(Duration::from_secs(600))),
-///     Delay::HintTooLong { .. }
-/// ));
+/// let mut backoff = Backoff::new().jitter_seed(7);
+/// backoff.initial = Duration::from_millis(200);
+/// backoff.max = Duration::from_secs(2);
+/// let limits = TurnLimits { backoff, ..TurnLimits::new() };
+/// # let _ = limits;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Backoff {
-    initial: Duration,
-    multiplier: f64,
-    max: Duration,
-    jitter: f64,
-    max_server_delay: Duration,
+    /// The delay before the first retry (default 0.5 s).
+    pub initial: Duration,
+    /// The growth factor per retry (default 2). Values below 1 (and NaN)
+    /// are taken as 1: a backoff never shrinks.
+    pub multiplier: f64,
+    /// The cap on computed delays (default 8 s; provider hints have their
+    /// own cap, [`max_server_delay`](Self::max_server_delay)).
+    pub max: Duration,
+    /// The jitter fraction `j` (default 0.25): each computed delay is
+    /// multiplied by a factor drawn from `[1 - j, 1]`. Taken within
+    /// `[0, 1]`; NaN means no jitter.
+    pub jitter: f64,
+    /// The longest provider-directed wait that is honoured (default 120 s);
+    /// a longer hint reroutes (or, with no other target left, stops the
+    /// turn with the original failure).
+    pub max_server_delay: Duration,
     rng: Jitter,
 }
 
@@ -70,7 +75,7 @@ impl Jitter {
 
 /// What [`Backoff::delay`] advises before the next attempt on the same target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delay {
+pub(crate) enum Delay {
     /// Wait this long, then try the same target again.
     Wait(Duration),
     /// The provider asked for a wait longer than the configured maximum
@@ -82,16 +87,6 @@ pub enum Delay {
         /// The configured maximum.
         max: Duration,
     },
-}
-
-impl Delay {
-    /// The wait, unless the advice is not to wait for this target.
-    pub fn wait(self) -> Option<Duration> {
-        match self {
-            Delay::Wait(d) => Some(d),
-            Delay::HintTooLong { .. } => None,
-        }
-    }
 }
 
 impl Default for Backoff {
@@ -114,44 +109,6 @@ impl Backoff {
         }
     }
 
-    /// The delay before the first retry (retry index 0).
-    pub fn initial(mut self, initial: Duration) -> Self {
-        self.initial = initial;
-        self
-    }
-
-    /// The growth factor per retry. Values below 1 (and NaN) are taken as 1:
-    /// a backoff never shrinks.
-    pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = if multiplier >= 1.0 { multiplier } else { 1.0 };
-        self
-    }
-
-    /// The cap on computed delays (provider hints have their own cap,
-    /// [`max_server_delay`](Self::max_server_delay)).
-    pub fn max(mut self, max: Duration) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// The jitter fraction `j`: each computed delay is multiplied by a factor
-    /// drawn from `[1 - j, 1]`. Clamped to `[0, 1]`; NaN means no jitter.
-    pub fn jitter(mut self, jitter: f64) -> Self {
-        self.jitter = if jitter.is_nan() {
-            0.0
-        } else {
-            jitter.clamp(0.0, 1.0)
-        };
-        self
-    }
-
-    /// The longest provider-directed wait that is honoured; a longer hint
-    /// yields [`Delay::HintTooLong`].
-    pub fn max_server_delay(mut self, max: Duration) -> Self {
-        self.max_server_delay = max;
-        self
-    }
-
     /// Draw jitter from a generator seeded with `seed` (shared by clones),
     /// so tests see the same delays on every run.
     pub fn jitter_seed(mut self, seed: u64) -> Self {
@@ -164,7 +121,7 @@ impl Backoff {
     ///
     /// A hint of zero is treated as no hint (as the OpenAI SDKs do), so a
     /// `retry-after: 0` never turns into a tight loop.
-    pub fn delay(&self, retry_index: u32, hint: Option<Duration>) -> Delay {
+    pub(crate) fn delay(&self, retry_index: u32, hint: Option<Duration>) -> Delay {
         match hint {
             Some(asked) if asked > self.max_server_delay => Delay::HintTooLong {
                 asked,
@@ -180,10 +137,32 @@ impl Backoff {
         // powi past 2^64 is already far beyond any cap; bound the exponent so
         // the float stays finite.
         let exponent = i32::try_from(retry_index.min(64)).unwrap_or(64);
-        let base = (self.initial.as_secs_f64() * self.multiplier.powi(exponent))
-            .min(self.max.as_secs_f64());
-        let factor = 1.0 - self.rng.unit() * self.jitter;
+        // Below 1 (or NaN) a backoff would shrink: taken as 1.
+        let multiplier = if self.multiplier >= 1.0 {
+            self.multiplier
+        } else {
+            1.0
+        };
+        let jitter = if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        };
+        let base =
+            (self.initial.as_secs_f64() * multiplier.powi(exponent)).min(self.max.as_secs_f64());
+        let factor = 1.0 - self.rng.unit() * jitter;
         Duration::try_from_secs_f64(base * factor).unwrap_or(self.max)
+    }
+}
+
+#[cfg(test)]
+impl Delay {
+    /// The wait, unless the advice is not to wait for this target.
+    pub(crate) fn wait(self) -> Option<Duration> {
+        match self {
+            Delay::Wait(d) => Some(d),
+            Delay::HintTooLong { .. } => None,
+        }
     }
 }
 
@@ -218,7 +197,10 @@ mod tests {
 
     #[test]
     fn no_jitter_is_exact() {
-        let b = Backoff::new().jitter(0.0);
+        let b = Backoff {
+            jitter: 0.0,
+            ..Backoff::new()
+        };
         let got: Vec<_> = (0..6).map(|i| b.delay(i, None).wait().unwrap()).collect();
         let want: Vec<_> = [500, 1000, 2000, 4000, 8000, 8000]
             .into_iter()
@@ -234,16 +216,27 @@ mod tests {
         let exact = |b: Backoff| -> Vec<Duration> {
             (0..3).map(|i| b.delay(i, None).wait().unwrap()).collect()
         };
-        let tripled = Backoff::new().jitter(0.0).multiplier(3.0);
+        let tripled = Backoff {
+            jitter: 0.0,
+            multiplier: 3.0,
+            ..Backoff::new()
+        };
         assert_eq!(exact(tripled), [500, 1500, 4500].map(Duration::from_millis));
         // 0.5 is taken as 1: each retry waits the initial delay, no less.
-        let halved = Backoff::new().jitter(0.0).multiplier(0.5);
+        let halved = Backoff {
+            jitter: 0.0,
+            multiplier: 0.5,
+            ..Backoff::new()
+        };
         assert_eq!(exact(halved), [500, 500, 500].map(Duration::from_millis));
     }
 
     #[test]
     fn hints() {
-        let b = Backoff::new().max_server_delay(Duration::from_secs(60));
+        let b = Backoff {
+            max_server_delay: Duration::from_secs(60),
+            ..Backoff::new()
+        };
         assert_eq!(
             b.delay(5, Some(Duration::from_millis(1500))),
             Delay::Wait(Duration::from_millis(1500))
@@ -265,12 +258,18 @@ mod tests {
 
     #[test]
     fn bad_settings_are_sanitized() {
-        let b = Backoff::new()
-            .multiplier(f64::NAN)
-            .jitter(f64::NAN)
-            .initial(Duration::from_secs(1));
+        let b = Backoff {
+            multiplier: f64::NAN,
+            jitter: f64::NAN,
+            initial: Duration::from_secs(1),
+            ..Backoff::new()
+        };
         assert_eq!(b.delay(3, None), Delay::Wait(Duration::from_secs(1)));
-        let b = Backoff::new().multiplier(1e308).jitter(5.0).jitter_seed(1);
+        let b = Backoff {
+            multiplier: 1e308,
+            jitter: 5.0,
+            ..Backoff::new().jitter_seed(1)
+        };
         let d = b.delay(64, None).wait().unwrap();
         assert!(d <= Duration::from_secs(8));
     }

@@ -47,7 +47,7 @@ pin_project! {
 
 impl<B> BudgetBody<B> {
     /// Wrap `inner` so it ends at `budget`'s deadline.
-    pub fn new(inner: B, budget: TurnBudget) -> Self {
+    pub(crate) fn new(inner: B, budget: TurnBudget) -> Self {
         Self {
             inner: Some(inner),
             whole: None,
@@ -75,16 +75,6 @@ impl<B> BudgetBody<B> {
             body_bytes: 0,
             inner_owns_deadline: false,
         }
-    }
-
-    /// The turn this body belongs to.
-    pub fn budget(&self) -> &TurnBudget {
-        &self.budget
-    }
-
-    /// Data bytes passed through so far.
-    pub fn body_bytes(&self) -> u64 {
-        self.body_bytes
     }
 }
 
@@ -173,5 +163,13 @@ where
             (None, Some(inner)) => inner.size_hint(),
             (None, None) => SizeHint::with_exact(0),
         }
+    }
+}
+
+#[cfg(test)]
+impl<B> BudgetBody<B> {
+    /// The turn this body belongs to.
+    pub(crate) fn budget(&self) -> &TurnBudget {
+        &self.budget
     }
 }

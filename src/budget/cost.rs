@@ -21,17 +21,13 @@ pub struct Pricing {
 }
 
 impl Pricing {
-    /// A price given as two [`Cost`]s per million tokens.
-    pub const fn new(input_per_million: Cost, output_per_million: Cost) -> Self {
-        Self {
-            input_per_million,
-            output_per_million,
-        }
-    }
-
-    /// A price given in USD per million tokens (the providers' price lists).
+    /// A price given in USD per million tokens (the providers' price lists;
+    /// the fields take [`Cost`]s directly).
     pub fn per_million_usd(input: f64, output: f64) -> Self {
-        Self::new(Cost::from_usd(input), Cost::from_usd(output))
+        Self {
+            input_per_million: Cost::from_usd(input),
+            output_per_million: Cost::from_usd(output),
+        }
     }
 
     /// What `input_tokens` in and `output_tokens` out cost.
@@ -45,11 +41,6 @@ impl Pricing {
         .saturating_add(u128::from(output_tokens) * u128::from(self.output_per_million.as_nanos()));
         let nanos = nanos_times_million.div_ceil(1_000_000);
         Cost::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-    }
-
-    /// What a reported (or estimated) usage costs at this price.
-    pub fn cost_of(&self, usage: &ReportedUsage) -> Cost {
-        self.cost(usage.input_tokens, usage.output_tokens)
     }
 }
 
@@ -132,15 +123,19 @@ mod tests {
         // 1 token at 3 USD/M = 3000 nano-USD exactly.
         assert_eq!(p.cost(1, 0).as_nanos(), 3_000);
         // A price of 1 nano-USD per million rounds one token up to 1 nano-USD.
-        let tiny = Pricing::new(Cost::from_nanos(1), Cost::ZERO);
+        let tiny = Pricing {
+            input_per_million: Cost::from_nanos(1),
+            output_per_million: Cost::ZERO,
+        };
         assert_eq!(tiny.cost(1, 0).as_nanos(), 1);
         assert_eq!(
-            Pricing::new(Cost::MAX, Cost::MAX).cost(u64::MAX, u64::MAX),
+            Pricing {
+                input_per_million: Cost::MAX,
+                output_per_million: Cost::MAX,
+            }
+            .cost(u64::MAX, u64::MAX),
             Cost::MAX
         );
-        assert_eq!(
-            p.cost_of(&ReportedUsage::estimated(1_000_000, 1_000_000)),
-            Cost::from_usd(18.0)
-        );
+        assert_eq!(p.cost(1_000_000, 1_000_000), Cost::from_usd(18.0));
     }
 }

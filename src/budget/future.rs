@@ -165,7 +165,10 @@ fn finish<B: Body>(
 ) -> Response<BudgetBody<B>> {
     let (mut parts, body) = response.into_parts();
     if let (Some(pricing), Some(usage)) = (pricing, parts.extensions.get::<ReportedUsage>()) {
-        budget.record_spend(pricing.cost_of(usage), usage.estimated);
+        budget.record_spend(
+            pricing.cost(usage.input_tokens, usage.output_tokens),
+            usage.estimated,
+        );
     }
     parts.extensions.insert(budget.clone());
     let body = BudgetBody::new(body, budget.clone());

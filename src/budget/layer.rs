@@ -5,22 +5,20 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::backoff::Backoff;
 use super::cost::Pricing;
-use super::retry_budget::RetryBudget;
 use super::service::Budget;
 use super::spend::TenantSpend;
 use super::turn::TurnLimits;
-use crate::Cost;
 use crate::dialect::DefaultDialect;
 
 /// Applies a per-turn [`TurnBudget`](super::TurnBudget) to every request:
 /// made on the first hop, reused by every later one.
 ///
 /// See the [module docs](super) for what the service does with it.
-/// Defaults: 120 s deadline, 4 attempts, no spend ceiling, the OpenAI-SDK
-/// backoff, no retry budget, no pricing, refusals answered in the OpenAI
-/// chat dialect's error shape ([`dialect`](Self::dialect) to change).
+/// Defaults: the [`TurnLimits::new`] limits (120 s deadline, 4 attempts, no
+/// spend ceiling, the OpenAI-SDK backoff, no retry budget), no pricing,
+/// refusals answered in the OpenAI chat dialect's error shape
+/// ([`dialect`](Self::dialect) to change).
 #[derive(Debug, Clone)]
 pub struct BudgetLayer<D = DefaultDialect> {
     pub(crate) settings: Arc<Settings>,
@@ -68,40 +66,19 @@ impl<D> BudgetLayer<D> {
         self
     }
 
-    fn update_limits(self, f: impl FnOnce(TurnLimits) -> TurnLimits) -> Self {
-        self.update(|s| s.limits = f(s.limits.clone()))
-    }
-
-    /// Replace all turn limits at once.
+    /// Replace all turn limits at once: deadline, attempt cap, spend
+    /// ceiling, backoff and retry budget ([`TurnLimits`]; its retry budget
+    /// is shared by all turns through this layer and every other holder of
+    /// a clone of it).
     pub fn limits(self, limits: TurnLimits) -> Self {
         self.update(|s| s.limits = limits)
     }
 
-    /// Time allowed for the whole turn, every hop and wait included.
+    /// Time allowed for the whole turn, every hop and wait included: the
+    /// [`deadline`](TurnLimits::deadline) of the layer's limits, the one
+    /// almost every stack sets.
     pub fn deadline(self, deadline: Duration) -> Self {
-        self.update_limits(|l| l.deadline(deadline))
-    }
-
-    /// Upstream attempts allowed per turn, first attempt included; at least 1.
-    pub fn max_attempts(self, max_attempts: u32) -> Self {
-        self.update_limits(|l| l.max_attempts(max_attempts))
-    }
-
-    /// Money a turn may spend across all its attempts.
-    pub fn spend_ceiling(self, ceiling: Cost) -> Self {
-        self.update_limits(|l| l.spend_ceiling(ceiling))
-    }
-
-    /// The backoff between attempts on the same target, handed to the inner
-    /// layers through [`TurnBudget::backoff`](super::TurnBudget::backoff).
-    pub fn backoff(self, backoff: Backoff) -> Self {
-        self.update_limits(|l| l.backoff(backoff))
-    }
-
-    /// The retry budget shared by all turns through this layer (and every
-    /// other holder of a clone of `retry_budget`).
-    pub fn retry_budget(self, retry_budget: RetryBudget) -> Self {
-        self.update_limits(|l| l.retry_budget(retry_budget))
+        self.update(|s| s.limits.deadline = deadline)
     }
 
     /// Record each response's cost at this price, from the

@@ -12,11 +12,14 @@
 //!   (class [`Timeout`](crate::FailureClass::Timeout)) when it
 //!   passes mid-stream, unless a stream inspector inside ended the stream
 //!   first.
-//! - **Attempts**: [`TurnBudget::try_begin_attempt`] claims the next
-//!   1-based attempt number or refuses with [`BudgetExhausted`].
-//! - **Spend** in money ([`Cost`](crate::Cost), nano-USD): [`TurnBudget::record_spend`]
-//!   after each attempt (marked when estimated), [`TurnBudget::check_spend`]
-//!   with the next attempt's estimate before it (the turn's own ceiling).
+//! - **Attempts**: whoever makes the attempts (the failover layer) claims
+//!   each one from the turn, atomically, so concurrent hops never overdraw
+//!   the cap; past it the turn is refused with [`BudgetExhausted`]. With a
+//!   [`RetryBudget`], every extra attempt also needs its consent.
+//! - **Spend** in money ([`Cost`](crate::Cost), nano-USD): each attempt's
+//!   cost is recorded after it (marked when estimated), and the next
+//!   attempt's estimate is checked against the turn's own ceiling before
+//!   it ([`TurnBudget::spent`] reads the total).
 //! - **Backoff** between attempts on the same target ([`Backoff`]), with
 //!   provider hints honoured; a wait that would end past the deadline is
 //!   refused.
@@ -62,7 +65,7 @@
 //! use http::{Request, Response};
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_llm_failover::{Cost, budget::BudgetLayer, budget::Pricing, budget::ReportedUsage, budget::TurnBudget};
+//! use tower_llm_failover::{Cost, budget::BudgetLayer, budget::Pricing, budget::ReportedUsage, budget::TurnBudget, budget::TurnLimits};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -79,9 +82,12 @@
 //! let service = ServiceBuilder::new()
 //!     .layer(
 //!         BudgetLayer::new()
-//!             .deadline(Duration::from_secs(30))
-//!             .max_attempts(3)
-//!             .spend_ceiling(Cost::from_usd(0.50))
+//!             .limits(TurnLimits {
+//!                 deadline: Duration::from_secs(30),
+//!                 max_attempts: 3,
+//!                 spend_ceiling: Some(Cost::from_usd(0.50)),
+//!                 ..TurnLimits::new()
+//!             })
 //!             .pricing(Pricing::per_million_usd(2.5, 10.0)),
 //!     )
 //!     .service(upstream);
@@ -98,9 +104,10 @@
 mod backoff;
 mod body;
 mod cost;
-mod error;
 mod future;
 mod layer;
+#[cfg(test)]
+mod layer_tests;
 mod retry_budget;
 mod service;
 mod spend;
@@ -108,7 +115,7 @@ mod turn;
 #[cfg(test)]
 mod turn_tests;
 
-pub use backoff::{Backoff, Delay};
+pub use backoff::Backoff;
 pub use body::BudgetBody;
 pub use cost::{Pricing, ReportedUsage};
 pub use future::ResponseFuture;

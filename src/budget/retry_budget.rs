@@ -22,31 +22,34 @@ use crate::identity::ClientId;
 /// [`tower::retry::budget::Budget`], e.g. one shared by several gateway
 /// replicas. Cloning shares the budget (an `Arc` inside).
 ///
-/// Protocol: [`deposit`](Self::deposit) once per turn, on its first attempt;
-/// [`withdraw`](Self::withdraw) before each extra attempt, and don't make it
-/// when that returns `false`. [`TurnBudget::try_begin_attempt`] does both
-/// when the turn carries a retry budget.
+/// Give it to the turns through [`TurnLimits::retry_budget`]: each turn's
+/// first attempt deposits into it, and each extra attempt (a retry or a
+/// reroute) withdraws from it first; a refused withdrawal stops the turn
+/// with [`BudgetExhausted::RetryBudget`] instead of making the attempt.
+/// [`level`](Self::level), [`stats`](Self::stats) and
+/// [`record_metrics`](Self::record_metrics) tell how it is doing.
 ///
-/// [`TurnBudget::try_begin_attempt`]: super::TurnBudget::try_begin_attempt
+/// [`TurnLimits::retry_budget`]: super::TurnLimits::retry_budget
+/// [`BudgetExhausted::RetryBudget`]: super::BudgetExhausted::RetryBudget
 ///
 /// ```
-/// use std::time::Duration;
-/// use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig};
+/// use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
 ///
 /// // One extra attempt per 5 first attempts, no reserve.
-/// let budget = RetryBudget::new(
-///     RetryBudgetConfig::new()
-///         .min_per_sec(0)
-///         .retry_percent(0.2),
-/// )
+/// let budget = RetryBudget::new(RetryBudgetConfig {
+///     min_per_sec: 0,
+///     retry_percent: 0.2,
+///     ..RetryBudgetConfig::new()
+/// })
 /// .unwrap();
-/// for _ in 0..5 {
-///     budget.deposit();
-/// }
-/// assert_eq!(budget.level(), Some(1.0));
-/// assert!(budget.withdraw());
-/// assert!(!budget.withdraw());
-/// assert_eq!(budget.stats().refused, 1);
+/// // Shared by every turn started from these limits.
+/// let limits = TurnLimits {
+///     retry_budget: Some(budget.clone()),
+///     ..TurnLimits::new()
+/// };
+/// # let _ = limits;
+/// assert_eq!(budget.level(), Some(0.0));
+/// assert_eq!(budget.stats().deposits, 0);
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
@@ -84,11 +87,21 @@ pub struct RetryBudgetStats {
 
 /// Settings of a [`RetryBudget`]'s token bucket, in tower's `TpsBudget`
 /// terms and ranges (a shared budget, e.g. on Redis, takes the same).
+///
+/// Plain data: set the fields you need and take the rest from
+/// [`RetryBudgetConfig::new`]. The ranges are checked where the budget is
+/// made ([`RetryBudget::new`], [`validate`](Self::validate)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryBudgetConfig {
-    ttl: Duration,
-    min_per_sec: u32,
-    retry_percent: f32,
+    /// How long a deposit counts (default 10 s); must be within
+    /// 1 s ..= 60 s.
+    pub ttl: Duration,
+    /// Extra attempts allowed per second regardless of deposits, so a quiet
+    /// gateway can still retry (default 10); must be below `i32::MAX`.
+    pub min_per_sec: u32,
+    /// Extra attempts allowed per first attempt (default 0.2: one per
+    /// five); must be within 0 ..= 1000.
+    pub retry_percent: f32,
 }
 
 impl Default for RetryBudgetConfig {
@@ -106,26 +119,6 @@ impl RetryBudgetConfig {
             min_per_sec: 10,
             retry_percent: 0.2,
         }
-    }
-
-    /// How long a deposit counts; must be within 1 s ..= 60 s.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Extra attempts allowed per second regardless of deposits, so a quiet
-    /// gateway can still retry; must be below `i32::MAX`.
-    pub fn min_per_sec(mut self, min_per_sec: u32) -> Self {
-        self.min_per_sec = min_per_sec;
-        self
-    }
-
-    /// Extra attempts allowed per first attempt (0.2 = one per five);
-    /// must be within 0 ..= 1000.
-    pub fn retry_percent(mut self, retry_percent: f32) -> Self {
-        self.retry_percent = retry_percent;
-        self
     }
 
     /// The deposit lifetime, the reserve per second and the percentage.
@@ -238,7 +231,7 @@ impl RetryBudget {
     }
 
     /// Record a first attempt; each one earns a fraction of an extra attempt.
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         match &*self.inner {
             Inner::Local(bucket) => bucket.deposit(),
             Inner::Other(budget) => budget.deposit(),
@@ -247,7 +240,7 @@ impl RetryBudget {
     }
 
     /// Ask for one extra attempt; `false` means don't make it.
-    pub fn withdraw(&self) -> bool {
+    pub(crate) fn withdraw(&self) -> bool {
         let granted = match &*self.inner {
             Inner::Local(bucket) => bucket.withdraw(),
             Inner::Other(budget) => budget.withdraw(),
@@ -294,11 +287,6 @@ impl RetryBudget {
             Inner::Local(bucket) => Some(bucket.level()),
             Inner::Other(_) => None,
         }
-    }
-
-    /// Whether two handles share one budget.
-    pub fn ptr_eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.stats, &other.stats)
     }
 }
 
@@ -486,20 +474,30 @@ impl RetryBudget {
 }
 
 #[cfg(test)]
+impl RetryBudget {
+    /// Whether two handles share one budget.
+    fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.stats, &other.stats)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_spent_its_share_leaves_the_fleet_budget_to_others() {
         // Fleet: 4 extra attempts in reserve; each client's share: 2.
-        let fleet = RetryBudgetConfig::new()
-            .ttl(Duration::from_secs(2))
-            .min_per_sec(2)
-            .retry_percent(0.0);
-        let share = RetryBudgetConfig::new()
-            .ttl(Duration::from_secs(2))
-            .min_per_sec(1)
-            .retry_percent(0.0);
+        let fleet = RetryBudgetConfig {
+            ttl: Duration::from_secs(2),
+            min_per_sec: 2,
+            retry_percent: 0.0,
+        };
+        let share = RetryBudgetConfig {
+            ttl: Duration::from_secs(2),
+            min_per_sec: 1,
+            retry_percent: 0.0,
+        };
         let budget = RetryBudget::new(fleet)
             .unwrap()
             .with_client_shares(share, 16)
@@ -512,13 +510,20 @@ mod tests {
         assert!(!budget.withdraw_for(&b));
         assert_eq!(budget.client_level(&a), Some(0.0));
         // Deposits earn a client's share only for that client.
-        let earning = RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0))
-            .unwrap()
-            .with_client_shares(
-                RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0),
-                16,
-            )
-            .unwrap();
+        let earning = RetryBudget::new(RetryBudgetConfig {
+            min_per_sec: 0,
+            ..RetryBudgetConfig::new()
+        })
+        .unwrap()
+        .with_client_shares(
+            RetryBudgetConfig {
+                min_per_sec: 0,
+                retry_percent: 1.0,
+                ..RetryBudgetConfig::new()
+            },
+            16,
+        )
+        .unwrap();
         earning.deposit_for(&a);
         assert_eq!(earning.client_level(&a), Some(1.0));
         assert_eq!(earning.client_level(&b), Some(0.0));
@@ -542,26 +547,63 @@ mod tests {
     #[test]
     fn rejects_what_tps_budget_would_panic_on() {
         let bad = [
-            RetryBudgetConfig::new().ttl(Duration::from_millis(999)),
-            RetryBudgetConfig::new().ttl(Duration::from_secs(61)),
-            RetryBudgetConfig::new().retry_percent(-0.1),
-            RetryBudgetConfig::new().retry_percent(1000.5),
-            RetryBudgetConfig::new().retry_percent(f32::NAN),
-            RetryBudgetConfig::new().min_per_sec(u32::MAX),
+            RetryBudgetConfig {
+                ttl: Duration::from_millis(999),
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                ttl: Duration::from_secs(61),
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                retry_percent: -0.1,
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                retry_percent: 1000.5,
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                retry_percent: f32::NAN,
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                min_per_sec: u32::MAX,
+                ..RetryBudgetConfig::new()
+            },
         ];
         for config in bad {
             assert!(RetryBudget::new(config).is_err(), "{config:?} accepted");
         }
         assert_eq!(
-            RetryBudget::new(RetryBudgetConfig::new().ttl(Duration::ZERO)).unwrap_err(),
+            RetryBudget::new(RetryBudgetConfig {
+                ttl: Duration::ZERO,
+                ..RetryBudgetConfig::new()
+            })
+            .unwrap_err(),
             RetryBudgetConfigError::Ttl(Duration::ZERO)
         );
         let edges = [
-            RetryBudgetConfig::new().ttl(Duration::from_secs(1)),
-            RetryBudgetConfig::new().ttl(Duration::from_secs(60)),
-            RetryBudgetConfig::new().retry_percent(0.0),
-            RetryBudgetConfig::new().retry_percent(1000.0),
-            RetryBudgetConfig::new().min_per_sec(0),
+            RetryBudgetConfig {
+                ttl: Duration::from_secs(1),
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                ttl: Duration::from_secs(60),
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                retry_percent: 0.0,
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                retry_percent: 1000.0,
+                ..RetryBudgetConfig::new()
+            },
+            RetryBudgetConfig {
+                min_per_sec: 0,
+                ..RetryBudgetConfig::new()
+            },
         ];
         for config in edges {
             assert!(RetryBudget::new(config).is_ok(), "{config:?} refused");
@@ -570,13 +612,21 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn percent_caps_withdrawals_and_clones_share() {
-        let budget =
-            RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
+        let budget = RetryBudget::new(RetryBudgetConfig {
+            min_per_sec: 0,
+            retry_percent: 0.5,
+            ..RetryBudgetConfig::new()
+        })
+        .unwrap();
         let other = budget.clone();
         assert!(budget.ptr_eq(&other));
         // A budget built apart is another budget, even with the same figures.
-        let apart =
-            RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.5)).unwrap();
+        let apart = RetryBudget::new(RetryBudgetConfig {
+            min_per_sec: 0,
+            retry_percent: 0.5,
+            ..RetryBudgetConfig::new()
+        })
+        .unwrap();
         assert!(!budget.ptr_eq(&apart));
         assert!(!budget.withdraw());
         for _ in 0..10 {
@@ -604,12 +654,11 @@ mod tests {
     async fn level_is_the_withdrawals_left() {
         // 20 %: five deposits earn one extra attempt; a reserve of 1/s for
         // a 2 s ttl is two more.
-        let budget = RetryBudget::new(
-            RetryBudgetConfig::new()
-                .ttl(Duration::from_secs(2))
-                .min_per_sec(1)
-                .retry_percent(0.2),
-        )
+        let budget = RetryBudget::new(RetryBudgetConfig {
+            ttl: Duration::from_secs(2),
+            min_per_sec: 1,
+            retry_percent: 0.2,
+        })
         .unwrap();
         assert_eq!(budget.level(), Some(2.0));
         for _ in 0..3 {
@@ -639,10 +688,11 @@ mod tests {
     async fn grants_what_tower_tps_budget_grants() {
         use tower::retry::budget::{Budget as _, TpsBudget};
         for (ttl, min_per_sec, percent) in [(1, 0, 0.5), (3, 1, 0.2), (10, 0, 2.5), (2, 2, 0.0)] {
-            let config = RetryBudgetConfig::new()
-                .ttl(Duration::from_secs(ttl))
-                .min_per_sec(min_per_sec)
-                .retry_percent(percent);
+            let config = RetryBudgetConfig {
+                ttl: Duration::from_secs(ttl),
+                min_per_sec,
+                retry_percent: percent,
+            };
             let ours = RetryBudget::new(config).unwrap();
             let tower = TpsBudget::new(Duration::from_secs(ttl), min_per_sec, percent);
             let mut rng = fastrand::Rng::with_seed(ttl);
@@ -662,5 +712,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_retry_budget_level_is_a_gauge() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        // Recorded synchronously: a recorder of this test's own (a snapshot of
+        // the global one, taken by a test in parallel, resets values).
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let level = |budget: &RetryBudget| {
+            metrics::with_local_recorder(&recorder, || budget.record_metrics());
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .find(|(key, ..)| key.key().name() == "failover.retry_budget.level")
+                .map(|(.., value)| match value {
+                    DebugValue::Gauge(level) => level.into_inner(),
+                    other => panic!("{other:?}"),
+                })
+        };
+        // 50 %: two first attempts earn one extra attempt; no reserve.
+        let budget = RetryBudget::new(RetryBudgetConfig {
+            min_per_sec: 0,
+            retry_percent: 0.5,
+            ..RetryBudgetConfig::new()
+        })
+        .unwrap();
+        for _ in 0..5 {
+            budget.deposit();
+        }
+        assert_eq!(level(&budget), Some(2.5));
+        assert!(budget.withdraw() && budget.withdraw());
+        assert_eq!(level(&budget), Some(0.5));
+        // A budget that cannot say its level sets no gauge.
+        let other = RetryBudget::from_budget(tower::retry::budget::TpsBudget::default());
+        let fresh = DebuggingRecorder::new();
+        metrics::with_local_recorder(&fresh, || other.record_metrics());
+        assert!(
+            fresh
+                .snapshotter()
+                .snapshot()
+                .into_vec()
+                .iter()
+                .all(|(key, ..)| key.key().name() != "failover.retry_budget.level")
+        );
     }
 }

@@ -10,14 +10,14 @@ use tower_service::Service;
 
 use super::body::BudgetBody;
 use super::future::ResponseFuture;
-use super::layer::{BudgetLayer, Settings};
+use super::layer::Settings;
 use super::turn::{BudgetExhausted, TurnBudget};
 use crate::dialect::{DefaultDialect, Dialect};
 use crate::identity::ClientId;
 
 /// Middleware that gives each turn one [`TurnBudget`] and enforces its
-/// deadline on the response head and body. Made by [`BudgetLayer`]; see the
-/// [module docs](super).
+/// deadline on the response head and body. Made by
+/// [`BudgetLayer`](super::BudgetLayer); see the [module docs](super).
 ///
 /// A refused turn (deadline passed, attempts or spend used up) is answered,
 /// not failed: an error response in the dialect's shape. Its error type is
@@ -27,19 +27,6 @@ pub struct Budget<S, D = DefaultDialect> {
     inner: S,
     settings: Arc<Settings>,
     dialect: D,
-}
-
-impl<S> Budget<S> {
-    /// Wrap `inner` with the default [`BudgetLayer`] settings.
-    pub fn new(inner: S) -> Self {
-        let layer = BudgetLayer::new();
-        Self::from_parts(inner, layer.settings, layer.dialect)
-    }
-
-    /// A [`BudgetLayer`] with the defaults, to configure.
-    pub fn layer() -> BudgetLayer {
-        BudgetLayer::new()
-    }
 }
 
 impl<S, D> Budget<S, D> {

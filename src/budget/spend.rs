@@ -82,7 +82,7 @@ impl SpendCheck {
     }
 
     /// Whether the tenant may start another turn: spend is below the ceiling.
-    pub fn within(&self) -> bool {
+    pub(crate) fn within(&self) -> bool {
         self.spent < self.ceiling
     }
 }
@@ -287,20 +287,6 @@ impl MemorySpendStore {
         }
         total
     }
-
-    /// Tenants holding a total (for tests and metrics).
-    pub fn len(&self) -> usize {
-        self.totals
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .spent
-            .len()
-    }
-
-    /// Whether no tenant holds a total.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl SpendStore for MemorySpendStore {
@@ -390,16 +376,45 @@ const SETTLE_MAX_PENDING: usize = 1024;
 /// [`settle`](Self::settle)s against what it really cost. Turns of one
 /// tenant running at the same time can together pass the ceiling by at
 /// most one attempt's estimate each; no attempt starts once it is reached.
+///
+/// The store, the window and the ceiling are given to [`new`](Self::new);
+/// the policy is in the public fields, set on the value it returns:
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_llm_failover::Cost;
+/// use tower_llm_failover::budget::{MemorySpendStore, SpendWindow, TenantSpend};
+///
+/// let mut spend = TenantSpend::new(
+///     Arc::new(MemorySpendStore::new()),
+///     SpendWindow::Day,
+///     Cost::from_usd(20.0),
+/// );
+/// spend.require_tenant = true;
+/// assert!(!spend.fail_open);
+/// ```
 #[derive(Debug, Clone)]
 pub struct TenantSpend {
     store: Arc<dyn SpendStore>,
     window: SpendWindow,
     ceiling: Cost,
-    fail_open: bool,
-    require_tenant: bool,
-    settle_tries: u32,
-    settle_first_wait: Duration,
-    max_pending: usize,
+    /// Let turns through when the store cannot be reached (logged), rather
+    /// than refusing them; a settlement the store could not take is then
+    /// logged and not retried. Default `false`: fail closed.
+    pub fail_open: bool,
+    /// Refuse requests whose client names no tenant (default `false`: they
+    /// are not metered).
+    pub require_tenant: bool,
+    /// Failing closed, how often a settlement the store could not take is
+    /// tried in all (default 10; 0 is taken as 1: it is always tried once).
+    pub settle_tries: u32,
+    /// Failing closed, the wait before a settlement's first retry (default
+    /// 100 ms); it doubles, up to 5 s.
+    pub settle_first_wait: Duration,
+    /// Failing closed, how many settlements may wait for a retry at once
+    /// (default 1,024); beyond it, one that fails is logged and dropped, so
+    /// an outage cannot grow memory without bound.
+    pub max_pending_settlements: usize,
     /// Settlements waiting for a retry, across clones.
     pending: Arc<AtomicUsize>,
 }
@@ -416,51 +431,9 @@ impl TenantSpend {
             require_tenant: false,
             settle_tries: SETTLE_TRIES,
             settle_first_wait: SETTLE_FIRST_WAIT,
-            max_pending: SETTLE_MAX_PENDING,
+            max_pending_settlements: SETTLE_MAX_PENDING,
             pending: Arc::new(AtomicUsize::new(0)),
         }
-    }
-
-    /// Let turns through when the store cannot be reached (logged), rather
-    /// than refusing them; a settlement the store could not take is then
-    /// logged and not retried.
-    pub fn fail_open(mut self, open: bool) -> Self {
-        self.fail_open = open;
-        self
-    }
-
-    /// Refuse requests whose client names no tenant (default: they are not
-    /// metered).
-    pub fn require_tenant(mut self, required: bool) -> Self {
-        self.require_tenant = required;
-        self
-    }
-
-    /// Failing closed, how often a settlement the store could not take is
-    /// tried in all (at least once; default 10) and the wait before the
-    /// first retry (default 100 ms; it doubles, up to 5 s).
-    pub fn settle_retries(mut self, tries: u32, first_wait: Duration) -> Self {
-        self.settle_tries = tries.max(1);
-        self.settle_first_wait = first_wait;
-        self
-    }
-
-    /// Failing closed, how many settlements may wait for a retry at once
-    /// (default 1,024); beyond it, one that fails is logged and dropped,
-    /// so an outage cannot grow memory without bound.
-    pub fn max_pending_settlements(mut self, max: usize) -> Self {
-        self.max_pending = max;
-        self
-    }
-
-    /// The window the ceiling applies to.
-    pub fn window(&self) -> SpendWindow {
-        self.window
-    }
-
-    /// The ceiling per window.
-    pub fn ceiling(&self) -> Cost {
-        self.ceiling
     }
 
     /// Settlements waiting for a retry right now.
@@ -471,7 +444,7 @@ impl TenantSpend {
     /// The tenant `client` names, if any: at most 128 bytes
     /// after trimming; a longer one names no tenant (it would be a key in
     /// the store).
-    pub fn tenant(&self, client: &ClientId) -> Option<String> {
+    pub(crate) fn tenant(&self, client: &ClientId) -> Option<String> {
         client
             .tenant()
             .map(str::trim)
@@ -534,9 +507,10 @@ impl TenantSpend {
     /// total.
     ///
     /// Failing closed, a settlement the store could not take is tried
-    /// again with a doubling wait ([`settle_retries`](Self::settle_retries))
-    /// while at most [`max_pending_settlements`](Self::max_pending_settlements)
-    /// wait at once: a turn's cost is not lost to a store's brief outage.
+    /// again with a doubling wait ([`settle_tries`](Self::settle_tries),
+    /// [`settle_first_wait`](Self::settle_first_wait)) while at most
+    /// [`max_pending_settlements`](Self::max_pending_settlements) wait at
+    /// once: a turn's cost is not lost to a store's brief outage.
     /// The error is returned only once the tries are used up.
     pub async fn settle(
         &self,
@@ -556,11 +530,11 @@ impl TenantSpend {
                 Ok(total) => return Ok(total),
                 Err(error) => error,
             };
-            if self.fail_open || tries >= self.settle_tries {
+            if self.fail_open || tries >= self.settle_tries.max(1) {
                 return Err(error);
             }
             if pending.is_none() {
-                match Pending::enter(&self.pending, self.max_pending) {
+                match Pending::enter(&self.pending, self.max_pending_settlements) {
                     Some(entered) => pending = Some(entered),
                     None => return Err(error),
                 }
@@ -570,14 +544,6 @@ impl TenantSpend {
             wait = wait.saturating_mul(2).min(SETTLE_MAX_WAIT);
             tries += 1;
         }
-    }
-
-    /// Adds a finished turn's cost to `tenant`'s window (for a turn that
-    /// reserved nothing).
-    pub async fn record(&self, tenant: &str, cost: Cost) -> Result<SpendCheck, SpendError> {
-        self.store
-            .add_and_check(tenant, self.window, cost, self.ceiling)
-            .await
     }
 
     fn ceiling_reached(&self, spent: Cost) -> TenantRefusal {
@@ -642,7 +608,7 @@ impl SpendCeilings {
     }
 
     /// Whether it holds no ceiling.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.accounts.is_empty()
     }
 }
@@ -730,6 +696,23 @@ impl fmt::Debug for TenantLedger {
 }
 
 #[cfg(test)]
+impl MemorySpendStore {
+    /// Tenants holding a total.
+    fn len(&self) -> usize {
+        self.totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .spent
+            .len()
+    }
+
+    /// Whether no tenant holds a total.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
@@ -803,7 +786,10 @@ mod tests {
         assert_eq!(spend.admit(&long).await.unwrap(), None);
         // A key without a tenant of its own pays as itself.
         assert_eq!(spend.tenant(&ClientId::key("ci")), Some("ci".to_owned()));
-        let required = spend.require_tenant(true);
+        let required = TenantSpend {
+            require_tenant: true,
+            ..spend
+        };
         assert!(matches!(
             required.admit(&long).await,
             Err(TenantRefusal::NoTenant)
@@ -964,8 +950,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn settlement_retries_are_bounded() {
         let store = flaky(usize::MAX);
-        let spend = TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(1.0))
-            .settle_retries(3, Duration::from_millis(10));
+        let spend = TenantSpend {
+            settle_tries: 3,
+            settle_first_wait: Duration::from_millis(10),
+            ..TenantSpend::new(store.clone(), SpendWindow::Day, Cost::from_usd(1.0))
+        };
         assert!(
             spend
                 .settle("t", Cost::ZERO, Cost::from_usd(0.1))
@@ -974,7 +963,10 @@ mod tests {
         );
         assert_eq!(store.settle_calls.load(Ordering::Acquire), 3);
         // Fail open: one try, no retry.
-        let open = spend.clone().fail_open(true);
+        let open = TenantSpend {
+            fail_open: true,
+            ..spend.clone()
+        };
         assert!(
             open.settle("t", Cost::ZERO, Cost::from_usd(0.1))
                 .await
@@ -982,7 +974,10 @@ mod tests {
         );
         assert_eq!(store.settle_calls.load(Ordering::Acquire), 4);
         // No room to wait: tried once.
-        let full = spend.max_pending_settlements(0);
+        let full = TenantSpend {
+            max_pending_settlements: 0,
+            ..spend
+        };
         assert!(
             full.settle("t", Cost::ZERO, Cost::from_usd(0.1))
                 .await

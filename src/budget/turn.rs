@@ -101,7 +101,7 @@ impl From<TenantRefusal> for BudgetExhausted {
 impl BudgetExhausted {
     /// The [`StopReason`](crate::StopReason) a turn refused for this
     /// reason stops with.
-    pub fn stop_reason(&self) -> crate::StopReason {
+    pub(crate) fn stop_reason(&self) -> crate::StopReason {
         use crate::StopReason;
         match self {
             Self::Deadline { .. } => StopReason::Deadline,
@@ -120,15 +120,38 @@ impl BudgetExhausted {
 /// shared across turns. [`BudgetLayer`](super::BudgetLayer) holds one and
 /// starts a [`TurnBudget`] from it per request.
 ///
-/// Defaults: 120 s deadline, 4 attempts, no spend ceiling,
-/// [`Backoff::new`], no retry budget.
+/// Plain data: set the fields you need and take the rest from
+/// [`TurnLimits::new`] (the defaults: 120 s deadline, 4 attempts, no spend
+/// ceiling, [`Backoff::new`], no retry budget).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_failover::{Cost, budget::TurnLimits};
+///
+/// let limits = TurnLimits {
+///     deadline: Duration::from_secs(30),
+///     max_attempts: 3,
+///     spend_ceiling: Some(Cost::from_usd(0.50)),
+///     ..TurnLimits::new()
+/// };
+/// let turn = limits.start();
+/// assert!(turn.turn_deadline().remaining() <= Duration::from_secs(30));
+/// ```
 #[derive(Debug, Clone)]
 pub struct TurnLimits {
-    deadline: Duration,
-    max_attempts: u32,
-    spend_ceiling: Option<Cost>,
-    backoff: Backoff,
-    retry_budget: Option<RetryBudget>,
+    /// Time allowed for the whole turn, every hop and wait included.
+    pub deadline: Duration,
+    /// Upstream attempts allowed per turn, first attempt included; 0 is
+    /// taken as 1.
+    pub max_attempts: u32,
+    /// Money the turn may spend across all attempts; `None`: no ceiling.
+    pub spend_ceiling: Option<Cost>,
+    /// The backoff between attempts on the same target.
+    pub backoff: Backoff,
+    /// A retry budget shared by every turn started from these limits (and
+    /// their clones); `None`: extra attempts are limited only by
+    /// `max_attempts`.
+    pub retry_budget: Option<RetryBudget>,
 }
 
 impl Default for TurnLimits {
@@ -147,37 +170,6 @@ impl TurnLimits {
             backoff: Backoff::new(),
             retry_budget: None,
         }
-    }
-
-    /// Time allowed for the whole turn, every hop and wait included.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// Upstream attempts allowed per turn, first attempt included; at least 1.
-    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts.max(1);
-        self
-    }
-
-    /// Money the turn may spend across all attempts.
-    pub fn spend_ceiling(mut self, ceiling: Cost) -> Self {
-        self.spend_ceiling = Some(ceiling);
-        self
-    }
-
-    /// The backoff between attempts on the same target.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// A retry budget shared by every turn started from these limits (and
-    /// their clones).
-    pub fn retry_budget(mut self, retry_budget: RetryBudget) -> Self {
-        self.retry_budget = Some(retry_budget);
-        self
     }
 
     /// Start a turn now, with a random turn id, for the anonymous client.
@@ -204,7 +196,7 @@ impl TurnLimits {
                 started,
                 deadline: deadline_after(started, self.deadline),
                 limit: self.deadline,
-                max_attempts: self.max_attempts,
+                max_attempts: self.max_attempts.max(1),
                 attempts: AtomicU32::new(0),
                 spend_ceiling: self.spend_ceiling,
                 spent: AtomicU64::new(0),
@@ -228,35 +220,32 @@ fn deadline_after(start: Instant, limit: Duration) -> Instant {
 ///
 /// Made once per turn (by [`BudgetLayer`](super::BudgetLayer) or
 /// [`TurnLimits::start`]) and carried in the request extensions; cloning
-/// shares it (an `Arc` inside), so nothing resets per hop. All methods take
-/// `&self` and are safe to call from concurrent hops.
+/// shares it (an `Arc` inside), so nothing resets per hop. The layers
+/// inside draw on it (the failover layer claims each attempt, checks and
+/// records its spend and fits its backoff into the time left); anyone may
+/// read it back, from the request's or the response's extensions.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_llm_failover::{Cost, budget::BudgetExhausted, budget::TurnLimits};
+/// use http::Request;
+/// use tower_llm_failover::budget::{TurnBudget, TurnLimits};
 ///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let turn = TurnLimits::new()
-///     .deadline(Duration::from_secs(30))
-///     .max_attempts(2)
-///     .spend_ceiling(Cost::from_usd(0.05))
-///     .start();
-/// assert_eq!(turn.try_begin_attempt(), Ok(1));
-/// turn.record_spend(Cost::from_usd(0.04), false);
-/// // The next attempt is estimated at 2 cents: it would pass the ceiling.
-/// assert!(matches!(
-///     turn.check_spend(Cost::from_usd(0.02)),
-///     Err(BudgetExhausted::Spend { .. })
-/// ));
-/// assert_eq!(turn.try_begin_attempt(), Ok(2));
-/// assert!(matches!(
-///     turn.try_begin_attempt(),
-///     Err(BudgetExhausted::Attempts { used: 2, max: 2 })
-/// ));
-/// // A backoff longer than the time left is never taken.
-/// assert!(!turn.wait_fits(Duration::from_secs(31)));
-/// # }
+/// // A turn the application starts itself (a BudgetLayer outside would
+/// // start one per request), carried to every layer inside.
+/// let turn = TurnLimits {
+///     deadline: Duration::from_secs(30),
+///     ..TurnLimits::new()
+/// }
+/// .start_with_turn_id("turn-42".into());
+/// let mut request = Request::new(());
+/// request.extensions_mut().insert(turn.turn_deadline());
+/// request.extensions_mut().insert(turn);
+///
+/// let seen = TurnBudget::from_extensions(request.extensions()).unwrap();
+/// assert_eq!(seen.turn_id().as_str(), "turn-42");
+/// assert!(seen.turn_deadline().remaining() <= Duration::from_secs(30));
+/// assert_eq!(seen.attempts_used(), 0);
+/// assert_eq!(seen.spent().0, tower_llm_failover::Cost::ZERO);
 /// ```
 #[derive(Clone)]
 pub struct TurnBudget {
@@ -328,20 +317,10 @@ pub(crate) enum RetryDelay {
 impl RetryDelay {}
 
 impl TurnBudget {
-    /// A turn with the default [`TurnLimits`], starting now.
-    pub fn new() -> Self {
-        TurnLimits::new().start()
-    }
-
     /// The turn's budget from a request's (or response's) extensions, if a
     /// [`BudgetLayer`](super::BudgetLayer) or the application put one there.
     pub fn from_extensions(extensions: &http::Extensions) -> Option<TurnBudget> {
         extensions.get::<TurnBudget>().cloned()
-    }
-
-    /// Whether two handles are the same turn.
-    pub fn ptr_eq(&self, other: &TurnBudget) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The turn's turn id.
@@ -349,18 +328,13 @@ impl TurnBudget {
         &self.inner.turn_id
     }
 
-    /// When the turn started.
-    pub fn started(&self) -> Instant {
-        self.inner.started
-    }
-
     /// Time since the turn started.
-    pub fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.inner.started.elapsed()
     }
 
     /// When the turn must be over.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.inner.deadline
     }
 
@@ -369,7 +343,9 @@ impl TurnBudget {
         self.inner.limit
     }
 
-    /// The deadline as the request extension the other layers read.
+    /// The turn's deadline (when it must be over, and the whole time it was
+    /// given), as the request extension the other layers read; its
+    /// [`remaining`](TurnDeadline::remaining) is the time left.
     pub fn turn_deadline(&self) -> TurnDeadline {
         TurnDeadline {
             at: self.inner.deadline,
@@ -378,7 +354,7 @@ impl TurnBudget {
     }
 
     /// Time left before the deadline; zero once it has passed.
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.inner
             .deadline
             .saturating_duration_since(Instant::now())
@@ -389,34 +365,9 @@ impl TurnBudget {
         Instant::now() >= self.inner.deadline
     }
 
-    /// The turn's attempt cap.
-    pub fn max_attempts(&self) -> u32 {
-        self.inner.max_attempts
-    }
-
     /// Attempts begun so far.
     pub fn attempts_used(&self) -> u32 {
         self.inner.attempts.load(Ordering::Acquire)
-    }
-
-    /// The turn's spend ceiling, if any.
-    pub fn spend_ceiling(&self) -> Option<Cost> {
-        self.inner.spend_ceiling
-    }
-
-    /// The backoff for attempts on the same target.
-    pub fn backoff(&self) -> &Backoff {
-        &self.inner.backoff
-    }
-
-    /// The retry budget shared across turns, if one is configured.
-    pub fn retry_budget(&self) -> Option<&RetryBudget> {
-        self.inner.retry_budget.as_ref()
-    }
-
-    /// The client whose turn this is.
-    pub fn client(&self) -> &ClientId {
-        &self.inner.client
     }
 
     fn deadline_error(&self) -> BudgetExhausted {
@@ -436,7 +387,7 @@ impl TurnBudget {
     /// gives [`BudgetExhausted::RetryBudget`] and does not use up an attempt.
     /// Spend is checked separately, with [`check_spend`](Self::check_spend),
     /// because only the caller knows the next attempt's estimate.
-    pub fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
+    pub(crate) fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
         if self.is_expired() {
             return Err(self.deadline_error());
         }
@@ -468,7 +419,7 @@ impl TurnBudget {
     ///
     /// Refuses when spend has already reached the ceiling, or when spend plus
     /// the estimate would pass it. Always fine without a ceiling.
-    pub fn check_spend(&self, estimated_next: Cost) -> Result<(), BudgetExhausted> {
+    pub(crate) fn check_spend(&self, estimated_next: Cost) -> Result<(), BudgetExhausted> {
         let Some(ceiling) = self.inner.spend_ceiling else {
             return Ok(());
         };
@@ -503,7 +454,7 @@ impl TurnBudget {
 
     /// Add a finished attempt's cost; `estimated` marks it as estimated
     /// rather than computed from reported usage.
-    pub fn record_spend(&self, cost: Cost, estimated: bool) {
+    pub(crate) fn record_spend(&self, cost: Cost, estimated: bool) {
         // fetch_update never fails with a closure returning Some.
         let _ = self
             .inner
@@ -562,14 +513,6 @@ impl TurnBudget {
         self.inner.tenant.get().map(|ledger| ledger.tenant())
     }
 
-    /// What the turn's attempts reserved with its tenant so far.
-    pub fn tenant_reserved(&self) -> Cost {
-        self.inner
-            .tenant
-            .get()
-            .map_or(Cost::ZERO, |ledger| ledger.reserved())
-    }
-
     /// Reserve an attempt's `estimate` with the turn's tenant before it is
     /// sent: the tenant's total must be below its ceiling, and then holds
     /// the estimate until the turn settles. The first attempt's
@@ -590,7 +533,7 @@ impl TurnBudget {
 
     /// Whether a wait of `wait` starting now would end before the deadline.
     /// A backoff that does not fit is never taken.
-    pub fn wait_fits(&self, wait: Duration) -> bool {
+    pub(crate) fn wait_fits(&self, wait: Duration) -> bool {
         Instant::now()
             .checked_add(wait)
             .is_some_and(|end| end < self.inner.deadline)
@@ -611,8 +554,9 @@ impl TurnBudget {
 }
 
 impl Default for TurnBudget {
+    /// A turn with the default [`TurnLimits`], starting now.
     fn default() -> Self {
-        Self::new()
+        TurnLimits::new().start()
     }
 }
 
@@ -630,6 +574,14 @@ impl fmt::Debug for TurnBudget {
             .field("spend_ceiling", &self.inner.spend_ceiling)
             .field("tenant", &self.inner.tenant.get())
             .finish()
+    }
+}
+
+#[cfg(test)]
+impl TurnBudget {
+    /// Whether two handles are the same turn.
+    pub(crate) fn ptr_eq(&self, other: &TurnBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
@@ -663,7 +615,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn deadline_counts_down_and_refuses() {
-        let turn = TurnLimits::new().deadline(Duration::from_secs(10)).start();
+        let turn = TurnLimits {
+            deadline: Duration::from_secs(10),
+            ..TurnLimits::new()
+        }
+        .start();
         assert_eq!(turn.time_limit(), Duration::from_secs(10));
         assert_eq!(turn.remaining(), Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(4)).await;
@@ -685,7 +641,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn huge_deadline_does_not_overflow() {
-        let turn = TurnLimits::new().deadline(Duration::MAX).start();
+        let turn = TurnLimits {
+            deadline: Duration::MAX,
+            ..TurnLimits::new()
+        }
+        .start();
         assert!(!turn.is_expired());
         assert!(turn.wait_fits(Duration::from_secs(3600)));
         assert!(!turn.wait_fits(Duration::MAX));
@@ -693,7 +653,11 @@ mod tests {
 
     #[test]
     fn attempts_are_claimed_atomically_across_threads() {
-        let turn = TurnLimits::new().max_attempts(50).start();
+        let turn = TurnLimits {
+            max_attempts: 50,
+            ..TurnLimits::new()
+        }
+        .start();
         let ok = std::sync::atomic::AtomicU32::new(0);
         std::thread::scope(|s| {
             for _ in 0..8 {
@@ -712,14 +676,18 @@ mod tests {
 
     #[test]
     fn zero_max_attempts_means_one() {
-        let turn = TurnLimits::new().max_attempts(0).start();
+        let turn = TurnLimits {
+            max_attempts: 0,
+            ..TurnLimits::new()
+        }
+        .start();
         assert_eq!(turn.try_begin_attempt(), Ok(1));
         assert!(turn.try_begin_attempt().is_err());
     }
 
     #[test]
     fn spend_without_ceiling_is_unbounded_but_counted() {
-        let turn = TurnBudget::new();
+        let turn = TurnBudget::default();
         turn.record_spend(Cost::MAX, false);
         turn.record_spend(Cost::from_nanos(5), true);
         assert_eq!(turn.spent(), (Cost::MAX, true));
@@ -728,9 +696,11 @@ mod tests {
 
     #[test]
     fn spend_error_reads_well() {
-        let turn = TurnLimits::new()
-            .spend_ceiling(Cost::from_usd(0.10))
-            .start();
+        let turn = TurnLimits {
+            spend_ceiling: Some(Cost::from_usd(0.10)),
+            ..TurnLimits::new()
+        }
+        .start();
         turn.record_spend(Cost::from_usd(0.08), true);
         let err = turn.check_spend(Cost::from_usd(0.03)).unwrap_err();
         assert_eq!(

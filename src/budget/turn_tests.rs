@@ -3,15 +3,20 @@
 
 use std::time::Duration;
 
+use super::backoff::Delay;
 use crate::{
-    Cost, budget::Backoff, budget::BudgetExhausted, budget::Delay, budget::RetryBudget,
-    budget::RetryBudgetConfig, budget::RetryDelay, budget::TurnLimits,
+    Cost, budget::Backoff, budget::BudgetExhausted, budget::RetryBudget, budget::RetryBudgetConfig,
+    budget::RetryDelay, budget::TurnLimits,
 };
 use tokio::time::{Instant, advance};
 
 #[tokio::test(start_paused = true)]
 async fn attempts_cap_counts_every_hop() {
-    let turn = TurnLimits::new().max_attempts(3).start();
+    let turn = TurnLimits {
+        max_attempts: 3,
+        ..TurnLimits::new()
+    }
+    .start();
     let hop = turn.clone();
     assert_eq!(turn.try_begin_attempt(), Ok(1));
     assert_eq!(hop.try_begin_attempt(), Ok(2));
@@ -29,9 +34,11 @@ async fn attempts_cap_counts_every_hop() {
 
 #[tokio::test(start_paused = true)]
 async fn spend_ceiling_refuses_the_next_attempt() {
-    let turn = TurnLimits::new()
-        .spend_ceiling(Cost::from_usd(0.01))
-        .start();
+    let turn = TurnLimits {
+        spend_ceiling: Some(Cost::from_usd(0.01)),
+        ..TurnLimits::new()
+    }
+    .start();
     assert!(turn.check_spend(Cost::from_usd(0.006)).is_ok());
     turn.record_spend(Cost::from_usd(0.006), false);
     // A partial attempt with missing usage, estimated.
@@ -51,10 +58,13 @@ async fn spend_ceiling_refuses_the_next_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn backoff_grows_with_jitter_and_honours_hints() {
-    let turn = TurnLimits::new()
-        .deadline(Duration::from_secs(60))
-        .backoff(Backoff::new().jitter_seed(1234))
-        .start();
+    let backoff = Backoff::new().jitter_seed(1234);
+    let turn = TurnLimits {
+        deadline: Duration::from_secs(60),
+        backoff: backoff.clone(),
+        ..TurnLimits::new()
+    }
+    .start();
     let mut previous_base = 0.0;
     for retry in 0..6u32 {
         let base = (0.5 * 2f64.powi(retry as i32)).min(8.0);
@@ -81,7 +91,7 @@ async fn backoff_grows_with_jitter_and_honours_hints() {
         }
     );
     assert_eq!(
-        turn.backoff().delay(0, Some(Duration::from_secs(300))),
+        backoff.delay(0, Some(Duration::from_secs(300))),
         Delay::HintTooLong {
             asked: Duration::from_secs(300),
             max: Duration::from_secs(120)
@@ -91,7 +101,11 @@ async fn backoff_grows_with_jitter_and_honours_hints() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hint_longer_than_the_time_left_is_not_taken() {
-    let turn = TurnLimits::new().deadline(Duration::from_secs(10)).start();
+    let turn = TurnLimits {
+        deadline: Duration::from_secs(10),
+        ..TurnLimits::new()
+    }
+    .start();
     advance(Duration::from_secs(7)).await;
     let hint = Duration::from_secs(5); // within the 120 s cap, but 3 s are left
     assert!(!turn.wait_fits(hint));
@@ -110,7 +124,11 @@ async fn a_hint_longer_than_the_time_left_is_not_taken() {
 #[tokio::test(start_paused = true)]
 async fn deadline_is_shared_by_every_hop() {
     let start = Instant::now();
-    let turn = TurnLimits::new().deadline(Duration::from_secs(5)).start();
+    let turn = TurnLimits {
+        deadline: Duration::from_secs(5),
+        ..TurnLimits::new()
+    }
+    .start();
     let hop = turn.clone();
     advance(Duration::from_secs(3)).await;
     assert_eq!(hop.deadline(), start + Duration::from_secs(5));
@@ -128,11 +146,17 @@ async fn deadline_is_shared_by_every_hop() {
 /// only 20 extra attempts are ever made.
 #[tokio::test(start_paused = true)]
 async fn retry_budget_caps_extra_attempts_across_turns() {
-    let retry_budget =
-        RetryBudget::new(RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2)).unwrap();
-    let limits = TurnLimits::new()
-        .max_attempts(3)
-        .retry_budget(retry_budget.clone());
+    let retry_budget = RetryBudget::new(RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 0.2,
+        ..RetryBudgetConfig::new()
+    })
+    .unwrap();
+    let limits = TurnLimits {
+        max_attempts: 3,
+        retry_budget: Some(retry_budget.clone()),
+        ..TurnLimits::new()
+    };
 
     let mut upstream_attempts = 0u32;
     let mut refused_by_retry_budget = 0u32;
@@ -165,10 +189,12 @@ async fn retry_budget_caps_extra_attempts_across_turns() {
 async fn retry_budget_reserve_allows_quiet_gateways_to_retry() {
     // tower's default: a reserve of 10 extra attempts per second over 10 s.
     let retry_budget = RetryBudget::new(RetryBudgetConfig::new()).unwrap();
-    let turn = TurnLimits::new()
-        .max_attempts(2)
-        .retry_budget(retry_budget.clone())
-        .start();
+    let turn = TurnLimits {
+        max_attempts: 2,
+        retry_budget: Some(retry_budget.clone()),
+        ..TurnLimits::new()
+    }
+    .start();
     assert_eq!(turn.try_begin_attempt(), Ok(1));
     assert_eq!(turn.try_begin_attempt(), Ok(2));
     assert_eq!(retry_budget.stats().granted, 1);

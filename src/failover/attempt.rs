@@ -165,7 +165,7 @@ fn head_deadline<S, D>(shared: &Shared<S, D>, plan: &AttemptPlan, budget: &TurnB
                 .map_or(plan.first_output, |h| h.min(plan.first_output)),
         )
     } else {
-        shortest(timeouts.whole_head, timeouts.response)
+        shortest(timeouts.non_streaming_head, timeouts.response)
     };
     Until::within(plan.start.clock, limit, budget)
 }
@@ -254,13 +254,7 @@ where
     let status = response.status();
     let (mut parts, body) = response.into_parts();
     let until = whole_deadline(shared, &plan, budget);
-    let collected = collect_whole(
-        body,
-        shared.max_response_bytes,
-        until.at,
-        shared.timeouts.idle,
-    )
-    .await;
+    let collected = collect_whole(body, shared.max_response_bytes, until.at, shared.idle).await;
     let bytes = match collected {
         Err(NotReceived::TimedOut) => {
             return failed(
@@ -427,7 +421,10 @@ fn on_stream_end<S, D>(
                     && failure.note != Some(Note::TurnDeadline) =>
             {
                 let scope = scopes.scope(failure.class, failure.note, client_named);
-                let report = FailureReport::new(failure.class, scope).witness(witness.clone());
+                let report = FailureReport {
+                    witness: witness.clone(),
+                    ..FailureReport::new(failure.class, scope)
+                };
                 if health.failure(&key, report).is_some() {
                     crate::observe::cooldown_started(key.provider(), scope.as_str());
                 }

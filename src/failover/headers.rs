@@ -126,16 +126,21 @@ const NEVER: [&str; 9] = [
 ///   policy.
 ///
 /// ```
-/// use tower_llm_failover::failover::HeaderPolicy;
+/// use tower_llm_failover::failover::{Failover, HeaderPolicy, Target};
+/// # let upstream = tower_llm_testing::FakeProvider::new("primary");
 ///
+/// // On top of the defaults: the client's `openai-organization` (named
+/// // exactly, as a credential header must be) and every `x-tenant-*`
+/// // header go to the provider; the provider's `openai-processing-ms`
+/// // comes back. `openai-project` and `set-cookie` still do not pass.
 /// let policy = HeaderPolicy::new()
 ///     .forward_request_headers(["openai-organization", "x-tenant-*"])
 ///     .forward_response_headers(["openai-processing-ms"]);
-/// assert!(policy.forwards_request_header("OpenAI-Organization"));
-/// assert!(policy.forwards_request_header("x-tenant-id"));
-/// assert!(!policy.forwards_request_header("openai-project"));
-/// assert!(policy.forwards_response_header("x-ratelimit-remaining-requests"));
-/// assert!(!policy.forwards_response_header("set-cookie"));
+/// let failover = Failover::builder()
+///     .target(Target::new("primary", upstream))
+///     .header_policy(policy)
+///     .build();
+/// # let _ = failover;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderPolicy {
@@ -210,21 +215,6 @@ impl HeaderPolicy {
     {
         add(&mut self.response, names);
         self
-    }
-
-    /// Whether a client request header named `name` reaches the provider
-    /// (when no `Connection` header names it).
-    /// Whether a client request header of this name reaches the provider
-    /// (before the route's dialect adds its own).
-    pub fn forwards_request_header(&self, name: &str) -> bool {
-        allowed(&self.request, &name.to_ascii_lowercase())
-    }
-
-    /// Whether a provider response header named `name` reaches the client
-    /// (when no `Connection` header names it).
-    /// Whether a provider response header of this name reaches the client.
-    pub fn forwards_response_header(&self, name: &str) -> bool {
-        allowed(&self.response, &name.to_ascii_lowercase())
     }
 
     /// Copies the client's headers this policy forwards into `upstream`.
@@ -328,6 +318,19 @@ fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
 
 #[cfg(test)]
 impl HeaderPolicy {
+    /// Whether a client request header of this name reaches the provider
+    /// (when no `Connection` header names it; before the route's dialect
+    /// adds its own).
+    pub(crate) fn forwards_request_header(&self, name: &str) -> bool {
+        allowed(&self.request, &name.to_ascii_lowercase())
+    }
+
+    /// Whether a provider response header of this name reaches the client
+    /// (when no `Connection` header names it).
+    pub(crate) fn forwards_response_header(&self, name: &str) -> bool {
+        allowed(&self.response, &name.to_ascii_lowercase())
+    }
+
     /// The client request headers that reach the provider, as configured.
     pub(crate) fn request_headers(&self) -> impl Iterator<Item = &str> {
         self.request.iter().map(|n| &**n)
@@ -342,6 +345,20 @@ impl HeaderPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the type docs' example configures.
+    #[test]
+    fn named_and_prefixed_headers_pass_on_top_of_the_defaults() {
+        let policy = HeaderPolicy::new()
+            .forward_request_headers(["openai-organization", "x-tenant-*"])
+            .forward_response_headers(["openai-processing-ms"]);
+        assert!(policy.forwards_request_header("OpenAI-Organization"));
+        assert!(policy.forwards_request_header("x-tenant-id"));
+        assert!(!policy.forwards_request_header("openai-project"));
+        assert!(policy.forwards_response_header("openai-processing-ms"));
+        assert!(policy.forwards_response_header("x-ratelimit-remaining-requests"));
+        assert!(!policy.forwards_response_header("set-cookie"));
+    }
 
     #[test]
     fn the_configured_lists_read_back_lowercase_once_each_in_order() {

@@ -18,13 +18,13 @@ use crate::health::MemoryHealthStore;
 /// # use http::Request;
 /// # use http_body_util::Full;
 /// use tower::ServiceBuilder;
-/// use tower_llm_failover::failover::{FailoverBuilder, FailoverLayer, Target};
+/// use tower_llm_failover::failover::{Failover, FailoverLayer, Target};
 /// use tower_llm_testing::json_response;
 ///
 /// let upstream = || tower::service_fn(|_req: Request<Full<Bytes>>| async {
 ///     Ok::<_, std::convert::Infallible>(json_response(503, "{}"))
 /// });
-/// let backups = FailoverBuilder::new().target(Target::new("backup", upstream()));
+/// let backups = Failover::builder().target(Target::new("backup", upstream()));
 /// let service = ServiceBuilder::new()
 ///     .layer(FailoverLayer::new(|s| Target::new("primary", s), backups))
 ///     .service(upstream());

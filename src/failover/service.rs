@@ -77,14 +77,9 @@ impl<S, D> Failover<S, D> {
         &self.shared.health
     }
 
-    /// The health key of the target named `name` when a client asks for
-    /// `client_model`: its provider and the model it sends upstream.
-    pub fn health_key(&self, name: &str, client_model: &str) -> Option<crate::health::HealthKey> {
-        let target = self.shared.targets.iter().find(|t| &*t.name == name)?;
-        Some(target.health_key(client_model))
-    }
-
-    /// The index of the target named `name`.
+    /// The index of the target named `name`: its place in the
+    /// [`Candidate::index`](super::Candidate::index) a
+    /// [`Selector`](super::Selector) sees.
     pub fn target_index(&self, name: &str) -> Option<usize> {
         self.shared.targets.iter().position(|t| &*t.name == name)
     }
@@ -134,8 +129,8 @@ impl<S> Default for FailoverBuilder<S> {
 
 impl<S> FailoverBuilder<S> {
     /// A builder with the defaults and no targets, for OpenAI chat
-    /// completions.
-    pub fn new() -> Self {
+    /// completions ([`Failover::builder`]).
+    pub(crate) fn new() -> Self {
         Self {
             dialect: DefaultDialect::default(),
             targets: Vec::new(),
@@ -243,7 +238,8 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
 
     /// How long each part of an attempt may take: `set` gets the current
     /// [`Timeouts`] (the defaults: stream head 10 s, non-streaming head
-    /// 60 s, whole answer none, first output 15 s) and returns the new ones.
+    /// 60 s, whole answer none, first output 15 s) and returns the new ones
+    /// (`|t| Timeouts { head: None, ..t }`).
     pub fn timeouts(mut self, set: impl FnOnce(Timeouts) -> Timeouts) -> Self {
         self.timeouts = set(self.timeouts);
         self
@@ -312,8 +308,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         let headers = self
             .headers
             .forward_request_headers(self.dialect.forwarded_request_headers());
-        let mut timeouts = self.timeouts;
-        timeouts.idle = self.stream.idle().unwrap_or(Duration::MAX);
+        let idle = self.stream.idle_timeout.unwrap_or(Duration::MAX);
         Failover {
             shared: Arc::new(Shared {
                 dialect: self.dialect,
@@ -330,7 +325,8 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 classifier,
                 limits: self.limits,
                 commit: self.commit,
-                timeouts,
+                timeouts: self.timeouts,
+                idle,
                 headers,
                 max_request_bytes: self.caps.request_bytes,
                 max_response_bytes: self.caps.response_bytes,
@@ -348,65 +344,59 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
 /// How long the failover layer waits for each part of an attempt; set
 /// with [`FailoverBuilder::timeouts`]. The gap between body frames is the
 /// [`StreamPolicy`]'s idle timeout.
+///
+/// Plain data: change the fields you need and keep the rest.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_failover::failover::{Failover, Target, Timeouts};
+/// # let upstream = tower_llm_testing::FakeProvider::new("primary");
+///
+/// let failover = Failover::builder()
+///     .target(Target::new("primary", upstream))
+///     .timeouts(|t| Timeouts {
+///         non_streaming_head: Some(Duration::from_secs(90)),
+///         first_output: Duration::from_secs(20),
+///         ..t
+///     })
+///     .build();
+/// # let _ = failover;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    pub(crate) head: Option<Duration>,
-    pub(crate) whole_head: Option<Duration>,
-    pub(crate) response: Option<Duration>,
-    pub(crate) first_output: Duration,
-    pub(crate) idle: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            head: Some(Duration::from_secs(10)),
-            whole_head: Some(Duration::from_secs(60)),
-            response: None,
-            first_output: Duration::from_secs(15),
-            idle: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Timeouts {
     /// Time allowed for the response head of a streaming request (default
     /// 10 s). The head of a stream is also never waited on past the first
     /// output timeout. `None`: bounded by those and the turn's deadline.
-    pub fn head(mut self, timeout: Option<Duration>) -> Self {
-        self.head = timeout;
-        self
-    }
-
+    pub head: Option<Duration>,
     /// Time allowed for the response head of a non-streaming request
     /// (default 60 s, half the default turn deadline): a silent upstream is
     /// rerouted while the turn still has time. A non-streaming head comes
     /// only once the provider has written the whole answer, so raise it (or
     /// stream) for long completions such as reasoning models or a large
     /// `max_tokens`, and keep it well under the turn's deadline so a backup
-    /// still has time.
-    /// `None`: bounded by the [response timeout](Self::response)
-    /// and the turn's deadline.
-    pub fn non_streaming_head(mut self, timeout: Option<Duration>) -> Self {
-        self.whole_head = timeout;
-        self
-    }
-
+    /// still has time. `None`: bounded by the
+    /// [response timeout](Self::response) and the turn's deadline.
+    pub non_streaming_head: Option<Duration>,
     /// Time allowed for a whole non-streaming answer (head and body).
     /// `None` (the default): bounded only by the turn's deadline, the
     /// [head timeout](Self::non_streaming_head) and the
-    /// [idle timeout](crate::stream::StreamPolicy::idle_timeout) between body frames.
-    pub fn response(mut self, timeout: Option<Duration>) -> Self {
-        self.response = timeout;
-        self
-    }
-
-    /// Time allowed from an attempt's start to its first model output, for
-    /// targets that set none of their own
+    /// [idle timeout](crate::stream::StreamPolicy::idle_timeout) between
+    /// body frames.
+    pub response: Option<Duration>,
+    /// Time allowed from an attempt's start to its first model output
+    /// (default 15 s), for targets that set none of their own
     /// ([`Target::first_output_timeout`](super::Target::first_output_timeout)).
-    pub fn first_output(mut self, timeout: Duration) -> Self {
-        self.first_output = timeout;
-        self
+    pub first_output: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            head: Some(Duration::from_secs(10)),
+            non_streaming_head: Some(Duration::from_secs(60)),
+            response: None,
+            first_output: Duration::from_secs(15),
+        }
     }
 }
 

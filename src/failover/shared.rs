@@ -25,6 +25,9 @@ pub(crate) struct Shared<S, D> {
     pub(crate) limits: TurnLimits,
     pub(crate) commit: CommitWindow,
     pub(crate) timeouts: Timeouts,
+    /// The longest gap between body frames (the stream policy's idle
+    /// timeout; none: `Duration::MAX`).
+    pub(crate) idle: std::time::Duration,
     pub(crate) headers: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,

@@ -19,9 +19,22 @@ use crate::dialect::{Requirements, ResponseFormat};
 ///
 /// The defaults assume a capable target (everything `true`, no declared
 /// limits): a gateway that declares nothing routes everything everywhere.
-/// Declare what a target lacks to keep requests that need it away.
+/// Declare what a target lacks to keep requests that need it away. Plain
+/// data: set the fields you need, the rest from `Default`.
+///
+/// ```
+/// use tower_llm_failover::failover::Capabilities;
+///
+/// let text_only = Capabilities {
+///     tools: false,
+///     image_input: false,
+///     document_input: false,
+///     context_window: Some(32_000),
+///     ..Capabilities::default()
+/// };
+/// # let _ = text_only;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Capabilities {
     /// Function/tool calling (`tools`).
     pub tools: bool,
@@ -63,63 +76,10 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
-    /// Sets tool support.
-    pub fn tools(mut self, yes: bool) -> Self {
-        self.tools = yes;
-        self
-    }
-
-    /// Sets parallel tool call support.
-    pub fn parallel_tool_calls(mut self, yes: bool) -> Self {
-        self.parallel_tool_calls = yes;
-        self
-    }
-
-    /// Sets `json_schema` response format support.
-    pub fn json_schema(mut self, yes: bool) -> Self {
-        self.json_schema = yes;
-        self
-    }
-
-    /// Sets `json_object` response format support.
-    pub fn json_object(mut self, yes: bool) -> Self {
-        self.json_object = yes;
-        self
-    }
-
-    /// Sets streaming support.
-    pub fn streaming(mut self, yes: bool) -> Self {
-        self.streaming = yes;
-        self
-    }
-
-    /// Sets image input support.
-    pub fn image_input(mut self, yes: bool) -> Self {
-        self.image_input = yes;
-        self
-    }
-
-    /// Whether document parts are accepted.
-    pub fn document_input(mut self, yes: bool) -> Self {
-        self.document_input = yes;
-        self
-    }
-
-    /// Whether reasoning (extended thinking) can be turned on.
-    pub fn reasoning(mut self, yes: bool) -> Self {
-        self.reasoning = yes;
-        self
-    }
-
-    /// Declares the context window, in tokens.
+    /// Declares the context window, in tokens (sets
+    /// [`context_window`](Self::context_window)).
     pub fn context_window(mut self, tokens: u64) -> Self {
         self.context_window = Some(tokens);
-        self
-    }
-
-    /// Declares the largest output the target accepts, in tokens.
-    pub fn max_output_tokens(mut self, tokens: u64) -> Self {
-        self.max_output_tokens = Some(tokens);
         self
     }
 
@@ -292,20 +252,15 @@ impl<S> Target<S> {
             .or(self.first_output_timeout)
     }
 
-    /// The target's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The model this target sends for a client's `model`.
-    pub fn upstream_model<'a>(&'a self, client_model: &'a str) -> &'a str {
+    pub(crate) fn upstream_model<'a>(&'a self, client_model: &'a str) -> &'a str {
         self.model.as_deref().unwrap_or(client_model)
     }
 
     /// The health key of this target for a client's `model`: its provider
     /// and the model it sends upstream (marked as client-named for a
     /// pass-through target).
-    pub fn health_key(&self, client_model: &str) -> crate::health::HealthKey {
+    pub(crate) fn health_key(&self, client_model: &str) -> crate::health::HealthKey {
         let provider = Arc::clone(&self.provider);
         match &self.model {
             Some(model) => crate::health::HealthKey::model(provider, model.as_str()),
@@ -319,7 +274,7 @@ impl<S> Target<S> {
     }
 
     /// The estimated cost of a request, when the target has a price.
-    pub fn estimate(&self, input_tokens: u64, output_tokens: u64) -> Option<Cost> {
+    pub(crate) fn estimate(&self, input_tokens: u64, output_tokens: u64) -> Option<Cost> {
         self.pricing.map(|p| p.cost(input_tokens, output_tokens))
     }
 
@@ -337,5 +292,24 @@ impl<S> Target<S> {
             first_output_timeout: self.first_output_timeout,
             reasoning_first_output_timeout: self.reasoning_first_output_timeout,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pass-through target's keys are client-named; a fixed model's are
+    /// not.
+    #[test]
+    fn a_pass_through_targets_health_keys_are_client_named() {
+        let primary = Target::new("primary", ());
+        let backup = Target::new("backup", ()).model("backup-model");
+        assert!(primary.health_key("anything").is_client_named());
+        assert!(!backup.health_key("anything").is_client_named());
+        assert_eq!(
+            backup.health_key("anything"),
+            crate::health::HealthKey::model("backup", "backup-model")
+        );
     }
 }

@@ -501,11 +501,11 @@ where
         let client_named_unknown_model = failure.class == FailureClass::ModelNotFound
             && scope == Scope::Request
             && target.passes_client_model();
-        let cooldown = admitted.failure(
-            FailureReport::new(failure.class, scope)
-                .retry_after(failure.retry.after)
-                .witness(self.witness.clone()),
-        );
+        let cooldown = admitted.failure(FailureReport {
+            retry_after: failure.retry.after,
+            witness: self.witness.clone(),
+            ..FailureReport::new(failure.class, scope)
+        });
         if cooldown.is_some() {
             observe::cooldown_started(&target.provider, scope.as_str());
         }

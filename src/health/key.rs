@@ -132,8 +132,8 @@ pub enum Scope {
 }
 
 impl Scope {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
+    /// A stable snake_case name (what `Display` writes).
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Account => "account",
             Self::Model => "model",

@@ -580,7 +580,13 @@ impl Admitted {
     /// The attempt failed; returns the cooldown it started, if any.
     pub(crate) fn failure(mut self, report: FailureReport) -> Option<Duration> {
         let was_probe = std::mem::take(&mut self.probe);
-        self.store.failure(&self.key, report.probe(was_probe))
+        self.store.failure(
+            &self.key,
+            FailureReport {
+                was_probe,
+                ..report
+            },
+        )
     }
 }
 
@@ -597,8 +603,10 @@ mod tests {
     use super::*;
 
     fn rests(after: u64, scope: Scope) -> FailureReport {
-        FailureReport::new(FailureClass::RateLimited, scope)
-            .retry_after(Some(Duration::from_secs(after)))
+        FailureReport {
+            retry_after: Some(Duration::from_secs(after)),
+            ..FailureReport::new(FailureClass::RateLimited, scope)
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -25,12 +25,30 @@ use std::time::Duration;
 ///
 /// After a cooldown one request probes the key; a success clears it, a
 /// failure rests it again (at least `base`).
+///
+/// Plain data: set the fields you need and take the rest from `Default`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_failover::health::{CooldownPolicy, MemoryHealthStore};
+///
+/// // Five hintless failures within a minute cool a model; a model-scope
+/// // rest never passes 20 s.
+/// let policy = CooldownPolicy {
+///     failure_threshold: 5,
+///     failure_window: Duration::from_secs(60),
+///     max_probe_interval: Duration::from_secs(20),
+///     ..CooldownPolicy::default()
+/// };
+/// let store = MemoryHealthStore::new(policy);
+/// # let _ = store;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct CooldownPolicy {
     /// Cooldown of account-scope failures without a hint.
     pub account: Duration,
-    /// Hintless model-scope failures inside the window that start a cooldown.
+    /// Hintless model-scope failures inside the window that start a
+    /// cooldown (0 acts as 1; `u32::MAX`: such failures never cool a key).
     pub failure_threshold: u32,
     /// The window those failures are counted in.
     pub failure_window: Duration,
@@ -57,51 +75,5 @@ impl Default for CooldownPolicy {
             max_probe_interval: Duration::from_secs(30),
             probe_timeout: Duration::from_secs(30),
         }
-    }
-}
-
-impl CooldownPolicy {
-    /// Sets [`account`](Self::account).
-    pub fn account(mut self, cooldown: Duration) -> Self {
-        self.account = cooldown;
-        self
-    }
-
-    /// Sets [`failure_threshold`](Self::failure_threshold) and
-    /// [`failure_window`](Self::failure_window).
-    pub fn failures_within(mut self, failures: u32, window: Duration) -> Self {
-        self.failure_threshold = failures.max(1);
-        self.failure_window = window;
-        self
-    }
-
-    /// Sets [`base`](Self::base).
-    pub fn base(mut self, cooldown: Duration) -> Self {
-        self.base = cooldown;
-        self
-    }
-
-    /// Sets [`max`](Self::max).
-    pub fn max(mut self, cooldown: Duration) -> Self {
-        self.max = cooldown;
-        self
-    }
-
-    /// Sets [`max_probe_interval`](Self::max_probe_interval).
-    pub fn max_probe_interval(mut self, interval: Duration) -> Self {
-        self.max_probe_interval = interval;
-        self
-    }
-
-    /// Sets [`probe_timeout`](Self::probe_timeout).
-    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
-        self.probe_timeout = timeout;
-        self
-    }
-
-    /// A policy that never cools a model-scope key without a hint.
-    pub fn never_repeated(mut self) -> Self {
-        self.failure_threshold = u32::MAX;
-        self
     }
 }

@@ -34,8 +34,11 @@ pub enum Admission {
 }
 
 /// One failure, as a store records it.
+///
+/// Plain data: [`FailureReport::new`] gives the class and scope, the
+/// rest is set with the fields
+/// (`FailureReport { was_probe: true, ..FailureReport::new(class, scope) }`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct FailureReport {
     /// The failure's class.
     pub class: FailureClass,
@@ -56,7 +59,8 @@ pub struct FailureReport {
 }
 
 impl FailureReport {
-    /// A failure of `class` charged to `scope`.
+    /// A failure of `class` charged to `scope`: no retry hint, not a probe,
+    /// no witness.
     pub fn new(class: FailureClass, scope: Scope) -> Self {
         Self {
             class,
@@ -65,12 +69,6 @@ impl FailureReport {
             was_probe: false,
             witness: None,
         }
-    }
-
-    /// With the client whose request failed ([`witness`](Self::witness)).
-    pub fn witness(mut self, witness: Option<Arc<str>>) -> Self {
-        self.witness = witness;
-        self
     }
 
     /// The client this failure counts once for, when its class counts per
@@ -83,18 +81,6 @@ impl FailureReport {
         )
         .then_some(self.witness.as_ref())
         .flatten()
-    }
-
-    /// With the provider's retry hint.
-    pub fn retry_after(mut self, after: Option<Duration>) -> Self {
-        self.retry_after = after;
-        self
-    }
-
-    /// Sent as the key's probe.
-    pub fn probe(mut self, was_probe: bool) -> Self {
-        self.was_probe = was_probe;
-        self
     }
 }
 

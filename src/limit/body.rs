@@ -70,7 +70,7 @@ impl<B> std::fmt::Debug for ReadLimitBody<B> {
 
 impl<B> ReadLimitBody<B> {
     /// Wraps `inner`.
-    pub fn new(inner: B, limits: ReadLimits) -> Self {
+    pub(crate) fn new(inner: B, limits: ReadLimits) -> Self {
         Self {
             inner,
             limits,
@@ -87,15 +87,19 @@ fn due(limits: &ReadLimits, started: Instant, read: u64) -> Option<(Instant, Rea
     let total = limits
         .timeout
         .map(|t| (crate::time::later(started, t), ReadLimitError::Timeout(t)));
-    let rate = limits.min_bytes_per_second.map(|rate| {
-        // `read / rate` seconds of credit, in nanoseconds without overflow.
-        let credit_ns = u128::from(read) * 1_000_000_000 / u128::from(rate);
-        let credit = Duration::from_nanos(u64::try_from(credit_ns).unwrap_or(u64::MAX));
-        (
-            crate::time::later(started, limits.grace.saturating_add(credit)),
-            ReadLimitError::TooSlow(rate),
-        )
-    });
+    // A rate of zero checks nothing (and divides by nothing).
+    let rate = limits
+        .min_bytes_per_second
+        .filter(|rate| *rate > 0)
+        .map(|rate| {
+            // `read / rate` seconds of credit, in nanoseconds without overflow.
+            let credit_ns = u128::from(read) * 1_000_000_000 / u128::from(rate);
+            let credit = Duration::from_nanos(u64::try_from(credit_ns).unwrap_or(u64::MAX));
+            (
+                crate::time::later(started, limits.grace.saturating_add(credit)),
+                ReadLimitError::TooSlow(rate),
+            )
+        });
     match (total, rate) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),

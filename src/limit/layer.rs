@@ -73,7 +73,7 @@ impl<D> InFlightLimitLayer<D> {
         self
     }
 
-    /// Requests in flight now.
+    /// Requests in flight now, across every service this layer made.
     pub fn in_flight(&self) -> usize {
         self.max.saturating_sub(self.slots.available_permits())
     }
@@ -86,7 +86,6 @@ impl<S, D: Clone> Layer<S> for InFlightLimitLayer<D> {
         InFlightLimit::new(
             inner,
             Arc::clone(&self.slots),
-            self.max,
             self.dialect.clone(),
             self.retry_after,
         )

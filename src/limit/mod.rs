@@ -62,31 +62,37 @@ use crate::dialect::{Dialect, ErrorReply};
 /// sent `n` bytes must go on by `grace + n / rate` after it started. A
 /// client that sends its first bytes fast and then one byte a minute is cut
 /// as soon as the average falls below the rate.
+///
+/// Plain data; the default (and [`ReadLimits::new`]) sets no limit.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_failover::limit::{ReadLimitLayer, ReadLimits};
+///
+/// // The whole body within 30 s; after 5 s, at least 1 KiB/s on average.
+/// let layer = ReadLimitLayer::new(ReadLimits {
+///     timeout: Some(Duration::from_secs(30)),
+///     min_bytes_per_second: Some(1024),
+///     grace: Duration::from_secs(5),
+/// });
+/// # let _ = layer;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReadLimits {
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) min_bytes_per_second: Option<u64>,
-    pub(crate) grace: Duration,
+    /// The whole body must be read within this long of the first poll;
+    /// `None`: no total limit.
+    pub timeout: Option<Duration>,
+    /// After [`grace`](Self::grace), the body must average at least this
+    /// many bytes per second; `None` (or zero): no rate check.
+    pub min_bytes_per_second: Option<u64>,
+    /// How long the body may take before the rate check starts.
+    pub grace: Duration,
 }
 
 impl ReadLimits {
     /// No limits.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// The whole body must be read within `timeout` of the first poll.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// After `grace`, the body must average at least `bytes_per_second`.
-    /// Zero turns the rate check off.
-    pub fn min_rate(mut self, bytes_per_second: u64, grace: Duration) -> Self {
-        self.min_bytes_per_second = (bytes_per_second > 0).then_some(bytes_per_second);
-        self.grace = grace;
-        self
     }
 }
 

@@ -23,7 +23,7 @@ pub struct ReadLimit<S> {
 
 impl<S> ReadLimit<S> {
     /// Wraps `inner`.
-    pub fn new(inner: S, limits: ReadLimits) -> Self {
+    pub(crate) fn new(inner: S, limits: ReadLimits) -> Self {
         Self { inner, limits }
     }
 }
@@ -52,31 +52,18 @@ where
 pub struct InFlightLimit<S, D> {
     inner: S,
     slots: Arc<Semaphore>,
-    max: usize,
     dialect: D,
     retry_after: Duration,
 }
 
 impl<S, D> InFlightLimit<S, D> {
-    pub(crate) fn new(
-        inner: S,
-        slots: Arc<Semaphore>,
-        max: usize,
-        dialect: D,
-        retry_after: Duration,
-    ) -> Self {
+    pub(crate) fn new(inner: S, slots: Arc<Semaphore>, dialect: D, retry_after: Duration) -> Self {
         Self {
             inner,
             slots,
-            max,
             dialect,
             retry_after,
         }
-    }
-
-    /// Requests in flight now, across every service sharing the slots.
-    pub fn in_flight(&self) -> usize {
-        self.max.saturating_sub(self.slots.available_permits())
     }
 }
 

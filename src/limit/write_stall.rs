@@ -143,11 +143,6 @@ impl<T> WriteStallLimit<T> {
         }
     }
 
-    /// The stall timeout (zero: off).
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// The wrapped connection.
     pub fn get_ref(&self) -> &T {
         &self.io

@@ -56,7 +56,7 @@
 //! assert!(text.contains("\"finish_reason\":\"error\""));
 //! assert!(text.ends_with("data: [DONE]\n\n"));
 //! assert_eq!(state.status(), StreamStatus::Failed);
-//! assert_eq!(state.output_events(), 1);
+//! assert_eq!(state.snapshot().output_events, 1);
 //! # }
 //! ```
 

@@ -13,26 +13,38 @@ use crate::dialect::TerminalMode;
 ///
 /// [`StreamStateLayer::policy`](super::StreamStateLayer::policy) and
 /// [`FailoverBuilder::stream_policy`](crate::failover::FailoverBuilder::stream_policy)
-/// take it whole, so a setting lives in one place.
+/// take it whole, so a setting lives in one place. Plain data: set the
+/// fields you need and take the rest from [`StreamPolicy::new`].
 ///
 /// ```
 /// use std::time::Duration;
 /// use tower_llm_failover::dialect::TerminalMode;
 /// use tower_llm_failover::stream::StreamPolicy;
 ///
-/// let policy = StreamPolicy::new()
-///     .terminal_mode(TerminalMode::Finish)
-///     .idle_timeout(Duration::from_secs(30));
-/// assert_eq!(policy.idle(), Some(Duration::from_secs(30)));
+/// let policy = StreamPolicy {
+///     terminal_mode: TerminalMode::Finish,
+///     idle_timeout: Some(Duration::from_secs(30)),
+///     ..StreamPolicy::new()
+/// };
+/// assert_eq!(policy.finish_reason, "error");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamPolicy {
-    pub(crate) terminal_mode: TerminalMode,
-    pub(crate) finish_reason: Cow<'static, str>,
-    pub(crate) idle_timeout: Option<Duration>,
-    pub(crate) max_malformed: u64,
-    pub(crate) max_line_bytes: usize,
-    pub(crate) max_event_bytes: usize,
+    /// How a stream that fails after commit is ended (default: the
+    /// dialect's error terminal event).
+    pub terminal_mode: TerminalMode,
+    /// The finish reason the terminal event carries (default `error`).
+    pub finish_reason: Cow<'static, str>,
+    /// The longest gap between frames of an upstream body before the
+    /// attempt fails with a timeout (before commit: rerouted; after: ended
+    /// with the terminal event). Default: none.
+    pub idle_timeout: Option<Duration>,
+    /// Malformed events dropped before the stream fails (default 3).
+    pub max_malformed: u64,
+    /// Longest SSE line accepted (default: the SSE scanner's cap, 1 MiB).
+    pub max_line_bytes: usize,
+    /// Largest SSE event accepted (default: the SSE scanner's cap, 1 MiB).
+    pub max_event_bytes: usize,
 }
 
 impl Default for StreamPolicy {
@@ -56,46 +68,10 @@ impl StreamPolicy {
         }
     }
 
-    /// How a stream that fails after commit is ended.
-    pub fn terminal_mode(mut self, mode: TerminalMode) -> Self {
-        self.terminal_mode = mode;
-        self
-    }
-
-    /// The finish reason the terminal event carries (default `error`).
-    pub fn finish_reason(mut self, reason: impl Into<Cow<'static, str>>) -> Self {
-        self.finish_reason = reason.into();
-        self
-    }
-
-    /// The longest gap between frames of an upstream body before the
-    /// attempt fails with a timeout (before commit: rerouted; after: ended
-    /// with the terminal event). Default: none.
+    /// Declares an idle timeout (sets
+    /// [`idle_timeout`](Self::idle_timeout) to `Some(timeout)`).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = Some(timeout);
-        self
-    }
-
-    /// The idle timeout, if one is set.
-    pub fn idle(&self) -> Option<Duration> {
-        self.idle_timeout
-    }
-
-    /// Malformed events dropped before the stream fails (default 3).
-    pub fn max_malformed(mut self, count: u64) -> Self {
-        self.max_malformed = count;
-        self
-    }
-
-    /// Longest SSE line accepted.
-    pub fn max_line_bytes(mut self, limit: usize) -> Self {
-        self.max_line_bytes = limit;
-        self
-    }
-
-    /// Largest SSE event accepted.
-    pub fn max_event_bytes(mut self, limit: usize) -> Self {
-        self.max_event_bytes = limit;
         self
     }
 }

@@ -20,14 +20,14 @@ use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
-use tower_llm_failover::failover::HeaderPolicy;
+use tower_llm_failover::failover::{HeaderPolicy, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
 use tower_llm_failover::shutdown::Shutdown;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
     Cost, budget::Budget, budget::BudgetLayer, budget::Pricing, budget::RetryBudget,
-    budget::RetryBudgetConfig, budget::SpendStore, budget::TenantSpend,
+    budget::RetryBudgetConfig, budget::SpendStore, budget::TenantSpend, budget::TurnLimits,
 };
 use tower_llm_failover::{
     failover::Capabilities, failover::Failover, failover::FailoverBuilder, failover::Strategy,
@@ -209,10 +209,11 @@ impl Default for FailoverConfig {
 impl BudgetConfig {
     /// The retry budget's settings, checked.
     fn retry_budget_config(&self) -> Result<RetryBudgetConfig, String> {
-        let retry_config = RetryBudgetConfig::new()
-            .ttl(Duration::from_millis(self.retry_ttl_ms))
-            .min_per_sec(self.retry_min_per_sec)
-            .retry_percent(self.retry_percent);
+        let retry_config = RetryBudgetConfig {
+            ttl: Duration::from_millis(self.retry_ttl_ms),
+            min_per_sec: self.retry_min_per_sec,
+            retry_percent: self.retry_percent,
+        };
         retry_config
             .validate()
             .map_err(|e| format!("budget: {e}"))?;
@@ -244,38 +245,25 @@ impl FailoverConfig {
     /// When a stream commits: after `commit_output_events`, or the output
     /// bytes, or the time after first output, whichever comes first.
     fn commit_window(&self) -> CommitWindow {
-        let mut commit = CommitWindow::output_events(self.commit_output_events);
-        if let Some(bytes) = self.commit_output_bytes {
-            commit = commit.or_bytes(bytes);
+        CommitWindow {
+            output_events: Some(self.commit_output_events),
+            output_bytes: self.commit_output_bytes,
+            after_first_output: self.commit_after_first_output_ms.map(Duration::from_millis),
         }
-        if let Some(ms) = self.commit_after_first_output_ms {
-            commit = commit.or_after(Duration::from_millis(ms));
-        }
-        commit
     }
 
     /// The library's cooldown policy with the `cooldown_*` keys set.
     fn cooldown_policy(&self) -> CooldownPolicy {
         let defaults = CooldownPolicy::default();
-        defaults
-            .clone()
-            .account(
-                self.cooldown_account_ms
-                    .map_or(defaults.account, Duration::from_millis),
-            )
-            .failures_within(
-                self.cooldown_failures.unwrap_or(defaults.failure_threshold),
-                self.cooldown_window_ms
-                    .map_or(defaults.failure_window, Duration::from_millis),
-            )
-            .base(
-                self.cooldown_base_ms
-                    .map_or(defaults.base, Duration::from_millis),
-            )
-            .max(
-                self.cooldown_max_ms
-                    .map_or(defaults.max, Duration::from_millis),
-            )
+        let millis_or = |ms: Option<u64>, default| ms.map_or(default, Duration::from_millis);
+        CooldownPolicy {
+            account: millis_or(self.cooldown_account_ms, defaults.account),
+            failure_threshold: self.cooldown_failures.unwrap_or(defaults.failure_threshold),
+            failure_window: millis_or(self.cooldown_window_ms, defaults.failure_window),
+            base: millis_or(self.cooldown_base_ms, defaults.base),
+            max: millis_or(self.cooldown_max_ms, defaults.max),
+            ..defaults
+        }
     }
 }
 
@@ -476,21 +464,17 @@ impl TargetConfig {
 
     fn capabilities(&self) -> Capabilities {
         let d = Capabilities::default();
-        let mut c = d
-            .clone()
-            .tools(self.tools.unwrap_or(d.tools))
-            .parallel_tool_calls(self.parallel_tool_calls.unwrap_or(d.parallel_tool_calls))
-            .json_schema(self.json_schema.unwrap_or(d.json_schema))
-            .json_object(self.json_object.unwrap_or(d.json_object))
-            .streaming(self.streaming.unwrap_or(d.streaming))
-            .image_input(self.image_input.unwrap_or(d.image_input));
-        if let Some(window) = self.context_window {
-            c = c.context_window(window);
+        Capabilities {
+            tools: self.tools.unwrap_or(d.tools),
+            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(d.parallel_tool_calls),
+            json_schema: self.json_schema.unwrap_or(d.json_schema),
+            json_object: self.json_object.unwrap_or(d.json_object),
+            streaming: self.streaming.unwrap_or(d.streaming),
+            image_input: self.image_input.unwrap_or(d.image_input),
+            context_window: self.context_window,
+            max_output_tokens: self.max_output_tokens,
+            ..d
         }
-        if let Some(max) = self.max_output_tokens {
-            c = c.max_output_tokens(max);
-        }
-        c
     }
 }
 
@@ -710,17 +694,14 @@ impl StackParts<'_> {
             .shutdown(self.shutdown.clone())
             .strategy(self.strategy.clone())
             .commit_window(self.commit)
-            .timeouts(|t| {
-                let mut t = t
-                    .response(b.response_timeout_ms.map(Duration::from_millis))
-                    .first_output(Duration::from_millis(b.first_token_timeout_ms));
-                if let Some(ms) = b.head_timeout_ms {
-                    t = t.head(Some(Duration::from_millis(ms)));
-                }
-                if let Some(ms) = b.non_streaming_head_timeout_ms {
-                    t = t.non_streaming_head(Some(Duration::from_millis(ms)));
-                }
-                t
+            .timeouts(|t| Timeouts {
+                head: b.head_timeout_ms.map(Duration::from_millis).or(t.head),
+                non_streaming_head: b
+                    .non_streaming_head_timeout_ms
+                    .map(Duration::from_millis)
+                    .or(t.non_streaming_head),
+                response: b.response_timeout_ms.map(Duration::from_millis),
+                first_output: Duration::from_millis(b.first_token_timeout_ms),
             })
             .caps(|c| {
                 c.retries_per_target(f.max_retries_per_target)
@@ -782,13 +763,13 @@ impl StackParts<'_> {
     /// ceiling, the shared retry budget and tenant metering.
     fn budget_layer(&self) -> BudgetLayer {
         let b = &self.config.budget;
-        let mut budget = BudgetLayer::new()
-            .deadline(Duration::from_millis(b.deadline_ms))
-            .max_attempts(b.max_attempts)
-            .retry_budget(self.retry_budget.clone());
-        if let Some(usd) = b.spend_ceiling_usd {
-            budget = budget.spend_ceiling(Cost::from_usd(usd));
-        }
+        let mut budget = BudgetLayer::new().limits(TurnLimits {
+            deadline: Duration::from_millis(b.deadline_ms),
+            max_attempts: b.max_attempts,
+            spend_ceiling: b.spend_ceiling_usd.map(Cost::from_usd),
+            retry_budget: Some(self.retry_budget.clone()),
+            ..TurnLimits::new()
+        });
         if let Some(spend) = &self.tenant {
             budget = budget.tenant_spend(spend.clone());
         }
@@ -814,10 +795,12 @@ impl Gateway {
         let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
         // A share per client inside the fleet's budget: one client's
         // failures spend its own reroutes, not the others'.
-        let share = retry_config.min_per_sec(
-            b.retry_client_min_per_sec
+        let share = RetryBudgetConfig {
+            min_per_sec: b
+                .retry_client_min_per_sec
                 .unwrap_or((b.retry_min_per_sec / 2).max(1)),
-        );
+            ..retry_config
+        };
         let retry_budget = stores
             .retry_budget
             .with_client_shares(share, 10_000)
@@ -829,9 +812,11 @@ impl Gateway {
             &stores.spend,
         )?;
         let configured_models = configured_models(&routes_config);
-        let stream_policy = StreamPolicy::new()
-            .terminal_mode(terminal_mode)
-            .idle_timeout(Duration::from_millis(b.idle_timeout_ms));
+        let stream_policy = StreamPolicy {
+            terminal_mode,
+            idle_timeout: Some(Duration::from_millis(b.idle_timeout_ms)),
+            ..StreamPolicy::new()
+        };
 
         let parts = StackParts {
             config,
@@ -1084,7 +1069,7 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap)
             let mut json = serde_json::json!({
                 "provider": entry.key.provider(),
                 "model": entry.key.upstream_model(),
-                "scope": entry.key.scope().as_str(),
+                "scope": entry.key.scope().to_string(),
                 "state": entry.state.as_str(),
                 "failure_streak": entry.failure_streak,
                 "cooldowns": entry.cooldowns,

@@ -106,8 +106,9 @@ struct KeyPolicy {
     requests: Option<PerMinute>,
     tokens: Option<PerMinute>,
     in_flight: Option<Arc<Semaphore>>,
-    /// The key's own spend ceilings, reserved and settled with each turn.
-    ceilings: SpendCeilings,
+    /// The key's own spend ceilings, reserved and settled with each turn
+    /// (`None`: it has none).
+    ceilings: Option<SpendCeilings>,
 }
 
 /// The gateway's clients: the key table, each key's policy, and where the
@@ -266,8 +267,8 @@ impl Clients {
         let Some(policy) = self.policy(client) else {
             return Ok(None);
         };
-        if !policy.ceilings.is_empty() {
-            extensions.insert(policy.ceilings.clone());
+        if let Some(ceilings) = &policy.ceilings {
+            extensions.insert(ceilings.clone());
         }
         let name = client.label();
         if let Some(models) = &policy.models
@@ -363,16 +364,21 @@ fn key_account(name: &str) -> String {
     format!("key\u{1f}{name}")
 }
 
-fn key_ceilings(key: &KeyConfig, spend: &Arc<dyn SpendStore>, fail_open: bool) -> SpendCeilings {
-    let mut ceilings = SpendCeilings::new();
+fn key_ceilings(
+    key: &KeyConfig,
+    spend: &Arc<dyn SpendStore>,
+    fail_open: bool,
+) -> Option<SpendCeilings> {
+    let mut ceilings = None;
     for (usd, window) in [
         (key.spend_usd_per_day, SpendWindow::Day),
         (key.spend_usd_per_month, SpendWindow::Month),
     ] {
         if let Some(usd) = usd {
-            let ceiling = TenantSpend::new(Arc::clone(spend), window, Cost::from_usd(usd))
-                .fail_open(fail_open);
-            ceilings = ceilings.ceiling(ceiling, key_account(&key.name));
+            let mut ceiling = TenantSpend::new(Arc::clone(spend), window, Cost::from_usd(usd));
+            ceiling.fail_open = fail_open;
+            let held = ceilings.take().unwrap_or_else(SpendCeilings::new);
+            ceilings = Some(held.ceiling(ceiling, key_account(&key.name)));
         }
     }
     ceilings

@@ -216,13 +216,11 @@ pub(crate) fn serve(
     let header_timeout = Duration::from_millis(config.header_read_timeout_ms);
     let write_stall = Duration::from_millis(config.write_stall_timeout_ms);
     let retry_after = Duration::from_secs(config.shed_retry_after_s);
-    let mut limits = ReadLimits::new().timeout(Duration::from_millis(config.body_read_timeout_ms));
-    if config.body_min_bytes_per_second > 0 {
-        limits = limits.min_rate(
-            config.body_min_bytes_per_second,
-            Duration::from_millis(config.body_min_rate_grace_ms),
-        );
-    }
+    let limits = ReadLimits {
+        timeout: Some(Duration::from_millis(config.body_read_timeout_ms)),
+        min_bytes_per_second: Some(config.body_min_bytes_per_second),
+        grace: Duration::from_millis(config.body_min_rate_grace_ms),
+    };
     // The in-flight cap is not here but on the model routes (see
     // `InFlightCaps`): health and metrics must answer at saturation.
     let service = ServiceBuilder::new()

@@ -127,11 +127,10 @@ impl Stores {
                     "month" => SpendWindow::Month,
                     other => return Err(format!("state.tenant_window: unknown {other}")),
                 };
-                Some(
-                    TenantSpend::new(Arc::clone(&spend), window, Cost::from_usd(usd))
-                        .fail_open(state.spend_fail_open)
-                        .require_tenant(state.require_tenant),
-                )
+                let mut tenant = TenantSpend::new(Arc::clone(&spend), window, Cost::from_usd(usd));
+                tenant.fail_open = state.spend_fail_open;
+                tenant.require_tenant = state.require_tenant;
+                Some(tenant)
             }
             None if state.require_tenant => {
                 return Err("state.require_tenant needs tenant_ceiling_usd".to_owned());

@@ -115,13 +115,11 @@ fn through_commit_machine(frames: Vec<Bytes>) -> Vec<u8> {
             async move { Ok::<_, Infallible>(response) }
         });
         let response = ServiceBuilder::new()
-            .layer(
-                StreamStateLayer::new().policy(
-                    StreamPolicy::new()
-                        .max_line_bytes(4096)
-                        .max_event_bytes(8192),
-                ),
-            )
+            .layer(StreamStateLayer::new().policy(StreamPolicy {
+                max_line_bytes: 4096,
+                max_event_bytes: 8192,
+                ..StreamPolicy::new()
+            }))
             .service(upstream)
             .oneshot(Request::new(()))
             .await

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
-use tower_llm_failover::failover::{Failover, HeaderPolicy, Target};
+use tower_llm_failover::failover::{Failover, HeaderPolicy, Target, Timeouts};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_gateway::app;
@@ -348,7 +348,10 @@ async fn the_non_streaming_head_timeout_is_configurable() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(4))))
+        .timeouts(|t| Timeouts {
+            non_streaming_head: Some(Duration::from_secs(4)),
+            ..t
+        })
         .build();
     let started = Instant::now();
     let answer = send(&failover, request("gpt-x", false)).await;
@@ -365,7 +368,10 @@ async fn the_non_streaming_head_timeout_is_configurable() {
     ));
     let failover = Failover::builder()
         .target(Target::new("slow", slow.clone()))
-        .timeouts(|t| t.non_streaming_head(Some(Duration::from_secs(4))))
+        .timeouts(|t| Timeouts {
+            non_streaming_head: Some(Duration::from_secs(4)),
+            ..t
+        })
         .build();
     let answer = send(&failover, request("gpt-x", false)).await;
     assert!(answer.body.contains("answer from slow"), "{}", answer.body);
@@ -427,7 +433,10 @@ async fn the_response_timeout_still_caps_a_whole_answer() {
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
         .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(2)))
-        .timeouts(|t| t.response(Some(Duration::from_secs(7))))
+        .timeouts(|t| Timeouts {
+            response: Some(Duration::from_secs(7)),
+            ..t
+        })
         .build();
     let started = Instant::now();
     let answer = send(&failover, request("gpt-x", false)).await;

@@ -72,9 +72,10 @@ async fn answer_text(response: Response<Full<Bytes>>) -> String {
 #[tokio::test(start_paused = true)]
 async fn a_body_that_is_not_complete_within_the_read_timeout_fails() {
     let service = ServiceBuilder::new()
-        .layer(ReadLimitLayer::new(
-            ReadLimits::new().timeout(Duration::from_secs(5)),
-        ))
+        .layer(ReadLimitLayer::new(ReadLimits {
+            timeout: Some(Duration::from_secs(5)),
+            ..ReadLimits::new()
+        }))
         .service_fn(read_body);
     let (tx, body) = channel_body();
     let started = tokio::time::Instant::now();
@@ -108,9 +109,11 @@ async fn a_body_that_is_not_complete_within_the_read_timeout_fails() {
 #[tokio::test(start_paused = true)]
 async fn a_body_below_the_minimum_rate_fails_after_the_grace_period() {
     let service = ServiceBuilder::new()
-        .layer(ReadLimitLayer::new(
-            ReadLimits::new().min_rate(100, Duration::from_secs(2)),
-        ))
+        .layer(ReadLimitLayer::new(ReadLimits {
+            min_bytes_per_second: Some(100),
+            grace: Duration::from_secs(2),
+            ..ReadLimits::new()
+        }))
         .service_fn(read_body);
     let (tx, body) = channel_body();
     let started = tokio::time::Instant::now();
@@ -154,11 +157,11 @@ async fn a_body_below_the_minimum_rate_fails_after_the_grace_period() {
 #[tokio::test(start_paused = true)]
 async fn a_body_at_the_minimum_rate_is_read_whole() {
     let service = ServiceBuilder::new()
-        .layer(ReadLimitLayer::new(
-            ReadLimits::new()
-                .timeout(Duration::from_secs(60))
-                .min_rate(100, Duration::from_secs(1)),
-        ))
+        .layer(ReadLimitLayer::new(ReadLimits {
+            timeout: Some(Duration::from_secs(60)),
+            min_bytes_per_second: Some(100),
+            grace: Duration::from_secs(1),
+        }))
         .service_fn(read_body);
     let (tx, body) = channel_body();
     let call = tokio::spawn(service.oneshot(Request::new(body)));

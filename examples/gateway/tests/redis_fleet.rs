@@ -22,6 +22,7 @@ use std::time::Duration;
 use ::redis::aio::ConnectionLike;
 use redis_server::RedisServer;
 use serde_json::json;
+use tower::retry::budget::Budget as _;
 use tower_llm_actions::{ActionStore, Claim, ClaimRequest, FenceToken};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::limit::{PerMinute, RateDecision, RateLimitStore};
@@ -70,8 +71,10 @@ where
     let key = HealthKey::model("primary", "gpt-x");
     a.failure(
         &key,
-        FailureReport::new(FailureClass::RateLimited, Scope::Model)
-            .retry_after(Some(Duration::from_secs(30))),
+        FailureReport {
+            retry_after: Some(Duration::from_secs(30)),
+            ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+        },
     );
     a.sync().await.unwrap();
     b.sync().await.unwrap();
@@ -124,19 +127,23 @@ where
     C: ConnectionLike + Clone + Send + Sync + Debug + 'static,
     F: Fn() -> C,
 {
-    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
+    let config = RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 1.0,
+        ..RetryBudgetConfig::new()
+    };
     let budget = RedisRetryBudget::builder(connection(), config)
         .prefix(prefix)
         .sync_every(Duration::from_secs(3600))
         .start()
         .unwrap();
-    let retry = budget.clone().into_retry_budget();
+    // The turns' deposits and withdrawals are tower's `Budget` calls.
     for _ in 0..4 {
-        retry.deposit();
+        budget.deposit();
     }
     budget.sync().await.unwrap();
     assert!(budget.is_shared(), "the budget is on Redis");
-    let granted = (0..20).filter(|_| retry.withdraw()).count();
+    let granted = (0..20).filter(|_| budget.withdraw()).count();
     assert!(
         (1..=4).contains(&granted),
         "four deposits fund 1..=4 retries, granted {granted}"

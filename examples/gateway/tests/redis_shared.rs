@@ -24,6 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServer;
 use serde_json::{Value, json};
+use tower::retry::budget::Budget as _;
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_actions::{
     ActionError, ActionExecutorLayer, ActionId, ActionState, ActionStore, ArgumentsDigest, Claim,
@@ -32,7 +33,7 @@ use tower_llm_actions::{
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::{
-    Cost, budget::RetryBudget, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
+    Cost, budget::RetryBudgetConfig, budget::SpendStore, budget::SpendWindow,
     budget::TenantRefusal, budget::TenantSpend,
 };
 use tower_llm_failover::{
@@ -853,14 +854,14 @@ async fn a_burst_larger_than_the_lease_reroutes_while_the_shared_budget_is_high(
     assert_eq!(f.backup.requests().len(), 51, "every turn rerouted");
 }
 
-/// A replica's shared retry budget alone, shipping only when asked.
-fn shared_budget(url: &str, config: RetryBudgetConfig) -> (RedisRetryBudget, RetryBudget) {
-    let budget = RedisRetryBudget::builder(connect(url).unwrap(), config)
+/// A replica's shared retry budget alone, shipping only when asked. Its
+/// deposits and withdrawals are tower's `Budget` calls, as the turns make
+/// them through the `RetryBudget` it becomes.
+fn shared_budget(url: &str, config: RetryBudgetConfig) -> RedisRetryBudget {
+    RedisRetryBudget::builder(connect(url).unwrap(), config)
         .sync_every(Duration::from_secs(3600))
         .start()
-        .unwrap();
-    let retry = budget.clone().into_retry_budget();
-    (budget, retry)
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -869,14 +870,18 @@ async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() 
         return;
     };
     // No reserve: only deposits fund withdrawals.
-    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(0.2);
-    let (budget, retry) = shared_budget(&redis.url(), config);
+    let config = RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 0.2,
+        ..RetryBudgetConfig::new()
+    };
+    let budget = shared_budget(&redis.url(), config);
     budget.sync().await.unwrap();
     assert!(budget.is_shared());
     redis.kill();
     // A long outage's first attempts (the local fallback counts them).
     for _ in 0..1000 {
-        retry.deposit();
+        budget.deposit();
     }
     assert!(budget.sync().await.is_err(), "Redis is down");
     redis.restart().await;
@@ -886,7 +891,7 @@ async fn deposits_made_during_an_outage_are_not_credited_at_once_on_reconnect() 
     .await;
     assert!(budget.is_shared());
     // 1000 old deposits credited at once would fund 200 retries now.
-    let granted = (0..50).filter(|_| retry.withdraw()).count();
+    let granted = (0..50).filter(|_| budget.withdraw()).count();
     assert_eq!(granted, 0, "the outage's deposits funded a retry storm");
 }
 
@@ -896,8 +901,12 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         return;
     };
     // Each first attempt earns one retry; no reserve.
-    let config = RetryBudgetConfig::new().min_per_sec(0).retry_percent(1.0);
-    let (budget, retry) = shared_budget(&redis.url(), config);
+    let config = RetryBudgetConfig {
+        min_per_sec: 0,
+        retry_percent: 1.0,
+        ..RetryBudgetConfig::new()
+    };
+    let budget = shared_budget(&redis.url(), config);
     budget.sync().await.unwrap();
     assert!(budget.is_shared());
     // Redis answers, but with an error (OOM) to every script.
@@ -911,7 +920,7 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         .await
         .unwrap();
     for _ in 0..5 {
-        retry.deposit();
+        budget.deposit();
     }
     let error = budget.sync().await.unwrap_err();
     assert!(!error.is_io_error(), "an answer, not an outage: {error}");
@@ -919,7 +928,7 @@ async fn a_redis_error_answer_falls_back_to_the_local_budget() {
         !budget.is_shared(),
         "an error answer switches to the fallback"
     );
-    let granted = (0..5).filter(|_| retry.withdraw()).count();
+    let granted = (0..5).filter(|_| budget.withdraw()).count();
     assert_eq!(granted, 5, "the local budget grants what deposits earned");
 }
 
@@ -936,8 +945,10 @@ async fn a_second_replicas_probe_claim_keeps_the_first() {
     };
     let (a, b) = (start(), start());
     let key = HealthKey::model("primary", "gpt-x");
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_millis(30)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_millis(30)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     a.failure(&key, report);
     a.sync().await.unwrap();
     b.sync().await.unwrap();
@@ -982,7 +993,8 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
         return;
     };
     let store: Arc<dyn SpendStore> = Arc::new(RedisSpendStore::new(connect(&redis.url()).unwrap()));
-    let tenant = TenantSpend::new(store, SpendWindow::Day, Cost::from_usd(1.0));
+    let ceiling = Cost::from_usd(1.0);
+    let tenant = TenantSpend::new(Arc::clone(&store), SpendWindow::Day, ceiling);
     let client = ::redis::Client::open(redis.url()).unwrap();
     let admin = client.get_multiplexed_async_connection().await.unwrap();
     let keys = |admin: &::redis::aio::MultiplexedConnection| {
@@ -1001,8 +1013,12 @@ async fn admitting_a_tenant_writes_nothing_to_redis() {
     }
     // ...and leaves no key behind.
     assert_eq!(keys(&admin).await, 0, "admission wrote keys");
-    // Recording a cost writes the tenant's counter, which admission reads.
-    tenant.record("acme", Cost::from_usd(2.0)).await.unwrap();
+    // Spend added to the store writes the tenant's counter, which
+    // admission reads.
+    store
+        .add_and_check("acme", SpendWindow::Day, Cost::from_usd(2.0), ceiling)
+        .await
+        .unwrap();
     assert_eq!(keys(&admin).await, 1);
     assert!(matches!(
         tenant.admit(&ClientId::key("acme")).await,
@@ -1158,8 +1174,10 @@ async fn a_refresh_answered_before_a_queued_transition_keeps_the_newer_local_sta
     );
     a.sync().await.unwrap();
     // Meanwhile B learns a cooldown itself; its transition is queued.
-    let rate_limited = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(60)));
+    let rate_limited = FailureReport {
+        retry_after: Some(Duration::from_secs(60)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert!(b.failure(&key, rate_limited).is_some());
     let refreshed = b.stats().refreshed;
     // The refresh goes through (its calls one at a time, however many);
@@ -1233,8 +1251,10 @@ async fn a_cooldown_the_fleet_starts_is_counted() {
         return;
     };
     metrics();
-    let mut policy = CooldownPolicy::default();
-    policy.failure_threshold = 2;
+    let policy = CooldownPolicy {
+        failure_threshold: 2,
+        ..CooldownPolicy::default()
+    };
     let start = || {
         RedisHealthStore::builder(connect(&redis.url()).unwrap())
             .policy(policy.clone())
@@ -1355,12 +1375,16 @@ async fn redis_killed_mid_run_then_restarted() {
         ))
     ));
     // ...or open when configured.
-    assert!(tenant.clone().fail_open(true).admit(&acme).await.is_ok());
+    let mut open = tenant.clone();
+    open.fail_open = true;
+    assert!(open.admit(&acme).await.is_ok());
     // Health keeps serving from the local view: A's own failure cools the
     // key on A, and admissions are answered.
     let key = HealthKey::model("primary", "gpt-x");
-    let report = FailureReport::new(FailureClass::RateLimited, Scope::Model)
-        .retry_after(Some(Duration::from_secs(60)));
+    let report = FailureReport {
+        retry_after: Some(Duration::from_secs(60)),
+        ..FailureReport::new(FailureClass::RateLimited, Scope::Model)
+    };
     assert_eq!(
         a.failure(&key, report.clone()),
         Some(Duration::from_secs(60))
@@ -1544,8 +1568,9 @@ async fn timeouts_count_once_per_client_across_the_fleet() {
             .unwrap()
     };
     let (a, b) = (start(), start());
-    let timeout = |who: &str| {
-        FailureReport::new(FailureClass::Timeout, Scope::Model).witness(Some(who.into()))
+    let timeout = |who: &str| FailureReport {
+        witness: Some(who.into()),
+        ..FailureReport::new(FailureClass::Timeout, Scope::Model)
     };
     // One key's timeouts on both replicas: one count, nothing cools.
     let key = HealthKey::model("per-client", "gpt-x");

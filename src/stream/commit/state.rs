@@ -44,7 +44,7 @@ impl StreamStatus {
     }
 
     /// Whether the stream has ended one way or another.
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(self, Self::Finished | Self::Failed | Self::Cancelled)
     }
 }
@@ -157,16 +157,17 @@ impl StreamState {
     }
 
     /// Bytes yielded to the client so far.
-    pub fn bytes_flushed(&self) -> u64 {
+    pub(crate) fn bytes_flushed(&self) -> u64 {
         self.shared.bytes_flushed.load(Ordering::Acquire)
     }
 
     /// Model output events yielded to the client so far.
-    pub fn output_events(&self) -> u64 {
+    pub(crate) fn output_events(&self) -> u64 {
         self.shared.output_events.load(Ordering::Acquire)
     }
 
-    /// A consistent copy of everything recorded.
+    /// A consistent copy of everything recorded: bytes flushed, output
+    /// events, usage, identity, the failure.
     pub fn snapshot(&self) -> StreamSnapshot {
         let details = self.details();
         StreamSnapshot {

@@ -1,0 +1,218 @@
+//! BudgetLayer's turns as the layers inside draw on them: handles of one
+//! turn are one turn, and attempts and spend are counted by whoever makes
+//! them (the turn's attempt and spend methods are the crate's own).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tokio::time::{Instant, advance};
+use tower::{Service, ServiceExt};
+
+use crate::Cost;
+use crate::budget::{
+    Budget, BudgetExhausted, BudgetLayer, Pricing, ReportedUsage, TurnBudget, TurnLimits,
+};
+
+/// A refused turn's answer: its status and its JSON error body.
+async fn refusal<B>(response: Response<B>) -> (http::StatusCode, serde_json::Value)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let status = response.status();
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
+fn request() -> Request<Full<Bytes>> {
+    Request::new(Full::new(Bytes::from_static(
+        br#"{"model":"m","messages":[]}"#,
+    )))
+}
+
+/// An upstream answering `{}` at once, counting its calls and reporting the
+/// turn it saw.
+#[derive(Clone, Default)]
+struct Upstream {
+    calls: Arc<AtomicU32>,
+    seen: Arc<std::sync::Mutex<Vec<TurnBudget>>>,
+    usage: Option<ReportedUsage>,
+}
+
+impl Service<Request<Full<Bytes>>> for Upstream {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let turn = TurnBudget::from_extensions(req.extensions()).expect("turn in extensions");
+        self.seen.lock().unwrap().push(turn);
+        let mut res = Response::new(Full::new(Bytes::from_static(b"{}")));
+        if let Some(usage) = self.usage {
+            res.extensions_mut().insert(usage);
+        }
+        std::future::ready(Ok(res))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_turn_is_made_and_handed_inward_and_outward() {
+    let upstream = Upstream::default();
+    let svc = BudgetLayer::new()
+        .limits(TurnLimits {
+            max_attempts: 2,
+            ..TurnLimits::new()
+        })
+        .layer_service(upstream.clone());
+    let res = svc.oneshot(request()).await.unwrap();
+    let outward = TurnBudget::from_extensions(res.extensions()).unwrap();
+    let inward = upstream.seen.lock().unwrap()[0].clone();
+    assert!(outward.ptr_eq(&inward));
+    // The body carries the same turn, to end it at that turn's deadline.
+    assert!(res.body().budget().ptr_eq(&inward));
+    assert_eq!(outward.attempts_used(), 1);
+    assert_eq!(outward.turn_id().as_str().len(), 16);
+    assert_eq!(
+        &res.into_body().collect().await.unwrap().to_bytes()[..],
+        b"{}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_in_the_extensions_is_reused_and_never_reset_per_hop() {
+    let upstream = Upstream::default();
+    let mut svc = BudgetLayer::new()
+        .deadline(Duration::from_secs(60)) // ignored: the turn already has one
+        .layer_service(upstream.clone());
+    let turn = TurnLimits {
+        deadline: Duration::from_secs(10),
+        max_attempts: 2,
+        ..TurnLimits::new()
+    }
+    .start_with_turn_id("turn-1".into());
+    let start = Instant::now();
+
+    let mut first = request();
+    first.extensions_mut().insert(turn.clone());
+    svc.ready().await.unwrap().call(first).await.unwrap();
+    advance(Duration::from_secs(4)).await;
+
+    let mut second = request();
+    second.extensions_mut().insert(turn.clone());
+    let res = svc.ready().await.unwrap().call(second).await.unwrap();
+    let after = TurnBudget::from_extensions(res.extensions()).unwrap();
+    assert!(after.ptr_eq(&turn));
+    assert_eq!(after.turn_id().as_str(), "turn-1");
+    assert_eq!(after.attempts_used(), 2);
+    assert_eq!(after.deadline(), start + Duration::from_secs(10));
+    assert_eq!(after.remaining(), Duration::from_secs(6));
+
+    // The third hop finds the attempts used up; the upstream is not called,
+    // and the client gets an error it can read.
+    let mut third = request();
+    third.extensions_mut().insert(turn.clone());
+    let res = svc.ready().await.unwrap().call(third).await.unwrap();
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 429);
+    assert_eq!(json["error"]["code"], "turn_budget_exhausted");
+    assert_eq!(
+        json["error"]["message"],
+        BudgetExhausted::Attempts { used: 2, max: 2 }.to_string()
+    );
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
+    assert!(
+        upstream
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|t| t.ptr_eq(&turn))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spend_is_recorded_from_usage_and_the_ceiling_refuses() {
+    let upstream = Upstream {
+        usage: Some(ReportedUsage::reported(1_000, 500)),
+        ..Upstream::default()
+    };
+    let mut svc = BudgetLayer::new()
+        .limits(TurnLimits {
+            spend_ceiling: Some(Cost::from_usd(0.02)),
+            ..TurnLimits::new()
+        })
+        .pricing(Pricing::per_million_usd(5.0, 10.0)) // 0.01 + 0.01 per call
+        .layer_service(upstream.clone());
+    let turn = TurnLimits {
+        spend_ceiling: Some(Cost::from_usd(0.02)),
+        ..TurnLimits::new()
+    }
+    .start();
+    for _ in 0..2 {
+        let mut req = request();
+        req.extensions_mut().insert(turn.clone());
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    assert_eq!(turn.spent(), (Cost::from_usd(0.02), false));
+
+    let mut req = request();
+    req.extensions_mut().insert(turn.clone());
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let (status, json) = refusal(res).await;
+    assert_eq!(status, 402);
+    assert_eq!(json["error"]["code"], "spend_ceiling_reached");
+    assert_eq!(json["error"]["type"], "insufficient_quota");
+    let refused = turn.check_spend(Cost::from_usd(0.0)).unwrap_err();
+    assert!(matches!(
+        refused,
+        BudgetExhausted::Spend { spent, ceiling, .. }
+            if spent == Cost::from_usd(0.02) && ceiling == Cost::from_usd(0.02)
+    ));
+    assert_eq!(upstream.calls.load(Ordering::SeqCst), 2);
+    // A refused call does not use an attempt.
+    assert_eq!(turn.attempts_used(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_loop_counts_its_own_attempts_and_the_layer_adds_none() {
+    let upstream = tower::service_fn(|req: Request<Full<Bytes>>| async move {
+        let turn = TurnBudget::from_extensions(req.extensions()).unwrap();
+        // The failover loop inside begins its own attempts.
+        assert_eq!(turn.try_begin_attempt(), Ok(1));
+        assert_eq!(turn.try_begin_attempt(), Ok(2));
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    });
+    let svc = BudgetLayer::new().layer_service(upstream);
+    let res = svc.oneshot(request()).await.unwrap();
+    assert_eq!(
+        TurnBudget::from_extensions(res.extensions())
+            .unwrap()
+            .attempts_used(),
+        2
+    );
+}
+
+/// `Layer::layer` without importing the trait in every test.
+trait LayerExt {
+    fn layer_service<S>(&self, inner: S) -> Budget<S>;
+}
+impl LayerExt for BudgetLayer {
+    fn layer_service<S>(&self, inner: S) -> Budget<S> {
+        tower::Layer::layer(self, inner)
+    }
+}
