@@ -470,7 +470,10 @@ proptest! {
             let before = states(&store);
             store.failure(
                 &key,
-                FailureReport { retry_after: hint.map(Duration::from_secs), ..FailureReport::new(class, scope) },
+                FailureReport {
+                    retry_after: hint.map(Duration::from_secs),
+                    ..FailureReport::new(class, scope)
+                },
             );
             let after = states(&store);
             let mut keys: Vec<&HealthKey> = before.keys().chain(after.keys()).collect();

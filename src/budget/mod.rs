@@ -65,7 +65,8 @@
 //! use http::{Request, Response};
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_llm_failover::{Cost, budget::BudgetLayer, budget::Pricing, budget::ReportedUsage, budget::TurnBudget, budget::TurnLimits};
+//! use tower_llm_failover::Cost;
+//! use tower_llm_failover::budget::{BudgetLayer, Pricing, ReportedUsage, TurnBudget, TurnLimits};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
