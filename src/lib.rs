@@ -89,7 +89,7 @@
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_llm_failover::budget::BudgetLayer;
-//! use tower_llm_failover::failover::{Capabilities, Failover, Target};
+//! use tower_llm_failover::failover::{Capabilities, Caps, Failover, Target};
 //! use tower_llm_failover::stream::StreamPolicy;
 //! use tower_llm_testing::{chunks, FakeProvider, Reply, Step};
 //!
@@ -111,7 +111,7 @@
 //!             .capabilities(Capabilities::default().context_window(200_000)),
 //!     )
 //!     .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(30)))
-//!     .caps(|c| c.retries_per_target(0))
+//!     .caps(|c| Caps { retries_per_target: 0, ..c })
 //!     .build();
 //! let gateway = ServiceBuilder::new()
 //!     .layer(BudgetLayer::new().deadline(Duration::from_secs(60)))

@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_failover::budget::{RetryBudget, RetryBudgetConfig, TurnLimits};
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::health::{CooldownPolicy, MemoryHealthStore};
 use tower_llm_failover::identity::{ApiKeys, ClientId, IdentityLayer};
@@ -121,7 +122,10 @@ async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .limits(TurnLimits {
             retry_budget: Some(retry_budget.clone()),
             ..TurnLimits::new()

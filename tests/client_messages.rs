@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_testing::{FakeProvider, Reply, Step};
@@ -36,7 +37,10 @@ async fn an_all_options_spent_answer_names_the_class_not_the_providers_words() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary))
         .target(Target::new("backup", backup))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let response = failover.oneshot(request(false)).await.unwrap();
     let run = response.extensions().get::<TurnRecord>().unwrap().clone();

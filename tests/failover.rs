@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_llm_failover::Decision;
 use tower_llm_failover::dialect::{AnthropicMessages, Requirements};
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::health::MemoryHealthStore;
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::{
@@ -133,7 +134,10 @@ async fn in_band_rate_limit_after_the_role_chunk_is_rerouted_invisibly() {
     ]));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
     assert_eq!(reply.status, 200);
@@ -229,7 +233,10 @@ async fn a_long_retry_after_reroutes_when_a_backup_is_left_but_is_waited_out_alo
         .then(Reply::status(429, ANTHROPIC_429).header("retry-after", "30"));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .caps(|c| c.same_target_wait(Duration::from_secs(60)))
+        .caps(|c| Caps {
+            same_target_wait: Duration::from_secs(60),
+            ..c
+        })
         .build();
     let started = Instant::now();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -658,7 +665,10 @@ async fn a_spent_ceiling_stops_the_turn_before_another_attempt() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()).pricing(price))
         .target(Target::new("backup", backup.clone()).pricing(price))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .default_output_tokens(0)
         .limits(TurnLimits {
             spend_ceiling: Some(Cost::from_usd(1.0)),
@@ -915,7 +925,10 @@ async fn non_streaming_invalid_answers_are_rerouted() {
         let primary = FakeProvider::new("primary").always(bad);
         let backup = FakeProvider::new("backup");
         let failover = two(&primary, &backup)
-            .caps(|c| c.retries_per_target(0))
+            .caps(|c| Caps {
+                retries_per_target: 0,
+                ..c
+            })
             .build();
         let reply = send(&failover, request(false, serde_json::json!({}))).await;
         assert_eq!(reply.status, 200);
@@ -955,7 +968,10 @@ async fn bad_request_bodies_never_reach_an_upstream() {
     let primary = FakeProvider::new("primary");
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
-        .caps(|c| c.request_bytes(1024))
+        .caps(|c| Caps {
+            request_bytes: 1024,
+            ..c
+        })
         .build();
     for (body, status, code) in [
         ("not json".to_owned(), 400, "invalid_json"),
@@ -1062,7 +1078,10 @@ async fn a_bad_request_body_is_answered_with_its_own_error_type_in_the_clients_d
     let failover = Failover::builder()
         .dialect(AnthropicMessages)
         .target(Target::new("primary", primary.clone()))
-        .caps(|c| c.request_bytes(1024))
+        .caps(|c| Caps {
+            request_bytes: 1024,
+            ..c
+        })
         .build();
     for (body, status, error_type) in [
         ("not json".to_owned(), 400, "invalid_request_error"),
@@ -1184,7 +1203,10 @@ async fn when_every_target_is_overloaded_the_turn_answers_503() {
     let primary = FakeProvider::new("primary").always(overloaded.clone());
     let backup = FakeProvider::new("backup").always(overloaded);
     let failover = two(&primary, &backup)
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let reply = send(&failover, request(false, serde_json::json!({}))).await;
     assert_eq!((primary.calls(), backup.calls()), (1, 1));
@@ -1203,7 +1225,10 @@ async fn a_failed_probe_after_an_ordinary_attempt_reports_the_options_spent() {
     let primary = FakeProvider::new("primary").always(Reply::status(401, BAD_KEY_401));
     let backup = FakeProvider::new("backup");
     let failover = two(&primary, &backup)
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     // The primary's key fails: it rests, the backup serves.
     let first = send(&failover, request(true, serde_json::json!({}))).await;
@@ -1584,7 +1609,10 @@ async fn a_forced_probe_is_never_retried() {
         .always(Reply::status(500, SERVER_500));
     let failover = Failover::builder()
         .target(Target::new("a", a.clone()))
-        .caps(|c| c.retries_per_target(2))
+        .caps(|c| Caps {
+            retries_per_target: 2,
+            ..c
+        })
         .build();
     let first = send(&failover, request(false, serde_json::json!({}))).await;
     assert_ne!(first.status, 200, "{}", first.body);

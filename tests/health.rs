@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tower::{Service, ServiceExt};
 use tower_llm_failover::FailureClass;
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::stream::StreamPolicy;
 use tower_llm_failover::{
     failover::Failover, failover::FailoverBuilder, failover::Target, failover::Timeouts,
@@ -664,7 +665,10 @@ use tower_llm_testing::chunks;
 /// failing attempt is never retried on the same target.
 fn pair(primary: &FakeProvider, store: &Arc<MemoryHealthStore>) -> Failover<Models> {
     builder(store)
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .target(
             Target::new(
@@ -752,7 +756,10 @@ async fn an_answer_over_our_own_size_cap_is_the_requests_and_cools_nothing() {
     let store = Arc::new(MemoryHealthStore::default());
     let primary = FakeProvider::new("primary").always(Reply::completion("primary"));
     let failover = builder(&store)
-        .caps(|c| c.response_bytes(64))
+        .caps(|c| Caps {
+            response_bytes: 64,
+            ..c
+        })
         .target(Target::new("primary", Models::new(&[("gpt-x", primary.clone())])).model("gpt-x"))
         .build();
     for _ in 0..5 {

@@ -19,6 +19,7 @@ use tower::ServiceBuilder;
 use tower_llm_client::UpstreamClient;
 use tower_llm_failover::BoxError;
 use tower_llm_failover::budget::{BudgetLayer, TurnLimits};
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_testing::upstream::FakeUpstream;
 use tower_llm_testing::{Step, chunks, json_response, sse_response};
@@ -55,7 +56,10 @@ async fn start(budget: BudgetLayer, stream: bool) -> App {
     let failover = Failover::builder()
         .target(Target::boxed("primary", client))
         .target(Target::boxed("backup", backup).model("backup-model"))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let stack = ServiceBuilder::new().layer(budget).service(failover);
     let app = axum::Router::new().route_service("/v1/chat/completions", stack);

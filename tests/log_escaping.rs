@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_testing::{FakeProvider, Reply};
 
@@ -78,7 +79,10 @@ async fn a_model_name_with_a_newline_and_an_escape_is_logged_escaped() {
     let failover = Failover::builder()
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let answer = send(&failover, FORGING_MODEL).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_failover::Decision;
 use tower_llm_failover::dialect::{Dialect, OpenAiChat};
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Capabilities, Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_testing::{FakeProvider, Reply};
@@ -105,7 +106,10 @@ async fn after_a_reroute_only_the_answering_attempt_records_bytes() {
         let failover = Failover::builder()
             .target(Target::new("primary", primary.clone()))
             .target(Target::new("backup", backup.clone()))
-            .caps(|c| c.retries_per_target(0))
+            .caps(|c| Caps {
+                retries_per_target: 0,
+                ..c
+            })
             .build();
         let answer = send(&failover, post(&chat_body(stream))).await;
         assert_eq!(answer.status, StatusCode::OK, "stream: {stream}");
@@ -247,7 +251,10 @@ async fn no_provider_ever_sees_the_clients_credentials() {
         let failover = Failover::builder()
             .target(Target::new("primary", primary.clone()))
             .target(Target::new("backup", backup.clone()))
-            .caps(|c| c.retries_per_target(0))
+            .caps(|c| Caps {
+                retries_per_target: 0,
+                ..c
+            })
             .build();
         let answer = send(&failover, with_client_credentials(&chat_body(stream))).await;
         assert_eq!(answer.status, StatusCode::OK);

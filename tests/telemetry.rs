@@ -19,6 +19,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower::ServiceExt;
 use tower_llm_client::{Auth, UpstreamClient};
 use tower_llm_failover::budget::TurnLimits;
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::{StopReason, TurnOutcome, observe::TurnRecord};
 use tower_llm_testing::{FakeProvider, Reply, Step};
@@ -226,7 +227,10 @@ async fn a_turn_with_one_reroute_has_a_turn_span_and_two_attempt_spans() {
                 .provider("prov-b")
                 .model("backup-model"),
         )
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let response = failover.oneshot(chat(true, "span-turn")).await.unwrap();
     let (run, body) = read(response).await;
@@ -291,7 +295,10 @@ async fn failures_before_and_after_commit_land_under_different_phases() {
     let failover = Failover::builder()
         .target(Target::new("phase-before", before))
         .target(Target::new("phase-after", after))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let response = failover.oneshot(chat(true, "phase-turn")).await.unwrap();
     let (run, body) = read(response).await;

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::observe::TurnRecord;
@@ -70,7 +71,10 @@ fn stack(spend: &TenantSpend, targets: &[(&str, &FakeProvider)]) -> Stack {
             non_streaming_head: Some(Duration::from_secs(5)),
             ..t
         })
-        .caps(|c| c.retries_per_target(0));
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        });
     for (name, provider) in targets {
         builder = builder.target(Target::new(*name, (*provider).clone()).pricing(pricing()));
     }

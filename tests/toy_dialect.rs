@@ -18,6 +18,7 @@ use tower_llm_failover::dialect::{
     AnswerFacts, BodyCheck, BodyFault, Chunk, ChunkIdentity, ChunkKind, Dialect, ErrorFacts,
     ErrorReply, ErrorSource, RequestError, Requirements, TerminalError, TerminalMode,
 };
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_failover::sse::SseEvent;
@@ -211,7 +212,10 @@ async fn turn(
         .dialect(LineDialect)
         .target(Target::new("primary", primary.clone()))
         .target(Target::new("backup", backup.clone()).model("backup-model"))
-        .caps(|c| c.retries_per_target(0))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
         .build();
     let body = json!({"model": "m", "stream": stream, "prompt": "Say hi."});
     let request = Request::post("/v1/line")

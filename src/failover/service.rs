@@ -405,11 +405,21 @@ impl Default for Timeouts {
 /// with [`FailoverBuilder::caps`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
-    pub(crate) request_bytes: usize,
-    pub(crate) response_bytes: usize,
-    pub(crate) held_bytes: u64,
-    pub(crate) retries_per_target: u32,
-    pub(crate) same_target_wait: Duration,
+    /// Cap on the client's request body (default 8 MiB).
+    pub request_bytes: usize,
+    /// Cap on a non-streaming upstream body (default 16 MiB).
+    pub response_bytes: usize,
+    /// Cap on the bytes held back before commit (default 1 MiB).
+    pub held_bytes: u64,
+    /// Retries on one target (for failures whose recovery is to retry the
+    /// same target) before rerouting (default 2).
+    pub retries_per_target: u32,
+    /// The longest wait before retrying the same target while another
+    /// target is left (default 5 s). A longer wait, usually a provider's
+    /// `retry-after`, reroutes at once instead: a healthy backup answers
+    /// sooner. With no other target left, any wait that fits the turn's
+    /// deadline (and the backoff's `max_server_delay`) is taken.
+    pub same_target_wait: Duration,
 }
 
 impl Default for Caps {
@@ -421,43 +431,6 @@ impl Default for Caps {
             retries_per_target: 2,
             same_target_wait: Duration::from_secs(5),
         }
-    }
-}
-
-impl Caps {
-    /// Cap on the client's request body.
-    pub fn request_bytes(mut self, bytes: usize) -> Self {
-        self.request_bytes = bytes;
-        self
-    }
-
-    /// Cap on a non-streaming upstream body.
-    pub fn response_bytes(mut self, bytes: usize) -> Self {
-        self.response_bytes = bytes;
-        self
-    }
-
-    /// Cap on the bytes held back before commit.
-    pub fn held_bytes(mut self, bytes: u64) -> Self {
-        self.held_bytes = bytes;
-        self
-    }
-
-    /// Retries on one target (for failures whose recovery is to retry the
-    /// same target) before rerouting.
-    pub fn retries_per_target(mut self, retries: u32) -> Self {
-        self.retries_per_target = retries;
-        self
-    }
-
-    /// The longest wait before retrying the same target while another
-    /// target is left (default 5 s). A longer wait, usually a provider's
-    /// `retry-after`, reroutes at once instead: a healthy backup answers
-    /// sooner. With no other target left, any wait that fits the turn's
-    /// deadline (and the backoff's `max_server_delay`) is taken.
-    pub fn same_target_wait(mut self, wait: Duration) -> Self {
-        self.same_target_wait = wait;
-        self
     }
 }
 

@@ -20,6 +20,7 @@ use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
 };
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{HeaderPolicy, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
@@ -703,10 +704,11 @@ impl StackParts<'_> {
                 response: b.response_timeout_ms.map(Duration::from_millis),
                 first_output: Duration::from_millis(b.first_token_timeout_ms),
             })
-            .caps(|c| {
-                c.retries_per_target(f.max_retries_per_target)
-                    .same_target_wait(Duration::from_millis(f.max_same_target_wait_ms))
-                    .request_bytes(f.max_request_bytes)
+            .caps(|c| Caps {
+                retries_per_target: f.max_retries_per_target,
+                same_target_wait: Duration::from_millis(f.max_same_target_wait_ms),
+                request_bytes: f.max_request_bytes,
+                ..c
             })
             .health(self.health.clone())
             .refuse_when_cooling(f.refuse_when_cooling)

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 use tower_llm_client::{Auth, UpstreamClient};
 use tower_llm_failover::dialect::AnthropicMessages;
+use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_gateway::app;
@@ -382,7 +383,10 @@ async fn through_failover(
     body: Value,
     headers: &[(&str, &str)],
 ) -> (StatusCode, String, TurnRecord) {
-    let mut builder = Failover::builder().caps(|c| c.retries_per_target(0));
+    let mut builder = Failover::builder().caps(|c| Caps {
+        retries_per_target: 0,
+        ..c
+    });
     for target in targets {
         builder = builder.target(target);
     }
