@@ -402,6 +402,20 @@ async fn a_claim_no_replica_acknowledged_fails_closed_until_one_does() {
         info.contains("state=online")
     })
     .await;
+    // The same claim through a store that waits long enough for a replica
+    // on a busy machine: 100 ms (right for the failing half above) is
+    // shorter than a loaded 2-core runner may take to acknowledge.
+    let store: Arc<dyn ActionStore> = Arc::new(
+        RedisActionStore::new(connect(&primary.url()).unwrap())
+            .wait_for_replicas(1, Duration::from_secs(5)),
+    );
+    let counted = Arc::clone(&effects);
+    let mut executor = tower::ServiceBuilder::new()
+        .layer(ActionExecutorLayer::new(store))
+        .service_fn(move |_call: ToolCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(json!({ "order": "placed" })) }
+        });
     let answer = executor.ready().await.unwrap().call(call()).await.unwrap();
     assert_eq!(answer, json!({ "order": "placed" }));
     assert_eq!(effects.load(Ordering::SeqCst), 1);

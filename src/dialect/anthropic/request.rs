@@ -36,8 +36,6 @@ use crate::dialect::{RequestError, Requirements};
 pub(super) const DEFAULT_VERSION: &str = "2023-06-01";
 
 const VERSION: HeaderName = HeaderName::from_static("anthropic-version");
-#[cfg(test)]
-const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// A parsed Messages request: the body, and where its `model` is.
 #[derive(Debug, Clone)]
@@ -247,6 +245,8 @@ pub(super) fn upstream_headers(_client: &HeaderMap, upstream: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
     fn read_json(
         value: serde_json::Value,
