@@ -52,19 +52,24 @@
 //! ```
 
 mod anthropic;
+pub(crate) mod foreign;
+mod neutral;
 mod openai;
 mod raw;
 mod request;
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
 
 use crate::sse::SseEvent;
 use crate::{FailureClass, Phase, Usage};
 
-pub use anthropic::{AnthropicMessages, MessagesRequest};
+pub use anthropic::{AnthropicMessages, MessagesMemo, MessagesRequest};
+pub use neutral::{
+    FinishReason, Message, NeutralEvent, NeutralRequest, Part, ToolChoice, ToolSpec,
+};
 pub use openai::{ChatMemo, ChatRequest, OpenAiChat};
 
 /// The dialect the layers speak unless told otherwise (OpenAI chat
@@ -435,5 +440,77 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     fn error_status(&self, class: FailureClass, status: StatusCode) -> StatusCode {
         let _ = class;
         status
+    }
+
+    /// The dialect's name, as configuration, records and refusals say it
+    /// (`openai-chat`, `anthropic-messages`). Default: `custom`.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
+    /// The path a request of this dialect is sent to when the client spoke
+    /// another dialect (`/v1/chat/completions`, `/v1/messages`); the
+    /// upstream client joins it to the provider's base URL as it joins a
+    /// client's path. Default: `None`, the client's path.
+    fn upstream_path(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The client's request in the [neutral model](NeutralRequest), for a
+    /// target of another dialect. `Err` says why this request cannot be
+    /// translated. Default: this dialect does not translate.
+    fn to_neutral(&self, request: &Self::Request) -> Result<NeutralRequest, String> {
+        let _ = request;
+        Err(format!("the {} dialect does not translate", self.name()))
+    }
+
+    /// The body a target of this dialect receives for a request of another
+    /// dialect, read into the neutral model, with `model` as the target's
+    /// model. The failover layer has already fitted the request to the
+    /// target (output limit clipped or defaulted, history it cannot take
+    /// removed). `Err` names what the request needs that this dialect
+    /// cannot express (`"n > 1"`): the target is then ineligible, and the
+    /// refusal says why. Default: this dialect does not translate.
+    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+        let _ = (request, model);
+        Err(format!("the {} dialect does not translate", self.name()))
+    }
+
+    /// Reads one event of this dialect's stream into neutral events, with a
+    /// memo of its own (one per stream, given every event in order; not
+    /// the one [`inspect`](Self::inspect) is given). Default: nothing.
+    fn decode_event(&self, event: &SseEvent, memo: &mut Self::Memo, out: &mut Vec<NeutralEvent>) {
+        let _ = (event, memo, out);
+    }
+
+    /// Writes one neutral event as this dialect's stream, with the memo of
+    /// the stream being written (one per stream). Default: nothing.
+    fn encode_event(&self, event: &NeutralEvent, memo: &mut Self::Memo, out: &mut BytesMut) {
+        let _ = (event, memo, out);
+    }
+
+    /// The identity of a stream this dialect wrote with
+    /// [`encode_event`](Self::encode_event), in this dialect's form: what
+    /// its [`terminal`](Self::terminal) event carries. Default: none.
+    fn encoded_identity<'m>(&self, memo: &'m Self::Memo) -> ChunkIdentity<'m> {
+        let _ = memo;
+        ChunkIdentity::default()
+    }
+
+    /// Reads a whole answer of this dialect (one
+    /// [`check_answer`](Self::check_answer) found valid) as the neutral
+    /// events a stream of it would have given. Default: `None`, no
+    /// translation.
+    fn decode_answer(&self, body: &[u8]) -> Option<Vec<NeutralEvent>> {
+        let _ = body;
+        None
+    }
+
+    /// Writes a whole answer of this dialect from neutral events
+    /// ([`decode_answer`](Self::decode_answer) of another dialect).
+    /// Default: `None`, no translation.
+    fn encode_answer(&self, events: &[NeutralEvent]) -> Option<Bytes> {
+        let _ = events;
+        None
     }
 }

@@ -13,6 +13,10 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Output tokens (the model's answer, reasoning included).
     pub output_tokens: u64,
+    /// Of the input tokens, those read from the provider's prompt cache
+    /// (chat completions' `prompt_tokens_details.cached_tokens`, Messages'
+    /// `cache_read_input_tokens`); 0 when not reported.
+    pub cached_input_tokens: u64,
 }
 
 impl Usage {
@@ -21,6 +25,7 @@ impl Usage {
         Self {
             input_tokens,
             output_tokens,
+            cached_input_tokens: 0,
         }
     }
 }

@@ -5,8 +5,9 @@
 mod reply;
 mod request;
 mod stream;
+mod translate;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
 
 pub use request::MessagesRequest;
@@ -15,8 +16,17 @@ use super::{
     AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
     TerminalError, TerminalMode,
 };
+use super::{NeutralEvent, NeutralRequest};
 use crate::FailureClass;
 use crate::sse::SseEvent;
+
+/// What the Messages dialect keeps of one stream: nothing for reading
+/// event kinds; for translation, which content blocks are open and what
+/// the stream written so far said.
+#[derive(Debug, Default)]
+pub struct MessagesMemo {
+    translation: translate::StreamMemo,
+}
 
 /// Anthropic's status for an overloaded API, which its SDKs raise as
 /// `OverloadedError`.
@@ -59,7 +69,7 @@ const OVERLOADED: u16 = 529;
 /// let mut kinds = Vec::new();
 /// SseScanner::new().feed(&wire, |item| {
 ///     if let SseItem::Event(event) = item {
-///         kinds.push(AnthropicMessages.inspect(&event, &mut ()).kind);
+///         kinds.push(AnthropicMessages.inspect(&event, &mut Default::default()).kind);
 ///     }
 /// });
 /// use ChunkKind::*;
@@ -70,7 +80,7 @@ pub struct AnthropicMessages;
 
 impl Dialect for AnthropicMessages {
     type Request = MessagesRequest;
-    type Memo = ();
+    type Memo = MessagesMemo;
 
     fn read_request(&self, body: Bytes) -> Result<(Requirements, MessagesRequest), RequestError> {
         request::read(body)
@@ -88,7 +98,7 @@ impl Dialect for AnthropicMessages {
         request::upstream_headers(client, upstream);
     }
 
-    fn inspect<'a>(&self, event: &'a SseEvent, _memo: &mut ()) -> Chunk<'a> {
+    fn inspect<'a>(&self, event: &'a SseEvent, _memo: &mut MessagesMemo) -> Chunk<'a> {
         stream::inspect(event)
     }
 
@@ -121,6 +131,42 @@ impl Dialect for AnthropicMessages {
             status
         }
     }
+
+    fn name(&self) -> &'static str {
+        "anthropic-messages"
+    }
+
+    fn upstream_path(&self) -> Option<&'static str> {
+        Some("/v1/messages")
+    }
+
+    fn to_neutral(&self, request: &MessagesRequest) -> Result<NeutralRequest, String> {
+        translate::to_neutral(request)
+    }
+
+    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+        translate::from_neutral(request, model)
+    }
+
+    fn decode_event(&self, event: &SseEvent, memo: &mut MessagesMemo, out: &mut Vec<NeutralEvent>) {
+        translate::decode_event(event, &mut memo.translation, out);
+    }
+
+    fn encode_event(&self, event: &NeutralEvent, memo: &mut MessagesMemo, out: &mut BytesMut) {
+        translate::encode_event(event, &mut memo.translation, out);
+    }
+
+    fn encoded_identity<'m>(&self, memo: &'m MessagesMemo) -> ChunkIdentity<'m> {
+        memo.translation.identity()
+    }
+
+    fn decode_answer(&self, body: &[u8]) -> Option<Vec<NeutralEvent>> {
+        translate::decode_answer(body)
+    }
+
+    fn encode_answer(&self, events: &[NeutralEvent]) -> Option<Bytes> {
+        Some(translate::encode_answer(events))
+    }
 }
 
 #[cfg(test)]
@@ -137,7 +183,7 @@ mod tests {
         let mut out = Vec::new();
         SseScanner::new().feed(&Bytes::copy_from_slice(wire.as_bytes()), |item| {
             if let SseItem::Event(event) = item {
-                let chunk = AnthropicMessages.inspect(&event, &mut ());
+                let chunk = AnthropicMessages.inspect(&event, &mut Default::default());
                 let name = String::from_utf8_lossy(event.event().unwrap_or(b"")).into_owned();
                 out.push((
                     name,

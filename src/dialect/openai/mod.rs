@@ -7,8 +7,9 @@ mod reply;
 mod request;
 pub(crate) mod skim;
 mod stream;
+mod translate;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 pub use request::ChatRequest;
 
@@ -16,6 +17,7 @@ use super::{
     AnswerFacts, BodyCheck, Chunk, ChunkIdentity, Dialect, ErrorReply, RequestError, Requirements,
     TerminalError, TerminalMode,
 };
+use super::{NeutralEvent, NeutralRequest};
 use crate::sse::SseEvent;
 
 /// What the chat dialect keeps of a stream's earlier events: the last
@@ -25,6 +27,8 @@ use crate::sse::SseEvent;
 pub struct ChatMemo {
     prefix: skim::ChunkPrefix,
     choices: skim::ChoiceSet,
+    /// What translation keeps of the stream (unused when not translating).
+    translation: translate::StreamMemo,
 }
 
 /// The OpenAI chat completions dialect.
@@ -82,6 +86,42 @@ impl Dialect for OpenAiChat {
 
     fn error_body(&self, error: &ErrorReply<'_>) -> Bytes {
         reply::error_body(error)
+    }
+
+    fn name(&self) -> &'static str {
+        "openai-chat"
+    }
+
+    fn upstream_path(&self) -> Option<&'static str> {
+        Some("/v1/chat/completions")
+    }
+
+    fn to_neutral(&self, request: &ChatRequest) -> Result<NeutralRequest, String> {
+        translate::to_neutral(request)
+    }
+
+    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+        translate::from_neutral(request, model)
+    }
+
+    fn decode_event(&self, event: &SseEvent, memo: &mut ChatMemo, out: &mut Vec<NeutralEvent>) {
+        translate::decode_event(event, &mut memo.translation, out);
+    }
+
+    fn encode_event(&self, event: &NeutralEvent, memo: &mut ChatMemo, out: &mut BytesMut) {
+        translate::encode_event(event, &mut memo.translation, out);
+    }
+
+    fn encoded_identity<'m>(&self, memo: &'m ChatMemo) -> ChunkIdentity<'m> {
+        memo.translation.identity()
+    }
+
+    fn decode_answer(&self, body: &[u8]) -> Option<Vec<NeutralEvent>> {
+        translate::decode_answer(body)
+    }
+
+    fn encode_answer(&self, events: &[NeutralEvent]) -> Option<Bytes> {
+        Some(translate::encode_answer(events))
     }
 }
 

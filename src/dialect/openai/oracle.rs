@@ -148,10 +148,9 @@ pub(super) fn read_chunk(error_event: bool, data: &[u8]) -> Chunk<'_> {
     Chunk {
         kind,
         finish_reason: raw.choices.finish_reason,
-        usage: raw.usage.map(|u| Usage {
-            input_tokens: u.input_tokens.unwrap_or(0),
-            output_tokens: u.output_tokens.unwrap_or(0),
-        }),
+        usage: raw
+            .usage
+            .map(|u| Usage::new(u.input_tokens.unwrap_or(0), u.output_tokens.unwrap_or(0))),
         identity: ChunkIdentity {
             id: raw.id,
             model: raw.model,

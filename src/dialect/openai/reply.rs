@@ -146,10 +146,9 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
     match completion.choices {
         Some(Choices::First { finish_reason }) => {
             let check = BodyCheck::Valid {
-                usage: completion.usage.map(|u| Usage {
-                    input_tokens: u.input_tokens,
-                    output_tokens: u.output_tokens,
-                }),
+                usage: completion
+                    .usage
+                    .map(|u| Usage::new(u.input_tokens, u.output_tokens)),
                 model: completion.model,
             };
             let id = completion
@@ -349,10 +348,7 @@ mod tests {
             check_answer(ok),
             (
                 BodyCheck::Valid {
-                    usage: Some(Usage {
-                        input_tokens: 3,
-                        output_tokens: 2
-                    }),
+                    usage: Some(Usage::new(3, 2)),
                     model: Some("m".to_owned())
                 },
                 AnswerFacts {

@@ -1182,13 +1182,7 @@ mod tests {
             (None, None, None)
         );
         let usage = skim_next(USAGE.as_bytes(), &mut prefix).unwrap();
-        assert_eq!(
-            usage.usage,
-            Some(Usage {
-                input_tokens: 9,
-                output_tokens: 2
-            })
-        );
+        assert_eq!(usage.usage, Some(Usage::new(9, 2)));
         let content = skim_next(CONTENT.as_bytes(), &mut prefix).unwrap();
         assert!(content.output);
     }
@@ -1290,13 +1284,7 @@ mod tests {
             r#"{"choices":[{"finish_reason":null},{"finish_reason":"length"},{"finish_reason":"st\u006fp"}],"usage":{"prompt_tokens":3,"total_tokens":9}}"#,
         );
         assert!(matches!(got.finish_reason, Some(Cow::Borrowed("length"))));
-        assert_eq!(
-            got.usage,
-            Some(Usage {
-                input_tokens: 3,
-                output_tokens: 0
-            })
-        );
+        assert_eq!(got.usage, Some(Usage::new(3, 0)));
         assert_eq!(ok(r#"{"usage":null}"#).usage, None);
     }
 
@@ -1376,13 +1364,7 @@ mod tests {
         let got = ok(r#"["c",null,5,null,[1,2],[[{"content":"x"},"stop"]]]"#);
         assert_eq!(got.id.as_deref(), Some("c"));
         assert_eq!(got.created, Some(5));
-        assert_eq!(
-            got.usage,
-            Some(Usage {
-                input_tokens: 1,
-                output_tokens: 2
-            })
-        );
+        assert_eq!(got.usage, Some(Usage::new(1, 2)));
         assert!(got.output);
         assert_eq!(got.finish_reason.as_deref(), Some("stop"));
         assert_eq!(ok("[]"), Skim::default());
@@ -1402,10 +1384,7 @@ mod tests {
         );
         assert_eq!(
             ok(r#"{"usage":{"completion_tokens":18446744073709551615}}"#).usage,
-            Some(Usage {
-                input_tokens: 0,
-                output_tokens: u64::MAX
-            })
+            Some(Usage::new(0, u64::MAX))
         );
         for text in [
             r#"{"created":9223372036854775808}"#,

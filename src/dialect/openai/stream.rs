@@ -309,13 +309,7 @@ mod tests {
             "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":40,\"total_tokens\":52}}\n\n",
         );
         assert_eq!(got[0].0, ChunkKind::Preamble);
-        assert_eq!(
-            got[0].2,
-            Some(Usage {
-                input_tokens: 12,
-                output_tokens: 40
-            })
-        );
+        assert_eq!(got[0].2, Some(Usage::new(12, 40)));
     }
 
     #[test]
