@@ -283,12 +283,36 @@ impl Classifier {
         ),
         Classification,
     > {
+        self.validate_checked(
+            dialect.check_answer(body),
+            || dialect.error_facts(crate::dialect::ErrorSource::Body(body)),
+            provider,
+            body,
+        )
+    }
+
+    /// [`validate_answer`](Self::validate_answer) with the dialect's
+    /// reading done: its check of `body`, and what its error says.
+    pub(crate) fn validate_checked(
+        &self,
+        check: (crate::dialect::BodyCheck, crate::dialect::AnswerFacts),
+        error_facts: impl FnOnce() -> Option<crate::dialect::ErrorFacts>,
+        provider: Option<&str>,
+        body: &[u8],
+    ) -> Result<
+        (
+            Option<crate::Usage>,
+            Option<String>,
+            crate::dialect::AnswerFacts,
+        ),
+        Classification,
+    > {
         use crate::dialect::BodyCheck;
-        let (fault, message) = match dialect.check_answer(body) {
+        let (fault, message) = match check {
             (BodyCheck::Valid { usage, model }, facts) => return Ok((usage, model, facts)),
             (BodyCheck::Invalid { fault, message }, _) => (fault, message),
         };
-        if let Some(facts) = dialect.error_facts(crate::dialect::ErrorSource::Body(body)) {
+        if let Some(facts) = error_facts() {
             return Err(self
                 .classify_error_facts(provider, &facts, Phase::Preamble)
                 .with_note(Note::ErrorOn200));

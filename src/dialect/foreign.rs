@@ -3,6 +3,7 @@
 //! share one failover service.
 
 use std::any::TypeId;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -10,6 +11,28 @@ use http::HeaderMap;
 use super::NeutralRequest;
 use super::{AnswerFacts, BodyCheck, Chunk, Dialect, ErrorFacts, ErrorSource, NeutralEvent};
 use crate::sse::SseEvent;
+
+/// A target's dialect when it may not be the clients': shared by every
+/// clone of the target.
+#[derive(Clone)]
+pub(crate) struct ForeignDialect(pub(crate) Arc<dyn Foreign>);
+
+impl ForeignDialect {
+    pub(crate) fn new<D: Dialect>(dialect: D) -> Self {
+        Self(Arc::new(dialect))
+    }
+
+    /// Whether this is the dialect `D` (then nothing is translated).
+    pub(crate) fn is<D: Dialect>(&self) -> bool {
+        self.0.dialect_type() == TypeId::of::<D>()
+    }
+}
+
+impl std::fmt::Debug for ForeignDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name())
+    }
+}
 
 /// A target's dialect, erased.
 pub(crate) trait Foreign: Send + Sync + 'static {
@@ -19,7 +42,6 @@ pub(crate) trait Foreign: Send + Sync + 'static {
     fn dialect_type(&self) -> TypeId;
     fn upstream_path(&self) -> Option<&'static str>;
     fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String>;
-    fn forwarded_request_headers(&self) -> &'static [&'static str];
     fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap);
     /// A reader for one stream of this dialect.
     fn reader(&self) -> Box<dyn ForeignReader>;
@@ -52,10 +74,6 @@ impl<T: Dialect> Foreign for T {
 
     fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
         Dialect::from_neutral(self, request, model)
-    }
-
-    fn forwarded_request_headers(&self) -> &'static [&'static str] {
-        Dialect::forwarded_request_headers(self)
     }
 
     fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap) {

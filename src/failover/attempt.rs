@@ -21,6 +21,8 @@ use super::shared::Shared;
 use crate::BoxError;
 use crate::Decision;
 use crate::budget::TurnBudget;
+use crate::dialect::ErrorSource;
+use crate::dialect::foreign::ForeignDialect;
 use crate::health::{FailureReport, SuccessReport};
 use crate::observe::TurnRecord;
 use crate::{
@@ -65,6 +67,8 @@ pub(crate) struct AttemptPlan {
     /// The stream's state, shared with the turn (the output seen if the
     /// turn is dropped mid-attempt).
     pub(crate) state: StreamState,
+    /// The target's dialect when it is not the client's.
+    pub(crate) foreign: Option<ForeignDialect>,
 }
 
 /// When a wait must end, and whether that is the turn's deadline (the
@@ -285,14 +289,43 @@ where
         }
         Ok(bytes) => bytes,
     };
-    let (usage, response_model, facts) =
-        match shared
+    let validated = match &plan.foreign {
+        None => shared
             .classifier
-            .validate_answer(&shared.dialect, provider, &bytes)
+            .validate_answer(&shared.dialect, provider, &bytes),
+        Some(foreign) => shared.classifier.validate_checked(
+            foreign.0.check_answer(&bytes),
+            || foreign.0.error_facts(ErrorSource::Body(&bytes)),
+            provider,
+            &bytes,
+        ),
+    };
+    let (usage, response_model, facts) = match validated {
+        Ok(read) => read,
+        Err(failure) => return failed(failure.with_status(status), 0),
+    };
+    // From a target of another dialect: the answer in the client's.
+    let bytes = match &plan.foreign {
+        None => bytes,
+        Some(foreign) => match foreign
+            .0
+            .decode_answer(&bytes)
+            .and_then(|events| shared.dialect.encode_answer(&events))
         {
-            Ok(read) => read,
-            Err(failure) => return failed(failure.with_status(status), 0),
-        };
+            Some(translated) => translated,
+            None => {
+                return failed(
+                    Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
+                        .with_status(status)
+                        .with_message(format!(
+                            "the {} answer could not be translated for this client",
+                            foreign.0.name()
+                        )),
+                    0,
+                );
+            }
+        },
+    };
     // No usage reported: about four bytes of answer per token.
     let estimate = Usage::new(plan.input_tokens, (bytes.len() as u64).div_ceil(4));
     let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
@@ -353,6 +386,7 @@ where
         plan.strip_usage,
         Some(budget.deadline()),
         Some(hold),
+        plan.foreign.as_ref().map(|f| f.0.reader()),
     ));
     match std::future::poll_fn(|cx| body.as_mut().poll_release(cx)).await {
         Release::Released => {}

@@ -19,6 +19,8 @@ pub(super) struct AttemptStart {
     pub(super) target: Arc<str>,
     pub(super) provider: Arc<str>,
     pub(super) upstream_model: String,
+    /// The target's dialect's name.
+    pub(super) dialect: &'static str,
     pub(super) wall: SystemTime,
     pub(super) clock: Instant,
 }
@@ -32,6 +34,7 @@ impl AttemptStart {
             target: Arc::clone(&self.target),
             provider: Arc::clone(&self.provider),
             upstream_model: self.upstream_model.clone(),
+            dialect: self.dialect,
             response_model: None,
             response_id: None,
             finish_reason: None,

@@ -133,6 +133,7 @@ mod select;
 mod service;
 mod shared;
 mod target;
+mod translate;
 mod turn;
 mod upstream;
 

@@ -299,7 +299,13 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         let targets: Vec<_> = self
             .targets
             .into_iter()
-            .map(|t| t.classified(&classifier))
+            .map(|mut t| {
+                // A target of the clients' own dialect is not translated.
+                if t.dialect.as_ref().is_some_and(|d| d.is::<D>()) {
+                    t.dialect = None;
+                }
+                t.classified(&classifier)
+            })
             .collect();
         let mut stream = InspectConfig::new(self.dialect.clone());
         stream.apply(&self.stream);

@@ -1,4 +1,6 @@
 use std::sync::Arc;
+
+use crate::dialect::foreign::ForeignDialect;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -54,8 +56,14 @@ pub struct Capabilities {
     pub reasoning: bool,
     /// Context window in tokens, when declared.
     pub context_window: Option<u64>,
-    /// Largest `max_tokens` the target accepts, when declared.
+    /// Largest `max_tokens` the target accepts, when declared. A request
+    /// of the target's own dialect asking for more makes it ineligible; a
+    /// translated request (another dialect's client) is clipped to it.
     pub max_output_tokens: Option<u64>,
+    /// The output limit sent to this target when a client of another
+    /// dialect set none (Messages requires `max_tokens`; a Messages target
+    /// without this declared gets 4,096).
+    pub default_output_tokens: Option<u64>,
 }
 
 impl Default for Capabilities {
@@ -71,6 +79,7 @@ impl Default for Capabilities {
             reasoning: true,
             context_window: None,
             max_output_tokens: None,
+            default_output_tokens: None,
         }
     }
 }
@@ -157,6 +166,9 @@ pub struct Target<S> {
     pub(crate) first_output_timeout: Option<Duration>,
     /// The same, for a request that asks for reasoning (thinking).
     pub(crate) reasoning_first_output_timeout: Option<Duration>,
+    /// The target's dialect when it is not the clients' (set by
+    /// [`dialect`](Self::dialect); cleared at build for the clients' own).
+    pub(crate) dialect: Option<ForeignDialect>,
     pub(crate) service: S,
 }
 
@@ -196,6 +208,7 @@ impl<S> Target<S> {
             pricing: None,
             first_output_timeout: None,
             reasoning_first_output_timeout: None,
+            dialect: None,
             service,
         }
     }
@@ -241,6 +254,26 @@ impl<S> Target<S> {
     pub fn reasoning_first_output_timeout(mut self, timeout: Duration) -> Self {
         self.reasoning_first_output_timeout = Some(timeout);
         self
+    }
+
+    /// The wire dialect this target speaks (default: its failover
+    /// service's, the clients' own). A target of another dialect is served
+    /// through the [neutral model](crate::dialect::NeutralRequest): the
+    /// client's request is translated into this dialect, the answer read
+    /// by it (so the commit point is found where it really is) and written
+    /// back in the client's dialect, terminal event included. What the
+    /// request needs that this dialect cannot express makes the target
+    /// ineligible, named in the refusal. A target of the clients' own
+    /// dialect is not translated: its bytes pass as they came.
+    pub fn dialect<D: crate::dialect::Dialect>(mut self, dialect: D) -> Self {
+        self.dialect = Some(ForeignDialect::new(dialect));
+        self
+    }
+
+    /// The name of the dialect this target speaks: its own when it was
+    /// given one, else `clients` (the failover service's).
+    pub(crate) fn dialect_name(&self, clients: &'static str) -> &'static str {
+        self.dialect.as_ref().map_or(clients, |d| d.0.name())
     }
 
     /// The first-output timeout of a request here, when the target sets
@@ -291,6 +324,7 @@ impl<S> Target<S> {
             pricing: self.pricing,
             first_output_timeout: self.first_output_timeout,
             reasoning_first_output_timeout: self.reasoning_first_output_timeout,
+            dialect: self.dialect,
         }
     }
 }

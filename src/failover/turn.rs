@@ -20,6 +20,7 @@ use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
 use super::shared::Shared;
+use super::translate::{self, Translations};
 use super::upstream;
 use crate::BoxError;
 use crate::health::{Admitted, FailureReport, Scope};
@@ -127,6 +128,7 @@ where
                 excluded: Vec::new(),
                 first_failure: None,
                 resting: Resting::new(shared.refuse_when_cooling),
+                translations: Translations::default(),
                 retries_here: 0,
                 witness: ClientId::of(&parts.extensions).witness(),
             };
@@ -209,6 +211,8 @@ struct Turn<'a, S, D: Dialect> {
     retries_here: u32,
     /// The client health counts a request-shaped failure once for.
     witness: Option<Arc<str>>,
+    /// The request translated for targets of other dialects.
+    translations: Translations,
 }
 
 /// An answer that ends the turn early (boxed: it is the rare path).
@@ -250,15 +254,18 @@ where
                 target: Arc::clone(&target.name),
                 provider: Arc::clone(&target.provider),
                 upstream_model: target.upstream_model(&self.requirements.model).to_owned(),
+                dialect: target.dialect_name(self.shared.dialect.name()),
                 wall: SystemTime::now(),
                 clock: tokio::time::Instant::now(),
             };
+            let foreign = target.dialect.clone();
             let request = upstream::request(
                 &self.shared.dialect,
                 &self.shared.headers,
                 self.parts,
                 &self.request,
                 &start.upstream_model,
+                foreign.as_ref().zip(self.translations.body(index)),
             );
             let state = StreamState::new();
             let plan = AttemptPlan {
@@ -272,6 +279,7 @@ where
                     .unwrap_or(self.shared.timeouts.first_output),
                 witness: self.witness.clone(),
                 state: state.clone(),
+                foreign,
             };
             let span = observe::attempt_span(
                 number,
@@ -330,6 +338,20 @@ where
         let shared = self.shared;
         let mut candidates: Vec<Candidate> = Vec::new();
         for (index, target) in shared.targets.iter().enumerate() {
+            if target.dialect.is_some() {
+                match self.translate_for(index) {
+                    Ok(()) => candidates.push(Candidate {
+                        index,
+                        estimated_cost: target
+                            .estimate(self.requirements.input_tokens, self.output_tokens),
+                        time_to_first_output: shared
+                            .health
+                            .time_to_first_output(&target.health_key(&self.requirements.model)),
+                    }),
+                    Err(why) => self.excluded.push(why),
+                }
+                continue;
+            }
             let missing = target.capabilities.missing(&self.requirements);
             if missing.is_empty() {
                 candidates.push(Candidate {
@@ -360,6 +382,46 @@ where
         shared.strategy.order(&mut candidates);
         self.queue = candidates.iter().map(|c| c.index).collect();
         Ok(())
+    }
+
+    /// Judges target `index` of another dialect and, when it is eligible,
+    /// translates the request for it. `Err` says why it is not, by name:
+    /// what it lacks, or what its dialect cannot express.
+    fn translate_for(&mut self, index: usize) -> Result<(), String> {
+        let shared = self.shared;
+        let target = &shared.targets[index];
+        let Some(foreign) = &target.dialect else {
+            return Ok(());
+        };
+        let dialect = foreign.0.name();
+        let missing = target.capabilities.missing(&translate::clipped(
+            &self.requirements,
+            &target.capabilities,
+        ));
+        if !missing.is_empty() {
+            return Err(format!("{} lacks {}", target.name, missing.join(", ")));
+        }
+        let neutral = self
+            .translations
+            .neutral
+            .get_or_insert_with(|| shared.dialect.to_neutral(&self.request));
+        let neutral = match neutral {
+            Ok(neutral) => translate::fit(neutral, &target.capabilities),
+            Err(why) => {
+                return Err(format!(
+                    "{} ({dialect}) cannot be sent this request: {why}",
+                    target.name
+                ));
+            }
+        };
+        let model = target.upstream_model(&self.requirements.model);
+        match foreign.0.from_neutral(&neutral, model) {
+            Ok(body) => {
+                self.translations.keep(index, body, shared.targets.len());
+                Ok(())
+            }
+            Err(why) => Err(format!("{} ({dialect}) cannot express {why}", target.name)),
+        }
     }
 
     /// The next admissible target: resting targets are skipped, and probed

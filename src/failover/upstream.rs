@@ -9,30 +9,45 @@ use http_body_util::Full;
 
 use super::headers::HeaderPolicy;
 use crate::dialect::Dialect;
+use crate::dialect::foreign::ForeignDialect;
 
 /// The request for one target: the dialect's upstream body for `model`,
 /// the client's method and path, and the client's headers the policy
-/// forwards.
+/// forwards. For a target of another dialect (`translated`: its dialect and
+/// the body translated for it), that body, its dialect's path and headers,
+/// and none of the client dialect's own headers (an Anthropic beta means
+/// nothing to a chat provider; such hints are advisory).
 pub(super) fn request<D: Dialect>(
     dialect: &D,
     policy: &HeaderPolicy,
     parts: &http::request::Parts,
     request: &D::Request,
     model: &str,
+    translated: Option<(&ForeignDialect, &Bytes)>,
 ) -> Request<Full<Bytes>> {
-    let body = dialect.upstream_body(request, model);
     let mut headers = HeaderMap::with_capacity(parts.headers.len());
     policy.copy_request(&parts.headers, &mut headers);
-    dialect.upstream_headers(&parts.headers, &mut headers);
+    let (body, path) = match translated {
+        None => {
+            dialect.upstream_headers(&parts.headers, &mut headers);
+            (dialect.upstream_body(request, model), None)
+        }
+        Some((foreign, body)) => {
+            for name in dialect.forwarded_request_headers() {
+                headers.remove(*name);
+            }
+            foreign.0.upstream_headers(&parts.headers, &mut headers);
+            (body.clone(), foreign.0.upstream_path())
+        }
+    };
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     let mut upstream = Request::new(Full::new(body));
     *upstream.method_mut() = parts.method.clone();
     // The path only: a client's query string may carry its own credential
     // (`?key=...`), which never goes upstream.
-    *upstream.uri_mut() = parts
-        .uri
-        .path()
+    *upstream.uri_mut() = path
+        .unwrap_or_else(|| parts.uri.path())
         .parse()
         .unwrap_or_else(|_| http::Uri::from_static("/"));
     *upstream.headers_mut() = headers;

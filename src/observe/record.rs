@@ -31,6 +31,9 @@ pub struct AttemptRecord {
     pub provider: Arc<str>,
     /// The model name sent upstream.
     pub upstream_model: String,
+    /// The wire dialect the target speaks ([`Dialect::name`](crate::dialect::Dialect::name)):
+    /// the client's own, or the one its request was translated into.
+    pub dialect: &'static str,
     /// The model the upstream said answered, when it said.
     pub response_model: Option<String>,
     /// The completion id the upstream gave, when it gave one.
@@ -384,6 +387,7 @@ fn emit(
         target = %log_safe(&r.target),
         provider = %log_safe(&r.provider),
         upstream_model = %log_safe(&r.upstream_model),
+        dialect = r.dialect,
         class = r.class.map(FailureClass::as_str),
         phase = r.phase.map(Phase::as_str),
         status = r.status,

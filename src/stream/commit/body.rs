@@ -17,7 +17,8 @@ use crate::time::Alarm;
 use super::failure::{FailureKind, classify};
 use super::state::{StreamFailure, StreamIdentity, StreamState, StreamStatus};
 use super::{BoxError, CommitWindow, InspectConfig};
-use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, ErrorSource, TerminalError};
+use crate::dialect::foreign::ForeignReader;
+use crate::dialect::{ChunkIdentity, ChunkKind, Dialect, ErrorSource, NeutralEvent, TerminalError};
 use crate::sse::{SseItem, SseScanner};
 use crate::{Phase, classify::Classification};
 
@@ -132,13 +133,16 @@ where
             // This body ends the stream then, with a terminal event.
             parts.extensions.insert(crate::time::EndsItselfAt(at));
         }
-        let body = Self::inspect(inner, config, state, None, false, deadline, None);
+        let body = Self::inspect(inner, config, state, None, false, deadline, None, None);
         Response::from_parts(parts, body)
     }
 
     /// Inspects a body the caller knows is an event stream, sharing `state`.
     /// `strip_usage` drops usage-only events (the client did not ask for
-    /// them). `hold`: release nothing before the commit window.
+    /// them). `hold`: release nothing before the commit window. `foreign`:
+    /// the stream is of a target's other dialect, read by it and written
+    /// in `D`.
+    #[allow(clippy::too_many_arguments)] // one call site per kind of stream
     pub(crate) fn inspect(
         inner: B,
         config: &Arc<InspectConfig<D>>,
@@ -147,8 +151,10 @@ where
         strip_usage: bool,
         deadline: Option<Instant>,
         hold: Option<Hold>,
+        foreign: Option<Box<dyn ForeignReader>>,
     ) -> Self {
         let mut inspector = Inspector::new(Arc::clone(config), state);
+        inspector.foreign = foreign;
         inspector.strip_usage = strip_usage;
         inspector.provider = provider.or_else(|| config.provider.clone());
         let hold_timer = hold.map(|h| Alarm::at(h.first_output_by));
@@ -264,6 +270,13 @@ struct Inspector<D: Dialect> {
     /// the previous joined frame was written and dropped, the next join
     /// reuses its allocation.
     joined: BytesMut,
+    /// The reader of a target that speaks another dialect than the
+    /// client's: events are read by it, and written in `D` with `memo`.
+    foreign: Option<Box<dyn ForeignReader>>,
+    /// The neutral events of the event being translated (reused).
+    neutral: Vec<NeutralEvent>,
+    /// What this frame's events were translated into.
+    translated: BytesMut,
 }
 
 #[derive(Debug)]
@@ -303,6 +316,9 @@ impl<D: Dialect> Inspector<D> {
             rejected: None,
             first_output_at: None,
             joined: BytesMut::new(),
+            foreign: None,
+            neutral: Vec::new(),
+            translated: BytesMut::new(),
         }
     }
 
@@ -323,6 +339,9 @@ impl<D: Dialect> Inspector<D> {
             strip_usage,
             hold,
             first_output_at,
+            foreign,
+            neutral,
+            translated,
             ..
         } = self;
         decisions.clear();
@@ -341,6 +360,9 @@ impl<D: Dialect> Inspector<D> {
             hold,
             first_output_at,
             released_after: None,
+            foreign,
+            neutral,
+            translated,
         };
         scanner.feed(&chunk, |item| feed.item(item));
         let released_after = feed.released_after;
@@ -351,6 +373,10 @@ impl<D: Dialect> Inspector<D> {
             }
         }
         self.apply_decisions(chunk, base);
+        if !self.translated.is_empty() {
+            self.out
+                .push_back(Frame::data(self.translated.split().freeze()));
+        }
         if self.pending_failure.is_none() && !self.done {
             self.check_hold();
         }
@@ -511,8 +537,8 @@ impl<D: Dialect> Inspector<D> {
         if self.finished {
             self.release();
             // Finished without the end marker: the answer is whole.
-            self.out
-                .push_back(Frame::data(self.config.dialect.done_frame()));
+            let marker = self.end_marker();
+            self.out.push_back(Frame::data(marker));
             self.state.set_status(StreamStatus::Finished);
             return self.end("finished, end marker added");
         }
@@ -581,8 +607,8 @@ impl<D: Dialect> Inspector<D> {
         if self.finished {
             // The answer was already whole: close it as finished and keep
             // the failure for the logs only.
-            self.out
-                .push_back(Frame::data(self.config.dialect.done_frame()));
+            let marker = self.end_marker();
+            self.out.push_back(Frame::data(marker));
             self.state.set_failure(failure, StreamStatus::Finished);
             return self.end("finished, then failed");
         }
@@ -595,10 +621,16 @@ impl<D: Dialect> Inspector<D> {
             output_events: self.output_events,
             ..TerminalError::new(classification.class, phase, message)
         };
-        let identity = ChunkIdentity {
-            id: self.identity.id.as_deref().map(Into::into),
-            model: self.identity.model.as_deref().map(Into::into),
-            created: self.identity.created,
+        // A translated stream's terminal carries the identity it was
+        // written with, in the client's dialect.
+        let identity = if self.foreign.is_some() {
+            self.config.dialect.encoded_identity(&self.memo)
+        } else {
+            ChunkIdentity {
+                id: self.identity.id.as_deref().map(Into::into),
+                model: self.identity.model.as_deref().map(Into::into),
+                created: self.identity.created,
+            }
         };
         let terminal = self.config.dialect.terminal(
             &identity,
@@ -617,6 +649,18 @@ impl<D: Dialect> Inspector<D> {
         );
         self.state.set_failure(failure, StreamStatus::Failed);
         self.ended = true;
+    }
+
+    /// The end-of-stream frame added after a finished stream that did not
+    /// end itself: the dialect's, or a translated stream's end.
+    fn end_marker(&mut self) -> Bytes {
+        if self.foreign.is_none() {
+            return self.config.dialect.done_frame();
+        }
+        self.config
+            .dialect
+            .encode_event(&NeutralEvent::End, &mut self.memo, &mut self.translated);
+        self.translated.split().freeze()
     }
 
     fn end(&mut self, how: &'static str) {
@@ -649,6 +693,9 @@ struct Feed<'a, D: Dialect> {
     /// Output events held back until the commit window, released in the
     /// middle of this frame: a failure after them is post-commit.
     released_after: Option<u64>,
+    foreign: &'a mut Option<Box<dyn ForeignReader>>,
+    neutral: &'a mut Vec<NeutralEvent>,
+    translated: &'a mut BytesMut,
 }
 
 impl<D: Dialect> Feed<'_, D> {
@@ -658,6 +705,11 @@ impl<D: Dialect> Feed<'_, D> {
         }
         match item {
             SseItem::Event(event) => self.event(&event),
+            // Comments and keep-alives: not translated (the translated
+            // stream has events of its own).
+            SseItem::Skipped { range } if self.foreign.is_some() => {
+                self.decisions.push(Decision::Drop(range.end));
+            }
             SseItem::Skipped { range } => self.decisions.push(Decision::Forward(range.end)),
             // Data that is not UTF-8 is a malformed event.
             SseItem::Error(error) if !error.is_fatal() => {
@@ -674,7 +726,10 @@ impl<D: Dialect> Feed<'_, D> {
     }
 
     fn event(&mut self, event: &crate::sse::SseEvent) {
-        let chunk = self.config.dialect.inspect(event, self.memo);
+        let chunk = match self.foreign.as_deref_mut() {
+            Some(reader) => reader.inspect(event),
+            None => self.config.dialect.inspect(event, self.memo),
+        };
         let end = event.range().end;
         update_identity(self.identity, self.state, &chunk.identity);
         if let Some(usage) = chunk.usage {
@@ -690,7 +745,10 @@ impl<D: Dialect> Feed<'_, D> {
         // Whole only when no choice is left open: with `n > 1`, one
         // choice's finish says nothing of the others (a bit test per event).
         if *self.finish_seen {
-            *self.finished = !self.config.dialect.answer_open(self.memo);
+            *self.finished = !match self.foreign.as_deref() {
+                Some(reader) => reader.answer_open(),
+                None => self.config.dialect.answer_open(self.memo),
+            };
         }
         match chunk.kind {
             ChunkKind::Output => {
@@ -702,16 +760,19 @@ impl<D: Dialect> Feed<'_, D> {
                     Some(hold) => hold.output_bytes += event.data().len() as u64,
                     None => self.state.add_output_event(),
                 }
-                self.decisions.push(Decision::Forward(end));
+                self.pass(event, end);
             }
             // Usage was turned on upstream to count spend; the client did
             // not ask for it.
             ChunkKind::Preamble
-                if self.strip_usage && chunk.usage.is_some() && chunk.finish_reason.is_none() =>
+                if self.foreign.is_none()
+                    && self.strip_usage
+                    && chunk.usage.is_some()
+                    && chunk.finish_reason.is_none() =>
             {
                 self.decisions.push(Decision::Drop(end));
             }
-            ChunkKind::Preamble => self.decisions.push(Decision::Forward(end)),
+            ChunkKind::Preamble => self.pass(event, end),
             // The end marker with no output and no finish reason: an empty
             // answer is not an answer (and before commit, another target
             // may give one).
@@ -720,13 +781,16 @@ impl<D: Dialect> Feed<'_, D> {
             }
             ChunkKind::Done => {
                 *self.done = true;
-                self.decisions.push(Decision::Forward(end));
+                self.pass(event, end);
             }
             ChunkKind::Error => {
                 *self.pending_failure = Some(Box::new(FailureKind::InBand {
                     event: event.event().map(Bytes::copy_from_slice),
                     data: event.data().clone(),
-                    facts: self.config.dialect.error_facts(ErrorSource::Event(event)),
+                    facts: match self.foreign.as_deref() {
+                        Some(reader) => reader.error_facts(event),
+                        None => self.config.dialect.error_facts(ErrorSource::Event(event)),
+                    },
                 }));
             }
             ChunkKind::Malformed => self.malformed(Some(end)),
@@ -748,6 +812,26 @@ impl<D: Dialect> Feed<'_, D> {
 
     /// One rule in every phase: a malformed event is dropped and counted;
     /// more than the configured number fail the stream.
+    /// Passes an event on: its bytes as they came or, from a target of
+    /// another dialect, its translation (usage only when the client asked
+    /// for it).
+    fn pass(&mut self, event: &crate::sse::SseEvent, end: u64) {
+        let Some(reader) = self.foreign.as_deref_mut() else {
+            self.decisions.push(Decision::Forward(end));
+            return;
+        };
+        reader.decode(event, self.neutral);
+        for neutral in self.neutral.drain(..) {
+            if self.strip_usage && matches!(neutral, NeutralEvent::Usage(_)) {
+                continue;
+            }
+            self.config
+                .dialect
+                .encode_event(&neutral, self.memo, self.translated);
+        }
+        self.decisions.push(Decision::Drop(end));
+    }
+
     fn malformed(&mut self, drop_to: Option<u64>) {
         if self.state.add_malformed() > self.config.max_malformed {
             *self.pending_failure = Some(Box::new(FailureKind::TooManyMalformed));
