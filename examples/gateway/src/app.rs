@@ -428,6 +428,10 @@ pub struct TargetConfig {
     pub streaming: Option<bool>,
     /// Images in the input.
     pub image_input: Option<bool>,
+    /// The `max_tokens` sent to this target when a client of another
+    /// dialect set no output limit (a Messages target requires one; 4,096
+    /// when absent).
+    pub default_max_tokens: Option<u64>,
     /// Price of a million input tokens, USD (with `output_per_million`).
     pub input_per_million: Option<f64>,
     /// Price of a million output tokens, USD (with `input_per_million`).
@@ -456,6 +460,7 @@ impl TargetConfig {
             json_object: None,
             streaming: None,
             image_input: None,
+            default_max_tokens: None,
             input_per_million: None,
             output_per_million: None,
             first_output_timeout_ms: None,
@@ -474,6 +479,7 @@ impl TargetConfig {
             image_input: self.image_input.unwrap_or(d.image_input),
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
+            default_output_tokens: self.default_max_tokens,
             ..d
         }
     }
@@ -508,6 +514,9 @@ pub struct Gateway {
     pub(crate) messages: Vec<messages::MessagesRoute>,
     pub(crate) max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
+    /// The dialect each provider speaks, by provider name (for the health
+    /// report).
+    dialects: HashMap<String, &'static str>,
     retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -645,16 +654,23 @@ struct StackParts<'a> {
 }
 
 impl StackParts<'_> {
-    /// Builds each route's stack: the chat routes, and the Messages
-    /// routes for routes whose targets speak Anthropic.
+    /// Builds each route's stacks. A configured route is served on
+    /// `/v1/chat/completions` and `/v1/messages` alike, whatever its
+    /// targets speak: a target of the other dialect is translated. The
+    /// routes made up when none is configured (every provider, the
+    /// client's model) serve only their own dialect's clients: a model
+    /// name means nothing to another API's provider.
     fn build_routes(
         &self,
         routes_config: &[RouteConfig],
     ) -> Result<(Vec<Route>, Vec<messages::MessagesRoute>), String> {
+        let configured = !self.config.routes.is_empty();
         let mut routes = Vec::new();
         let mut messages_routes = Vec::new();
         for route in routes_config {
             let dialect = messages::route_dialect(route, &self.config.providers)?;
+            let serves_chat = configured || dialect == messages::WireDialect::OpenAi;
+            let serves_messages = configured || dialect == messages::WireDialect::Anthropic;
             let failover = self.failover(route)?;
             let budget = self.budget_layer();
             let listed = if route.model.contains('*') {
@@ -662,26 +678,27 @@ impl StackParts<'_> {
             } else {
                 vec![route.model.clone()]
             };
-            if dialect == messages::WireDialect::Anthropic {
-                let dialect = tower_llm_failover::dialect::AnthropicMessages;
+            if serves_messages {
+                let dialect = AnthropicMessages;
                 let service = ServiceBuilder::new()
-                    .layer(budget.dialect(dialect))
-                    .service(failover.dialect(dialect).build());
+                    .layer(budget.clone().dialect(dialect))
+                    .service(failover.clone().dialect(dialect).build());
                 messages_routes.push(messages::MessagesRoute {
+                    pattern: route.model.clone(),
+                    listed: listed.clone(),
+                    service,
+                });
+            }
+            if serves_chat {
+                let service = ServiceBuilder::new()
+                    .layer(budget)
+                    .service(failover.build());
+                routes.push(Route {
                     pattern: route.model.clone(),
                     listed,
                     service,
                 });
-                continue;
             }
-            let service = ServiceBuilder::new()
-                .layer(budget)
-                .service(failover.build());
-            routes.push(Route {
-                pattern: route.model.clone(),
-                listed,
-                service,
-            });
         }
         Ok((routes, messages_routes))
     }
@@ -743,9 +760,21 @@ impl StackParts<'_> {
             Some(model) => format!("{}/{model}", target.provider),
             None => target.provider.clone(),
         };
+        let provider = self
+            .config
+            .providers
+            .iter()
+            .find(|p| p.name == target.provider)
+            .ok_or_else(|| format!("route {}: unknown provider {}", route.model, target.provider))?;
         let mut t = Target::new(name, client.clone())
             .provider(target.provider.clone())
             .capabilities(target.capabilities());
+        // Each target speaks its provider's dialect; a route's service
+        // translates for the targets that do not speak its clients'.
+        t = match messages::provider_dialect(provider)? {
+            messages::WireDialect::OpenAi => t.dialect(OpenAiChat),
+            messages::WireDialect::Anthropic => t.dialect(AnthropicMessages),
+        };
         if let Some(model) = &target.model {
             t = t.model(model.clone());
         }
@@ -837,6 +866,14 @@ impl Gateway {
             messages: messages_routes,
             max_request_bytes: f.max_request_bytes,
             health: parts.health,
+            dialects: config
+                .providers
+                .iter()
+                .map(|p| {
+                    let dialect = messages::provider_dialect(p).map_or("unknown", |d| d.as_str());
+                    (p.name.clone(), dialect)
+                })
+                .collect(),
             retry_budget: parts.retry_budget,
             prometheus: None,
             clients: client_keys,
@@ -1070,6 +1107,7 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap)
         .map(|entry| {
             let mut json = serde_json::json!({
                 "provider": entry.key.provider(),
+                "dialect": gateway.dialects.get(entry.key.provider()).copied(),
                 "model": entry.key.upstream_model(),
                 "scope": entry.key.scope().to_string(),
                 "state": entry.state.as_str(),

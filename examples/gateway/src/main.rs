@@ -18,9 +18,14 @@
 //! The same fakes speak Anthropic Messages too, behind `/v1/messages`:
 //! `claude-demo-failover` (primary 529 `overloaded_error`, backup answers),
 //! `claude-demo-cut` (cut after 5 deltas: `event: error`) and `claude-*`.
+//! Across dialects: `demo-mixed` (a chat client; the chat primary answers
+//! 429, a Messages backup answers, translated) and `claude-demo-mixed` (a
+//! Messages client; the Messages primary answers 529, a chat backup
+//! answers).
 //!
-//! Serves `POST /v1/chat/completions`, `POST /v1/messages` (providers with
-//! `dialect = "anthropic"`), `GET /v1/models`, `GET /healthz`,
+//! Serves `POST /v1/chat/completions` and `POST /v1/messages` (every
+//! configured route on both, a target of the other dialect translated),
+//! `GET /v1/models`, `GET /healthz`,
 //! `GET /v1/health/targets` (every health key: state, streak, last class)
 //! and `GET /metrics` (Prometheus text). `[telemetry]` picks the log format
 //! (`log_format = "json"`: one JSON line per event) and an
@@ -134,6 +139,15 @@ async fn main() {
             "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
              -d '{{\"model\":\"claude-demo-failover\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
         );
+        println!("across dialects: a chat client served by a Messages backup, and back:");
+        println!(
+            "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{\"model\":\"demo-mixed\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+        );
+        println!(
+            "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
+             -d '{{\"model\":\"claude-demo-mixed\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+        );
     }
 
     app::shutdown_signal().await;
@@ -191,11 +205,13 @@ targets = [
   {{ provider = "backup", model = "backup-model" }},
 ]
 
+{messages}
 [[routes]]
 model = "*"
 targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
-"#
-    ) + &messages::demo_routes(primary, backup);
+"#,
+        messages = messages::demo_routes(primary, backup)
+    );
     match Config::from_toml(&text) {
         Ok(config) => config,
         Err(e) => {

@@ -1,10 +1,10 @@
 //! `POST /v1/messages`: Anthropic Messages routes next to the chat routes.
 //!
 //! A provider declares the dialect it speaks (`dialect = "openai"`, the
-//! default, or `"anthropic"`). A route serves one dialect and every target
-//! of it must speak it: a route that mixes them is rejected at start-up.
-//! Chat routes answer `/v1/chat/completions`, Messages routes
-//! `/v1/messages`; every route shares the gateway's one health registry.
+//! default, or `"anthropic"`). A configured route may mix them: it answers
+//! `/v1/chat/completions` and `/v1/messages` alike, and a target of the
+//! other dialect is translated. Every route shares the gateway's one
+//! health registry.
 
 use std::sync::Arc;
 
@@ -17,7 +17,9 @@ use tower::ServiceExt;
 use tower_llm_client::UpstreamClient;
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::Budget;
-use tower_llm_failover::dialect::{AnthropicMessages, Dialect, ErrorReply, ParsedRequest};
+use tower_llm_failover::dialect::{
+    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest,
+};
 use tower_llm_failover::failover::Failover;
 
 use crate::app::{Gateway, ProviderConfig, ReadTurn, RouteConfig, pattern_matches, read_turn};
@@ -44,10 +46,12 @@ pub(crate) enum WireDialect {
 }
 
 impl WireDialect {
-    fn as_str(self) -> &'static str {
+    /// The dialect's name, as records say it (`openai-chat`,
+    /// `anthropic-messages`).
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Self::OpenAi => "openai",
-            Self::Anthropic => "anthropic",
+            Self::OpenAi => OpenAiChat.name(),
+            Self::Anthropic => AnthropicMessages.name(),
         }
     }
 }
@@ -73,13 +77,13 @@ pub(crate) fn default_auth(provider: &ProviderConfig) -> &'static str {
     }
 }
 
-/// The one dialect every target of `route` speaks, or why the route is
-/// refused.
+/// The dialect of a route's targets when they all speak one (the first
+/// target's otherwise; only the routes made up without a config, one per
+/// dialect, rely on it).
 pub(crate) fn route_dialect(
     route: &RouteConfig,
     providers: &[ProviderConfig],
 ) -> Result<WireDialect, String> {
-    let mut first: Option<(&str, WireDialect)> = None;
     for target in &route.targets {
         let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
             return Err(format!(
@@ -87,23 +91,9 @@ pub(crate) fn route_dialect(
                 route.model, target.provider
             ));
         };
-        let dialect = provider_dialect(provider)?;
-        match first {
-            None => first = Some((&provider.name, dialect)),
-            Some((name, seen)) if seen != dialect => {
-                return Err(format!(
-                    "route {}: a route serves one dialect, and every target must speak it; \
-                     provider {name} speaks {} but provider {} speaks {}",
-                    route.model,
-                    seen.as_str(),
-                    provider.name,
-                    dialect.as_str()
-                ));
-            }
-            Some(_) => {}
-        }
+        return provider_dialect(provider);
     }
-    Ok(first.map_or(WireDialect::OpenAi, |(_, d)| d))
+    Ok(WireDialect::OpenAi)
 }
 
 /// A route without a config (every provider, the client's model) split
@@ -209,7 +199,14 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
 ///   the backup answers, and the client never notices.
 /// - `claude-demo-cut`: the primary is cut after 5 deltas; the stream ends
 ///   with `event: error`, nothing spliced.
+/// - `demo-mixed`: a chat client; the chat primary answers 429 and the
+///   Messages backup answers, translated.
+/// - `claude-demo-mixed`: a Messages client; the Messages primary answers
+///   529 and the chat backup answers, translated.
 /// - `claude-*`: primary, then backup, with the client's model.
+///
+/// The chat demo's providers (`primary-billing`, `backup`) must be in the
+/// same config.
 pub fn demo_routes(primary: &str, backup: &str) -> String {
     format!(
         r#"
@@ -235,6 +232,20 @@ model = "claude-demo-cut"
 targets = [
   {{ provider = "claude-primary", model = "claude-primary#fault:reset_after=5" }},
   {{ provider = "claude-backup", model = "claude-backup" }},
+]
+
+[[routes]]
+model = "demo-mixed"
+targets = [
+  {{ provider = "primary-billing", model = "primary-model#fault:status=429;error=quota" }},
+  {{ provider = "claude-backup", model = "claude-backup" }},
+]
+
+[[routes]]
+model = "claude-demo-mixed"
+targets = [
+  {{ provider = "claude-primary", model = "claude-primary#fault:status=529" }},
+  {{ provider = "backup", model = "backup-model" }},
 ]
 
 [[routes]]
