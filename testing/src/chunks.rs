@@ -5,6 +5,9 @@ use bytes::Bytes;
 /// The completion id every helper here uses.
 pub const ID: &str = "chatcmpl-test";
 
+/// The id of the tool call a fake tool-call answer makes.
+pub const TOOL_CALL_ID: &str = "call_fake";
+
 /// A chunk in OpenAI's own field order (`id`, `object`, `created`,
 /// `model`, `choices`, then `usage`), as the API sends it: `json!` alone
 /// would sort the keys, and every chunk would start with `choices`.
@@ -21,6 +24,11 @@ fn chunk(model: &str, choices: &str, usage: Option<serde_json::Value>) -> Bytes 
 /// `choices` with one choice in OpenAI's field order (`index`, `delta`,
 /// `finish_reason`), as JSON text (a `Value` would sort the keys again).
 fn choice(delta: serde_json::Value, finish_reason: Option<&str>) -> String {
+    choice_text(&delta.to_string(), finish_reason)
+}
+
+/// [`choice`] with the delta already written as JSON text.
+fn choice_text(delta: &str, finish_reason: Option<&str>) -> String {
     let finish_reason = serde_json::Value::from(finish_reason);
     format!("[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish_reason}}}]")
 }
@@ -44,6 +52,27 @@ pub fn content(model: &str, text: &str) -> Bytes {
         &choice(serde_json::json!({ "content": text }), None),
         None,
     )
+}
+
+/// The chunk that opens tool call `index`: its id, `type: function`, the
+/// function's name and empty `arguments`, in OpenAI's field order.
+pub fn tool_call_start(model: &str, index: u32, id: &str, name: &str) -> Bytes {
+    let id = serde_json::Value::from(id);
+    let name = serde_json::Value::from(name);
+    let delta = format!(
+        "{{\"tool_calls\":[{{\"index\":{index},\"id\":{id},\"type\":\"function\",\"function\":{{\"name\":{name},\"arguments\":\"\"}}}}]}}"
+    );
+    chunk(model, &choice_text(&delta, None), None)
+}
+
+/// A piece of tool call `index`'s arguments (JSON text, joined by the
+/// client).
+pub fn tool_call_arguments(model: &str, index: u32, piece: &str) -> Bytes {
+    let piece = serde_json::Value::from(piece);
+    let delta = format!(
+        "{{\"tool_calls\":[{{\"index\":{index},\"function\":{{\"arguments\":{piece}}}}}]}}"
+    );
+    chunk(model, &choice_text(&delta, None), None)
 }
 
 /// The chunk that sets `finish_reason`.

@@ -7,8 +7,20 @@
 //!   role chunk, N content chunks, a finish chunk, a usage chunk when
 //!   `stream_options.include_usage` is true, `data: [DONE]`) or a JSON
 //!   `chat.completion` with `usage`. Token `i` reads `"{name}-tok{i} "`, so a
-//!   spliced answer shows both names. Counted in [`FakeUpstream::attempts`]
-//!   and recorded in [`FakeUpstream::requests`], whatever the outcome.
+//!   spliced answer shows both names. With a non-empty `tools` in the
+//!   request the answer is one tool call instead of text: streamed, the
+//!   role chunk, a chunk opening `tool_calls[0]` (`id` `"call_fake"`,
+//!   [`chunks::TOOL_CALL_ID`](crate::chunks::TOOL_CALL_ID); `type`
+//!   `function`; the function [`TOOL_NAME`](crate::messages::TOOL_NAME),
+//!   as on Messages, with empty `arguments`), then argument pieces that
+//!   join into `{"q": "<tokens>"}` (an opening piece, one piece per token,
+//!   a closing piece), `finish_reason` `tool_calls`, the usage chunk when
+//!   asked for and `[DONE]`; whole, a `message` with `content: null` and
+//!   that `tool_calls` entry, `finish_reason` `tool_calls`. The faults
+//!   apply as to text (the opening chunk names the tool, so it is output:
+//!   a cut after 0 tokens comes before it). Counted in
+//!   [`FakeUpstream::attempts`] and recorded in [`FakeUpstream::requests`],
+//!   whatever the outcome.
 //! - `POST /v1/messages`: the same in Anthropic's Messages API, with the
 //!   same faults: a stream of `message_start`, an empty text block, `ping`,
 //!   N `text_delta`s, `message_delta` (`end_turn`) and `message_stop`, or a
@@ -1161,6 +1173,8 @@ struct Ask {
     model: String,
     stream: bool,
     include_usage: bool,
+    /// The request has a non-empty `tools`: the answer is one tool call.
+    tools: bool,
     input_tokens: u64,
 }
 
@@ -1188,6 +1202,10 @@ impl Ask {
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
                 == Some(true),
+            tools: body
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|t| !t.is_empty()),
             input_tokens: u64::try_from(words.max(1)).unwrap_or(u64::MAX),
         })
     }
@@ -1480,6 +1498,13 @@ fn token_text(name: &str, i: usize) -> String {
     format!("{name}-tok{i} ")
 }
 
+/// The first piece of a fake tool call's arguments, before the tokens (the
+/// Messages fake's input opens the same way).
+const TOOL_ARGUMENTS_OPEN: &str = "{\"q\": \"";
+
+/// The last piece, after the tokens.
+const TOOL_ARGUMENTS_CLOSE: &str = "\"}";
+
 fn malformed(name: &str) -> Bytes {
     Bytes::from(format!(
         "data: {{\"id\":\"{}\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{name}-brok\n\n",
@@ -1498,8 +1523,23 @@ fn stream_steps(
     let model = ask.model.as_str();
     let cut = fault.and_then(Fault::cut_after);
     let malformed_at = fault.and_then(Fault::malformed_at);
-    let mut steps = VecDeque::with_capacity(tokens * 2 + 6);
+    let mut steps = VecDeque::with_capacity(tokens * 2 + 8);
     steps.push_back(Step::Data(chunks::role(model)));
+    // A tool call's first chunk names the tool: it is output, so a fault
+    // before any token comes first (the in-band error before output).
+    if ask.tools && cut != Some(0) {
+        steps.push_back(Step::Data(chunks::tool_call_start(
+            model,
+            0,
+            chunks::TOOL_CALL_ID,
+            messages::TOOL_NAME,
+        )));
+        steps.push_back(Step::Data(chunks::tool_call_arguments(
+            model,
+            0,
+            TOOL_ARGUMENTS_OPEN,
+        )));
+    }
     for i in 0..tokens {
         if cut == Some(i) {
             break;
@@ -1514,7 +1554,12 @@ fn stream_steps(
         if malformed_at == Some(i) {
             steps.push_back(Step::Data(malformed(name)));
         }
-        steps.push_back(Step::Data(chunks::content(model, &token_text(name, i))));
+        let token = token_text(name, i);
+        steps.push_back(Step::Data(if ask.tools {
+            chunks::tool_call_arguments(model, 0, &token)
+        } else {
+            chunks::content(model, &token)
+        }));
     }
     match fault {
         Some(Fault::ErrorAfter { error, .. }) => {
@@ -1536,7 +1581,15 @@ fn stream_steps(
     if malformed_at.is_some_and(|n| n >= tokens) {
         steps.push_back(Step::Data(malformed(name)));
     }
-    steps.push_back(Step::Data(chunks::finish(model, "stop")));
+    if ask.tools {
+        steps.push_back(Step::Data(chunks::tool_call_arguments(
+            model,
+            0,
+            TOOL_ARGUMENTS_CLOSE,
+        )));
+    }
+    let finish = if ask.tools { "tool_calls" } else { "stop" };
+    steps.push_back(Step::Data(chunks::finish(model, finish)));
     if ask.include_usage {
         steps.push_back(Step::Data(chunks::usage(
             model,
@@ -1560,11 +1613,21 @@ fn completion_steps(
 ) -> (VecDeque<Step>, bool) {
     let text: String = (0..tokens).map(|i| token_text(name, i)).collect();
     let output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+    let (message, finish_reason) = if ask.tools {
+        let arguments = format!("{TOOL_ARGUMENTS_OPEN}{text}{TOOL_ARGUMENTS_CLOSE}");
+        (
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": chunks::TOOL_CALL_ID, "type": "function",
+                 "function": {"name": messages::TOOL_NAME, "arguments": arguments}}]}),
+            "tool_calls",
+        )
+    } else {
+        (json!({"role": "assistant", "content": text}), "stop")
+    };
     let full = Bytes::from(
         json!({
             "id": chunks::ID, "object": "chat.completion", "created": 1, "model": ask.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
             "usage": {"prompt_tokens": ask.input_tokens, "completion_tokens": output_tokens,
                       "total_tokens": ask.input_tokens.saturating_add(output_tokens)}
         })
@@ -1710,6 +1773,127 @@ mod tests {
             "quota".parse::<ErrorFixture>().unwrap(),
             ErrorFixture::Quota
         );
+    }
+
+    fn tool_ask(stream: bool) -> Ask {
+        Ask {
+            model: "m".into(),
+            stream,
+            include_usage: true,
+            tools: true,
+            input_tokens: 3,
+        }
+    }
+
+    /// The JSON of each `data:` event of a script (`[DONE]` and malformed
+    /// events as `Null`).
+    fn data_events(steps: &VecDeque<Step>) -> Vec<Value> {
+        steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Data(bytes) => Some(bytes),
+                _ => None,
+            })
+            .map(|bytes| {
+                let text = String::from_utf8_lossy(bytes);
+                let data = text.trim_end().strip_prefix("data: ").unwrap_or_default();
+                serde_json::from_str(data).unwrap_or(Value::Null)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_chat_request_with_tools_streams_one_tool_call() {
+        let (steps, reset) = stream_steps("p", &tool_ask(true), 3, Duration::ZERO, None);
+        assert!(!reset);
+        let events = data_events(&steps);
+        let delta = |i: usize| &events[i]["choices"][0]["delta"];
+        assert_eq!(delta(0)["role"], "assistant");
+        assert_eq!(
+            delta(1)["tool_calls"],
+            json!([{"index": 0, "id": "call_fake", "type": "function",
+                    "function": {"name": crate::messages::TOOL_NAME, "arguments": ""}}])
+        );
+        // The opening piece, one per token, the closing piece.
+        let pieces: Vec<&str> = (2..7)
+            .map(|i| {
+                assert_eq!(delta(i)["tool_calls"][0]["index"], 0);
+                assert!(delta(i)["tool_calls"][0].get("id").is_none());
+                delta(i)["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        let arguments: Value = serde_json::from_str(&pieces.concat()).unwrap();
+        assert_eq!(arguments, json!({"q": "p-tok0 p-tok1 p-tok2 "}));
+        assert_eq!(events[7]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(events[8]["usage"]["completion_tokens"], 3);
+        assert_eq!(events[9], Value::Null, "[DONE]");
+        assert_eq!(events.len(), 10);
+        assert!(
+            !events
+                .iter()
+                .any(|e| e["choices"][0]["delta"]["content"].as_str() > Some(""))
+        );
+    }
+
+    #[test]
+    fn a_tool_call_is_cut_like_text() {
+        // Cut before any token: before the tool is named.
+        let fault = Fault::ErrorAfter {
+            tokens: 0,
+            error: None,
+        };
+        let (steps, _) = stream_steps("p", &tool_ask(true), 3, Duration::ZERO, Some(&fault));
+        let events = data_events(&steps);
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert!(events[1]["error"].is_object());
+        // Reset after 2 tokens: the opening chunk, the opening piece and 2
+        // token pieces, then the reset; no finish.
+        let fault = Fault::ResetAfter { tokens: 2 };
+        let (steps, reset) = stream_steps("p", &tool_ask(true), 3, Duration::ZERO, Some(&fault));
+        assert!(reset);
+        let events = data_events(&steps);
+        assert_eq!(events.len(), 5, "{events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|e| e["choices"][0]["finish_reason"].is_null())
+        );
+    }
+
+    #[test]
+    fn a_whole_chat_answer_to_tools_is_a_tool_call() {
+        let (steps, _) = completion_steps("p", &tool_ask(false), 2, None);
+        let body = &whole_body(&steps);
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["role"], "assistant");
+        assert_eq!(choice["message"]["content"], Value::Null);
+        let call = &choice["message"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_fake");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], crate::messages::TOOL_NAME);
+        let arguments: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(arguments, json!({"q": "p-tok0 p-tok1 "}));
+        assert_eq!(body["usage"]["completion_tokens"], 2);
+        // Without tools the answer is text.
+        let text = Ask {
+            tools: false,
+            ..tool_ask(false)
+        };
+        let (steps, _) = completion_steps("p", &text, 2, None);
+        let body = whole_body(&steps);
+        assert_eq!(body["choices"][0]["message"]["content"], "p-tok0 p-tok1 ");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    }
+
+    fn whole_body(steps: &VecDeque<Step>) -> Value {
+        match steps.front() {
+            Some(Step::Data(bytes)) => serde_json::from_slice(bytes).unwrap(),
+            _ => Value::Null,
+        }
     }
 
     #[test]
