@@ -619,6 +619,7 @@ impl<D: Dialect> Inspector<D> {
             // Nothing was released: the failover loop may still reroute.
             self.out.clear();
             self.held.clear();
+            self.unreleased.clear();
             let failure = StreamFailure {
                 class: classification.class,
                 phase,
