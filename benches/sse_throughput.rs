@@ -17,7 +17,7 @@ use criterion::{Criterion, Throughput};
 use http::Response;
 use http_body::{Body, Frame};
 use tower::{Layer, Service};
-use tower_llm_failover::dialect::{ChatMemo, Dialect, OpenAiChat};
+use tower_llm_failover::dialect::{ChatMemo, Chunk, ChunkKind, Dialect, OpenAiChat};
 use tower_llm_failover::sse::{SseEvent, SseItem, SseScanner};
 use tower_llm_failover::stream::StreamStateLayer;
 
@@ -41,6 +41,11 @@ fn stream() -> Vec<Bytes> {
     frames.push(chunk("{}", "\"stop\""));
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
     frames
+}
+
+/// Whether an event commits a stream: model output or a finish reason.
+fn commits(chunk: &Chunk<'_>) -> bool {
+    chunk.kind == ChunkKind::Output || chunk.finish_reason.is_some()
 }
 
 fn total_bytes(frames: &[Bytes]) -> u64 {
@@ -71,11 +76,9 @@ fn scanner_and_dialect(frames: &[Bytes]) -> usize {
     for frame in frames {
         scanner.feed(frame, |item| {
             if let SseItem::Event(event) = item {
-                outputs += usize::from(
-                    OpenAiChat
-                        .inspect(&event, &mut ChatMemo::default())
-                        .commits(),
-                );
+                outputs += usize::from(commits(
+                    &OpenAiChat.inspect(&event, &mut ChatMemo::default()),
+                ));
             }
         });
     }
@@ -91,7 +94,7 @@ fn scanner_and_dialect_next(frames: &[Bytes]) -> usize {
     for frame in frames {
         scanner.feed(frame, |item| {
             if let SseItem::Event(event) = item {
-                outputs += usize::from(OpenAiChat.inspect(&event, &mut memo).commits());
+                outputs += usize::from(commits(&OpenAiChat.inspect(&event, &mut memo)));
             }
         });
     }
@@ -115,11 +118,7 @@ fn scanned_events(frames: &[Bytes]) -> Vec<SseEvent> {
 fn dialect_only(events: &[SseEvent]) -> usize {
     events
         .iter()
-        .filter(|event| {
-            OpenAiChat
-                .inspect(event, &mut ChatMemo::default())
-                .commits()
-        })
+        .filter(|event| commits(&OpenAiChat.inspect(event, &mut ChatMemo::default())))
         .count()
 }
 

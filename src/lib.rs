@@ -108,7 +108,10 @@
 //!     .target(
 //!         Target::new("backup", backup.clone())
 //!             .model("backup-model")
-//!             .capabilities(Capabilities::default().context_window(200_000)),
+//!             .capabilities(Capabilities {
+//!                 context_window: Some(200_000),
+//!                 ..Capabilities::default()
+//!             }),
 //!     )
 //!     .stream_policy(StreamPolicy::new().idle_timeout(Duration::from_secs(30)))
 //!     .caps(|c| Caps { retries_per_target: 0, ..c })

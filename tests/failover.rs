@@ -386,16 +386,22 @@ async fn context_length_reroutes_only_to_a_larger_window() {
     let large = FakeProvider::new("large");
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().context_window(8_192)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                context_window: Some(8_192),
+                ..Capabilities::default()
+            }),
         )
         .target(
-            Target::new("small", small.clone())
-                .capabilities(Capabilities::default().context_window(4_096)),
+            Target::new("small", small.clone()).capabilities(Capabilities {
+                context_window: Some(4_096),
+                ..Capabilities::default()
+            }),
         )
         .target(
-            Target::new("large", large.clone())
-                .capabilities(Capabilities::default().context_window(128_000)),
+            Target::new("large", large.clone()).capabilities(Capabilities {
+                context_window: Some(128_000),
+                ..Capabilities::default()
+            }),
         )
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -407,12 +413,16 @@ async fn context_length_reroutes_only_to_a_larger_window() {
     let small = FakeProvider::new("small");
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().context_window(8_192)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                context_window: Some(8_192),
+                ..Capabilities::default()
+            }),
         )
         .target(
-            Target::new("small", small.clone())
-                .capabilities(Capabilities::default().context_window(4_096)),
+            Target::new("small", small.clone()).capabilities(Capabilities {
+                context_window: Some(4_096),
+                ..Capabilities::default()
+            }),
         )
         .build();
     let reply = send(&failover, request(true, serde_json::json!({}))).await;
@@ -1391,8 +1401,10 @@ async fn hostile_request_fields_are_handled_not_panicked_on() {
     let primary = FakeProvider::new("primary");
     let failover = Failover::builder()
         .target(
-            Target::new("primary", primary.clone())
-                .capabilities(Capabilities::default().context_window(8_000)),
+            Target::new("primary", primary.clone()).capabilities(Capabilities {
+                context_window: Some(8_000),
+                ..Capabilities::default()
+            }),
         )
         .build();
     // `stream_options` of the wrong type: refused before any upstream (a

@@ -151,8 +151,10 @@ fn window_request() -> (Value, u64) {
 }
 
 fn windowed(name: &str, provider: &FakeProvider, window: u64) -> Target<FakeProvider> {
-    Target::new(name.to_owned(), provider.clone())
-        .capabilities(Capabilities::default().context_window(window))
+    Target::new(name.to_owned(), provider.clone()).capabilities(Capabilities {
+        context_window: Some(window),
+        ..Capabilities::default()
+    })
 }
 
 #[tokio::test(start_paused = true)]

@@ -344,12 +344,6 @@ impl Classification {
         self.note = Some(note);
         self
     }
-
-    /// Whether a failover may still act on this failure (anything but
-    /// [`Phase::Committed`]).
-    pub fn before_commit(&self) -> bool {
-        !matches!(self.phase, Phase::Committed)
-    }
 }
 
 impl fmt::Display for Classification {

@@ -131,11 +131,6 @@ impl Chunk<'_> {
             identity: ChunkIdentity::default(),
         }
     }
-
-    /// Whether this event commits the stream: model output or a finish reason.
-    pub fn commits(&self) -> bool {
-        self.kind == ChunkKind::Output || self.finish_reason.is_some()
-    }
 }
 
 /// How a failed stream is ended for the client.
@@ -318,17 +313,6 @@ pub enum BodyFault {
     /// The shape of an answer without the answer (no choices, no content),
     /// or an error where the answer should be.
     NoAnswer,
-}
-
-impl BodyFault {
-    /// A stable snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotJson => "invalid_json",
-            Self::UnexpectedJson => "unexpected_json",
-            Self::NoAnswer => "no_answer",
-        }
-    }
 }
 
 /// A wire dialect. See the [module docs](self).

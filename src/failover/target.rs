@@ -85,13 +85,6 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
-    /// Declares the context window, in tokens (sets
-    /// [`context_window`](Self::context_window)).
-    pub fn context_window(mut self, tokens: u64) -> Self {
-        self.context_window = Some(tokens);
-        self
-    }
-
     /// What of `requirements` this target lacks; empty when eligible.
     pub fn missing(&self, requirements: &Requirements) -> Vec<String> {
         let mut missing = Vec::new();

@@ -765,7 +765,12 @@ impl StackParts<'_> {
             .providers
             .iter()
             .find(|p| p.name == target.provider)
-            .ok_or_else(|| format!("route {}: unknown provider {}", route.model, target.provider))?;
+            .ok_or_else(|| {
+                format!(
+                    "route {}: unknown provider {}",
+                    route.model, target.provider
+                )
+            })?;
         let mut t = Target::new(name, client.clone())
             .provider(target.provider.clone())
             .capabilities(target.capabilities());

@@ -51,6 +51,13 @@ pub struct ChatRequest {
     stream: bool,
 }
 
+impl ChatRequest {
+    /// The client's body, as it came (translation parses it again).
+    pub(super) fn body(&self) -> &Bytes {
+        &self.body
+    }
+}
+
 #[derive(Deserialize)]
 struct Top<'a> {
     #[serde(borrow, default)]

@@ -277,6 +277,9 @@ struct Inspector<D: Dialect> {
     neutral: Vec<NeutralEvent>,
     /// What this frame's events were translated into.
     translated: BytesMut,
+    /// A translated stream's events held before commit: translated only
+    /// when released, so an attempt that fails first costs no translation.
+    unreleased: Vec<crate::sse::SseEvent>,
 }
 
 #[derive(Debug)]
@@ -319,6 +322,7 @@ impl<D: Dialect> Inspector<D> {
             foreign: None,
             neutral: Vec::new(),
             translated: BytesMut::new(),
+            unreleased: Vec::new(),
         }
     }
 
@@ -342,6 +346,7 @@ impl<D: Dialect> Inspector<D> {
             foreign,
             neutral,
             translated,
+            unreleased,
             ..
         } = self;
         decisions.clear();
@@ -363,6 +368,7 @@ impl<D: Dialect> Inspector<D> {
             foreign,
             neutral,
             translated,
+            unreleased,
         };
         scanner.feed(&chunk, |item| feed.item(item));
         let released_after = feed.released_after;
@@ -373,6 +379,9 @@ impl<D: Dialect> Inspector<D> {
             }
         }
         self.apply_decisions(chunk, base);
+        if self.hold.is_none() {
+            self.translate_unreleased();
+        }
         if !self.translated.is_empty() {
             self.out
                 .push_back(Frame::data(self.translated.split().freeze()));
@@ -408,7 +417,12 @@ impl<D: Dialect> Inspector<D> {
             .iter()
             .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
             .sum::<u64>()
-            + self.held.iter().map(|b| b.len() as u64).sum::<u64>();
+            + self.held.iter().map(|b| b.len() as u64).sum::<u64>()
+            + self
+                .unreleased
+                .iter()
+                .map(|e| e.data().len() as u64)
+                .sum::<u64>();
         if queued > hold.settings.max_held_bytes {
             if self.output_events > 0 {
                 return self.release();
@@ -425,6 +439,30 @@ impl<D: Dialect> Inspector<D> {
         }
         for _ in 0..self.output_events {
             self.state.add_output_event();
+        }
+        self.translate_unreleased();
+        if !self.translated.is_empty() {
+            self.out
+                .push_back(Frame::data(self.translated.split().freeze()));
+        }
+    }
+
+    /// Translates the events a translated stream held before commit, in
+    /// order, into `translated`.
+    fn translate_unreleased(&mut self) {
+        let Some(reader) = self.foreign.as_deref_mut() else {
+            return;
+        };
+        for event in self.unreleased.drain(..) {
+            translate(
+                &self.config.dialect,
+                &mut self.memo,
+                reader,
+                &mut self.neutral,
+                self.strip_usage,
+                &event,
+                &mut self.translated,
+            );
         }
     }
 
@@ -581,6 +619,7 @@ impl<D: Dialect> Inspector<D> {
             // Nothing was released: the failover loop may still reroute.
             self.out.clear();
             self.held.clear();
+            self.unreleased.clear();
             let failure = StreamFailure {
                 class: classification.class,
                 phase,
@@ -696,6 +735,7 @@ struct Feed<'a, D: Dialect> {
     foreign: &'a mut Option<Box<dyn ForeignReader>>,
     neutral: &'a mut Vec<NeutralEvent>,
     translated: &'a mut BytesMut,
+    unreleased: &'a mut Vec<crate::sse::SseEvent>,
 }
 
 impl<D: Dialect> Feed<'_, D> {
@@ -820,16 +860,32 @@ impl<D: Dialect> Feed<'_, D> {
             self.decisions.push(Decision::Forward(end));
             return;
         };
-        reader.decode(event, self.neutral);
-        for neutral in self.neutral.drain(..) {
-            if self.strip_usage && matches!(neutral, NeutralEvent::Usage(_)) {
-                continue;
-            }
-            self.config
-                .dialect
-                .encode_event(&neutral, self.memo, self.translated);
-        }
         self.decisions.push(Decision::Drop(end));
+        if self.hold.is_some() {
+            // Translated when released (never, if the attempt fails).
+            self.unreleased.push(event.clone());
+            return;
+        }
+        for held in self.unreleased.drain(..) {
+            translate(
+                &self.config.dialect,
+                self.memo,
+                reader,
+                self.neutral,
+                self.strip_usage,
+                &held,
+                self.translated,
+            );
+        }
+        translate(
+            &self.config.dialect,
+            self.memo,
+            reader,
+            self.neutral,
+            self.strip_usage,
+            event,
+            self.translated,
+        );
     }
 
     fn malformed(&mut self, drop_to: Option<u64>) {
@@ -838,6 +894,27 @@ impl<D: Dialect> Feed<'_, D> {
         } else if let Some(end) = drop_to {
             self.decisions.push(Decision::Drop(end));
         }
+    }
+}
+
+/// Writes one event of a target's dialect in the client's: read by the
+/// target's dialect into neutral events, written by the client's (usage
+/// only when the client asked for it).
+fn translate<D: Dialect>(
+    dialect: &D,
+    memo: &mut D::Memo,
+    reader: &mut dyn ForeignReader,
+    neutral: &mut Vec<NeutralEvent>,
+    strip_usage: bool,
+    event: &crate::sse::SseEvent,
+    out: &mut BytesMut,
+) {
+    reader.decode(event, neutral);
+    for each in neutral.drain(..) {
+        if strip_usage && matches!(each, NeutralEvent::Usage(_)) {
+            continue;
+        }
+        dialect.encode_event(&each, memo, out);
     }
 }
 
