@@ -112,11 +112,13 @@ impl Gateway {
             .collect()
     }
 
-    /// The last request the backup was sent for `model`.
-    fn backup_last(&self, model: &str) -> Value {
+    /// The last request the backup was sent for `model`, once the client
+    /// read `r` without an error.
+    fn backup_last(&self, model: &str, r: &Value) -> Value {
+        assert_eq!(r["ok"], true, "{r}");
         Self::seen(&self.backup, model)
             .pop()
-            .unwrap_or_else(|| panic!("the backup saw no request for {model}"))
+            .unwrap_or_else(|| panic!("the backup saw no request for {model}: {r}"))
     }
 
     fn backup_saw(&self, model: &str) -> usize {
@@ -287,14 +289,14 @@ async fn openai_text_answers(sdk: &Sdk, gateway: &Gateway) {
         // The Messages primary is overloaded before output: the chat
         // backup's answer, as it came.
         let r = run(sdk, Api::OpenAi, gateway, &["x-msg529-chat", mode]).await;
-        let seen = gateway.backup_last("backup-chat");
+        let seen = gateway.backup_last("backup-chat", &r);
         check_openai_answer(&r, mode, "backup-chat", &seen);
         assert_eq!(r["id"], "chatcmpl-test", "{r}");
 
         // The chat primary is rate limited: the Messages backup's answer,
         // translated.
         let r = run(sdk, Api::OpenAi, gateway, &["x-chat429-msg", mode]).await;
-        let seen = gateway.backup_last("backup-msg");
+        let seen = gateway.backup_last("backup-msg", &r);
         assert!(seen["max_tokens"].is_u64(), "a Messages request: {seen}");
         check_openai_answer(&r, mode, "backup-msg", &seen);
     }
@@ -318,7 +320,7 @@ async fn openai_tool_calls(sdk: &Sdk, gateway: &Gateway) {
         let id = r["id"].as_str().unwrap_or_default();
         assert!(id.starts_with("chatcmpl-"), "{mode}: {r}");
         assert_eq!(r["ids"].as_array().map(Vec::len), Some(1), "one id: {r}");
-        let seen = gateway.backup_last("backup-msg");
+        let seen = gateway.backup_last("backup-msg", &r);
         assert_eq!(seen["tools"][0]["name"], "get_weather", "{seen}");
         let input = fake_input_tokens(&seen);
         assert_eq!(r["usage"]["prompt_tokens"], input, "{mode}: {r}");
@@ -370,7 +372,7 @@ async fn openai_agent_loop(sdk: &Sdk, gateway: &Gateway) {
     assert!(gateway.primary_saw("p-agent-chat503#fault:status=503") >= 1);
     // The Messages target got the history with the chat id translated,
     // call and result alike.
-    let seen = gateway.backup_last("agent-msg-turn2");
+    let seen = gateway.backup_last("agent-msg-turn2", &r);
     let blocks: Vec<&Value> = seen["messages"]
         .as_array()
         .unwrap()
@@ -446,14 +448,14 @@ async fn anthropic_text_answers(sdk: &Sdk, gateway: &Gateway) {
         // The chat primary is rate limited: the Messages backup's answer,
         // as it came.
         let r = run(sdk, Api::Anthropic, gateway, &["x-chat429-msg", mode]).await;
-        let seen = gateway.backup_last("backup-msg");
+        let seen = gateway.backup_last("backup-msg", &r);
         check_anthropic_answer(&r, mode, "backup-msg", &seen);
         assert_eq!(r["id"], "msg_fake", "{r}");
 
         // The Messages primary is overloaded: the chat backup's answer,
         // translated.
         let r = run(sdk, Api::Anthropic, gateway, &["x-msg529-chat", mode]).await;
-        let seen = gateway.backup_last("backup-chat");
+        let seen = gateway.backup_last("backup-chat", &r);
         check_anthropic_answer(&r, mode, "backup-chat", &seen);
     }
 }
@@ -472,7 +474,7 @@ async fn anthropic_tool_calls(sdk: &Sdk, gateway: &Gateway) {
         assert_eq!(r["text"], "", "{mode}: no text: {r}");
         let id = r["id"].as_str().unwrap_or_default();
         assert!(id.starts_with("msg_"), "{mode}: {r}");
-        let seen = gateway.backup_last("backup-chat");
+        let seen = gateway.backup_last("backup-chat", &r);
         assert_eq!(
             seen["tools"][0]["function"]["name"], "get_weather",
             "{seen}"
@@ -527,7 +529,7 @@ async fn anthropic_agent_loop(sdk: &Sdk, gateway: &Gateway) {
     assert!(gateway.primary_saw("p-agent-msg529#fault:status=529") >= 1);
     // The chat target got the history with the Messages id translated,
     // call and result alike.
-    let seen = gateway.backup_last("agent-chat-turn2");
+    let seen = gateway.backup_last("agent-chat-turn2", &r);
     let messages = seen["messages"].as_array().unwrap();
     let assistant = messages
         .iter()
