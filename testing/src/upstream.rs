@@ -10,7 +10,7 @@
 //!   spliced answer shows both names. With a non-empty `tools` in the
 //!   request the answer is one tool call instead of text: streamed, the
 //!   role chunk, a chunk opening `tool_calls[0]` (`id` `"call_fake"`,
-//!   [`chunks::TOOL_CALL_ID`](crate::chunks::TOOL_CALL_ID); `type`
+//!   [`chunks::TOOL_CALL_ID`]; `type`
 //!   `function`; the function [`TOOL_NAME`](crate::messages::TOOL_NAME),
 //!   as on Messages, with empty `arguments`), then argument pieces that
 //!   join into `{"q": "<tokens>"}` (an opening piece, one piece per token,
