@@ -45,6 +45,13 @@ pub struct MessagesRequest {
     model: Range<usize>,
 }
 
+impl MessagesRequest {
+    /// The client's body, as it came (translation parses it again).
+    pub(super) fn body(&self) -> &Bytes {
+        &self.body
+    }
+}
+
 #[derive(Deserialize)]
 struct Top<'a> {
     #[serde(borrow, default)]
