@@ -41,7 +41,7 @@ pub(crate) trait Foreign: Send + Sync + 'static {
     /// translated.
     fn dialect_type(&self) -> TypeId;
     fn upstream_path(&self) -> Option<&'static str>;
-    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String>;
+    fn body_from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String>;
     fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap);
     /// A reader for one stream of this dialect.
     fn reader(&self) -> Box<dyn ForeignReader>;
@@ -72,8 +72,8 @@ impl<T: Dialect> Foreign for T {
         Dialect::upstream_path(self)
     }
 
-    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
-        Dialect::from_neutral(self, request, model)
+    fn body_from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+        Dialect::body_from_neutral(self, request, model)
     }
 
     fn upstream_headers(&self, client: &HeaderMap, upstream: &mut HeaderMap) {

@@ -455,7 +455,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// removed). `Err` names what the request needs that this dialect
     /// cannot express (`"n > 1"`): the target is then ineligible, and the
     /// refusal says why. Default: this dialect does not translate.
-    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+    fn body_from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
         let _ = (request, model);
         Err(format!("the {} dialect does not translate", self.name()))
     }

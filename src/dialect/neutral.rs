@@ -4,14 +4,14 @@
 //! one mapping each way, not one per pair.
 //!
 //! A dialect that translates implements [`Dialect::to_neutral`],
-//! [`Dialect::from_neutral`], [`Dialect::decode_event`],
+//! [`Dialect::body_from_neutral`], [`Dialect::decode_event`],
 //! [`Dialect::encode_event`], [`Dialect::decode_answer`] and
 //! [`Dialect::encode_answer`](super::Dialect::encode_answer). What a
 //! target's dialect cannot express makes the target ineligible, by name;
 //! nothing the answer depends on is dropped silently.
 //!
 //! [`Dialect::to_neutral`]: super::Dialect::to_neutral
-//! [`Dialect::from_neutral`]: super::Dialect::from_neutral
+//! [`Dialect::body_from_neutral`]: super::Dialect::body_from_neutral
 //! [`Dialect::decode_event`]: super::Dialect::decode_event
 //! [`Dialect::encode_event`]: super::Dialect::encode_event
 //! [`Dialect::decode_answer`]: super::Dialect::decode_answer

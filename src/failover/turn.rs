@@ -415,7 +415,7 @@ where
             }
         };
         let model = target.upstream_model(&self.requirements.model);
-        match foreign.0.from_neutral(&neutral, model) {
+        match foreign.0.body_from_neutral(&neutral, model) {
             Ok(body) => {
                 self.translations.keep(index, body, shared.targets.len());
                 Ok(())

@@ -8,7 +8,7 @@
 //!   citations, `top_k`, `service_tier`, `context_management`,
 //!   `container`, unknown fields. Refused: server tools, `mcp_servers`,
 //!   block types the neutral model has no part for.
-//! - **Requests out** ([`from_neutral`]): the nearest Messages body; a
+//! - **Requests out** ([`body_from_neutral`]): the nearest Messages body; a
 //!   later system message becomes a `<system>` text block of the next user
 //!   message, unsigned thinking is dropped (Messages rejects it), the
 //!   temperature is clamped to Messages' 0–1 and a `top_p` beside it is
@@ -416,7 +416,7 @@ fn read_output_format(top: &Map<String, Value>) -> (Option<ResponseFormat>, Opti
 // ---------------------------------------------------------------------------
 
 /// Writes a Messages body for `request` with `model`.
-pub(super) fn from_neutral(request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+pub(super) fn body_from_neutral(request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
     refuse_unexpressible(request)?;
     let max_tokens = request.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let (system, messages) = write_messages(&request.messages)?;
@@ -2697,9 +2697,9 @@ mod tests {
         }
     }
 
-    /// The body `from_neutral` writes, as JSON.
+    /// The body `body_from_neutral` writes, as JSON.
     fn body_of(request: &NeutralRequest) -> Value {
-        serde_json::from_slice(&from_neutral(request, "claude-x").unwrap()).unwrap()
+        serde_json::from_slice(&body_from_neutral(request, "claude-x").unwrap()).unwrap()
     }
 
     /// What a chat client's request reads as.
@@ -2984,7 +2984,7 @@ mod tests {
         let refused = |change: Change| {
             let mut request = chat_request();
             change(&mut request);
-            from_neutral(&request, "claude-x").err()
+            body_from_neutral(&request, "claude-x").err()
         };
         let cases: [(Change, &str); 10] = [
             (
@@ -3384,7 +3384,7 @@ mod tests {
 
             #[test]
             fn requests_survive_messages(request in request()) {
-                let body = from_neutral(&request, &request.model).unwrap();
+                let body = body_from_neutral(&request, &request.model).unwrap();
                 let (_, read) = super::super::super::request::read(body).unwrap();
                 prop_assert_eq!(to_neutral(&read).unwrap(), request);
             }

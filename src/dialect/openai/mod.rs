@@ -100,8 +100,8 @@ impl Dialect for OpenAiChat {
         translate::to_neutral(request)
     }
 
-    fn from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
-        translate::from_neutral(request, model)
+    fn body_from_neutral(&self, request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+        translate::body_from_neutral(request, model)
     }
 
     fn decode_event(&self, event: &SseEvent, memo: &mut ChatMemo, out: &mut Vec<NeutralEvent>) {

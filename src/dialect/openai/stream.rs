@@ -65,7 +65,7 @@ fn chunk_of(error_event: bool, skimmed: Result<Skim<'_>, Invalid>) -> Chunk<'_> 
 pub(super) fn inspect(event: &SseEvent) -> Chunk<'_> {
     match chunk_data(event) {
         Ok((error_event, data)) => read_chunk(error_event, data),
-        Err(chunk) => chunk,
+        Err(kind) => Chunk::of(kind),
     }
 }
 
@@ -79,21 +79,21 @@ pub(super) fn inspect_next<'a>(
 ) -> Chunk<'a> {
     match chunk_data(event) {
         Ok((error_event, data)) => read_chunk_next(error_event, data, prefix, choices),
-        Err(chunk) => chunk,
+        Err(kind) => Chunk::of(kind),
     }
 }
 
 /// The data of an event that carries a chunk (and whether it is an
-/// `error` event), or what any other event is.
-fn chunk_data(event: &SseEvent) -> Result<(bool, &[u8]), Chunk<'static>> {
+/// `error` event), or the kind of any other event.
+fn chunk_data(event: &SseEvent) -> Result<(bool, &[u8]), ChunkKind> {
     let data = event.data().as_ref();
     if data.starts_with(b"[DONE]") {
-        return Err(Chunk::of(ChunkKind::Done));
+        return Err(ChunkKind::Done);
     }
     let error_event = event.is_named("error");
     if !error_event && !event.is_named("message") {
         // Unknown event types carry nothing a chat client reads.
-        return Err(Chunk::of(ChunkKind::Preamble));
+        return Err(ChunkKind::Preamble);
     }
     Ok((error_event, data))
 }

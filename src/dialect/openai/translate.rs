@@ -441,7 +441,7 @@ fn read_options(body: &Map<String, Value>, out: &mut NeutralRequest) {
 // Requests: neutral → chat.
 
 /// Writes a chat request body for `model`.
-pub(super) fn from_neutral(request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
+pub(super) fn body_from_neutral(request: &NeutralRequest, model: &str) -> Result<Bytes, String> {
     if request.audio {
         return Err("audio".to_owned());
     }
@@ -2148,7 +2148,7 @@ mod tests {
             logprobs: false,
             audio: false,
         };
-        let body = from_neutral(&request, "target-model").unwrap();
+        let body = body_from_neutral(&request, "target-model").unwrap();
         let expected = json!({
             "model": "target-model",
             "messages": [
@@ -2191,7 +2191,7 @@ mod tests {
                 ..NeutralRequest::default()
             };
             f(&mut request);
-            from_neutral(&request, "m").err()
+            body_from_neutral(&request, "m").err()
         };
         assert_eq!(with(&|r| r.audio = true).as_deref(), Some("audio"));
         let image_result = |r: &mut NeutralRequest| {
@@ -2529,7 +2529,7 @@ mod tests {
 
         #[test]
         fn requests_round_trip(request in request()) {
-            let body = from_neutral(&request, &request.model).unwrap();
+            let body = body_from_neutral(&request, &request.model).unwrap();
             let (_, read) = request::read(body).unwrap();
             prop_assert_eq!(to_neutral(&read).unwrap(), request);
         }
