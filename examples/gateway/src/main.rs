@@ -123,31 +123,8 @@ async fn main() {
     let running = app::serve(gateway, listener);
     let addr = running.addr;
     println!("gateway ready on http://{addr}");
-    if !fakes.is_empty() {
-        println!(
-            "fake providers: primary {} and backup {}",
-            fakes[0].base_url(),
-            fakes[1].base_url()
-        );
-        println!("a failover the client never sees (primary: 429 insufficient_quota):");
-        println!(
-            "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
-             -d '{{\"model\":\"demo-failover\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-        );
-        println!("the same in Anthropic Messages (primary: 529 overloaded_error):");
-        println!(
-            "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
-             -d '{{\"model\":\"claude-demo-failover\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-        );
-        println!("across dialects: a chat client served by a Messages backup, and back:");
-        println!(
-            "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
-             -d '{{\"model\":\"demo-mixed\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-        );
-        println!(
-            "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
-             -d '{{\"model\":\"claude-demo-mixed\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
-        );
+    if let [primary, backup, ..] = fakes.as_slice() {
+        print_demo(addr, primary, backup);
     }
 
     app::shutdown_signal().await;
@@ -219,4 +196,32 @@ targets = [{{ provider = "primary" }}, {{ provider = "backup" }}]
             std::process::exit(1)
         }
     }
+}
+
+/// What the demo's fake providers are and a curl for each demo route.
+fn print_demo(addr: std::net::SocketAddr, primary: &FakeUpstream, backup: &FakeUpstream) {
+    println!(
+        "fake providers: primary {} and backup {}",
+        primary.base_url(),
+        backup.base_url()
+    );
+    println!("a failover the client never sees (primary: 429 insufficient_quota):");
+    println!(
+        "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+         -d '{{\"model\":\"demo-failover\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    println!("the same in Anthropic Messages (primary: 529 overloaded_error):");
+    println!(
+        "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
+         -d '{{\"model\":\"claude-demo-failover\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    println!("across dialects: a chat client served by a Messages backup, and back:");
+    println!(
+        "  curl -sN -i http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+         -d '{{\"model\":\"demo-mixed\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    println!(
+        "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
+         -d '{{\"model\":\"claude-demo-mixed\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
 }

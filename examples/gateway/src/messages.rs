@@ -84,16 +84,16 @@ pub(crate) fn route_dialect(
     route: &RouteConfig,
     providers: &[ProviderConfig],
 ) -> Result<WireDialect, String> {
-    for target in &route.targets {
-        let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
-            return Err(format!(
-                "route {}: unknown provider {}",
-                route.model, target.provider
-            ));
-        };
-        return provider_dialect(provider);
-    }
-    Ok(WireDialect::OpenAi)
+    let Some(target) = route.targets.first() else {
+        return Ok(WireDialect::OpenAi);
+    };
+    let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
+        return Err(format!(
+            "route {}: unknown provider {}",
+            route.model, target.provider
+        ));
+    };
+    provider_dialect(provider)
 }
 
 /// A route without a config (every provider, the client's model) split
