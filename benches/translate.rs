@@ -19,18 +19,22 @@ use tower::ServiceExt;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect, OpenAiChat};
 use tower_llm_failover::failover::{BoxUpstream, Failover, Target};
 
-const TOKENS: usize = 100;
-const TURNS: usize = 200;
+/// Two stream lengths: the difference of their turn times is the cost
+/// of the events alone (a turn's own costs, the request's translation
+/// included, cancel out).
+const SHORT: usize = 100;
+const LONG: usize = 500;
+const TURNS: usize = 100;
 
-/// A chat stream of `TOKENS` content chunks, one frame per event.
-fn chat_stream() -> Vec<Bytes> {
+/// A chat stream of `tokens` content chunks, one frame per event.
+fn chat_stream(tokens: usize) -> Vec<Bytes> {
     let chunk = |delta: &str, finish: &str| {
         Bytes::from(format!(
             "data: {{\"id\":\"chatcmpl-b\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-b\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
         ))
     };
     let mut frames = vec![chunk("{\"role\":\"assistant\",\"content\":\"\"}", "null")];
-    for i in 0..TOKENS {
+    for i in 0..tokens {
         frames.push(chunk(&format!("{{\"content\":\"token{i} \"}}"), "null"));
     }
     frames.push(chunk("{}", "\"stop\""));
@@ -39,8 +43,8 @@ fn chat_stream() -> Vec<Bytes> {
     frames
 }
 
-/// A Messages stream of `TOKENS` text deltas, one frame per event.
-fn messages_stream() -> Vec<Bytes> {
+/// A Messages stream of `tokens` text deltas, one frame per event.
+fn messages_stream(tokens: usize) -> Vec<Bytes> {
     let event = |name: &str, data: &str| Bytes::from(format!("event: {name}\ndata: {data}\n\n"));
     let mut frames = vec![
         event(
@@ -52,7 +56,7 @@ fn messages_stream() -> Vec<Bytes> {
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
         ),
     ];
-    for i in 0..TOKENS {
+    for i in 0..tokens {
         frames.push(event(
             "content_block_delta",
             &format!(
@@ -124,59 +128,131 @@ async fn time<D: Dialect>(
     (best, size)
 }
 
-fn per_event(turns: Duration) -> f64 {
-    turns.as_secs_f64() * 1e6 / (TURNS * (TOKENS + 5)) as f64
+/// The four paths for streams of `tokens` tokens: chat native, chat from
+/// Messages, Messages native, Messages from chat; each the best-of-5 time
+/// of `TURNS` turns.
+async fn four(tokens: usize) -> [Duration; 4] {
+    let chat = chat_stream(tokens);
+    let messages = messages_stream(tokens);
+    let chat_native = Failover::builder()
+        .target(target("gpt", chat.clone()))
+        .build();
+    let chat_from_messages = Failover::builder()
+        .target(target("claude", messages.clone()).dialect(AnthropicMessages))
+        .build();
+    let messages_native = Failover::builder()
+        .dialect(AnthropicMessages)
+        .target(target("claude", messages))
+        .build();
+    let messages_from_chat = Failover::builder()
+        .dialect(AnthropicMessages)
+        .target(target("gpt", chat).dialect(OpenAiChat))
+        .build();
+    let (chat_path, messages_path) = ("/v1/chat/completions", "/v1/messages");
+    [
+        time(&chat_native, chat_path, CHAT_REQUEST).await.0,
+        time(&chat_from_messages, chat_path, CHAT_REQUEST).await.0,
+        time(&messages_native, messages_path, MESSAGES_REQUEST)
+            .await
+            .0,
+        time(&messages_from_chat, messages_path, MESSAGES_REQUEST)
+            .await
+            .0,
+    ]
+}
+
+/// Per-event costs of the pieces, on a Messages stream's events: the
+/// reading the commit machine does anyway, the decoding, the encoding.
+fn pieces() {
+    use tower_llm_failover::dialect::{ChatMemo, MessagesMemo, NeutralEvent};
+    use tower_llm_failover::sse::{SseItem, SseScanner};
+    let mut events = Vec::new();
+    for frame in messages_stream(SHORT) {
+        SseScanner::new().feed(&frame, |item| {
+            if let SseItem::Event(event) = item {
+                events.push(event);
+            }
+        });
+    }
+    let best = |run: &mut dyn FnMut() -> usize| {
+        let mut best = Duration::MAX;
+        for _ in 0..20 {
+            let start = Instant::now();
+            for _ in 0..50 {
+                black_box(run());
+            }
+            best = best.min(start.elapsed());
+        }
+        best.as_secs_f64() * 1e6 / (50 * events.len()) as f64
+    };
+    let inspect = best(&mut || {
+        let mut memo = MessagesMemo::default();
+        events
+            .iter()
+            .map(|e| AnthropicMessages.inspect(e, &mut memo).kind as usize)
+            .sum()
+    });
+    let decode = best(&mut || {
+        let mut memo = MessagesMemo::default();
+        let mut out: Vec<NeutralEvent> = Vec::new();
+        let mut n = 0;
+        for e in &events {
+            AnthropicMessages.decode_event(e, &mut memo, &mut out);
+            n += out.len();
+            out.clear();
+        }
+        n
+    });
+    let mut neutral = Vec::new();
+    let mut memo = MessagesMemo::default();
+    for e in &events {
+        AnthropicMessages.decode_event(e, &mut memo, &mut neutral);
+    }
+    let encode = best(&mut || {
+        let mut memo = ChatMemo::default();
+        let mut out = bytes::BytesMut::new();
+        for n in &neutral {
+            OpenAiChat.encode_event(n, &mut memo, &mut out);
+        }
+        out.len()
+    });
+    println!(
+        "pieces, per Messages event: inspect {inspect:.3} µs, decode {decode:.3} µs, chat encode {encode:.3} µs"
+    );
 }
 
 fn main() {
+    pieces();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let chat = chat_stream();
-        let messages = messages_stream();
-
-        let chat_native = Failover::builder()
-            .target(target("gpt", chat.clone()))
-            .build();
-        let chat_from_messages = Failover::builder()
-            .target(target("claude", messages.clone()).dialect(AnthropicMessages))
-            .build();
-        let messages_native = Failover::builder()
-            .dialect(AnthropicMessages)
-            .target(target("claude", messages))
-            .build();
-        let messages_from_chat = Failover::builder()
-            .dialect(AnthropicMessages)
-            .target(target("gpt", chat).dialect(OpenAiChat))
-            .build();
-
-        let path_chat = "/v1/chat/completions";
-        let path_messages = "/v1/messages";
-        let (a, a_size) = time(&chat_native, path_chat, CHAT_REQUEST).await;
-        let (b, b_size) = time(&chat_from_messages, path_chat, CHAT_REQUEST).await;
-        let (c, c_size) = time(&messages_native, path_messages, MESSAGES_REQUEST).await;
-        let (d, d_size) = time(&messages_from_chat, path_messages, MESSAGES_REQUEST).await;
-
-        println!("translation, {TOKENS}-token streams, {TURNS} turns, best of 5 (µs per event, whole turn / events):");
+        let short = four(SHORT).await;
+        let long = four(LONG).await;
+        // Per event: the long stream's extra time over its extra events.
+        let per_event = |i: usize| {
+            long[i].saturating_sub(short[i]).as_secs_f64() * 1e6 / (TURNS * (LONG - SHORT)) as f64
+        };
+        let per_turn = |i: usize| short[i].as_secs_f64() * 1e6 / TURNS as f64;
         println!(
-            "  chat client,     chat target      {:>6.3} µs  ({a_size} bytes)",
-            per_event(a)
+            "translation through Failover, {SHORT}- and {LONG}-token streams, {TURNS} turns each, best of 5:"
         );
-        println!(
-            "  chat client,     Messages target  {:>6.3} µs  ({b_size} bytes)  {:.2}x the same-dialect path",
-            per_event(b),
-            b.as_secs_f64() / a.as_secs_f64()
-        );
-        println!(
-            "  Messages client, Messages target  {:>6.3} µs  ({c_size} bytes)",
-            per_event(c)
-        );
-        println!(
-            "  Messages client, chat target      {:>6.3} µs  ({d_size} bytes)  {:.2}x the same-dialect path",
-            per_event(d),
-            d.as_secs_f64() / c.as_secs_f64()
-        );
+        let rows = [
+            ("chat client,     chat target    ", None),
+            ("chat client,     Messages target", Some(0)),
+            ("Messages client, Messages target", None),
+            ("Messages client, chat target    ", Some(2)),
+        ];
+        for (i, (name, baseline)) in rows.iter().enumerate() {
+            let ratio = baseline.map_or(String::new(), |b| {
+                format!("  {:.2}x the same-dialect path per event", per_event(i) / per_event(b))
+            });
+            println!(
+                "  {name}  {:>6.3} µs per event, {:>7.1} µs per {SHORT}-token turn{ratio}",
+                per_event(i),
+                per_turn(i)
+            );
+        }
     });
 }

@@ -1178,6 +1178,9 @@ pub(super) fn decode_event(event: &SseEvent, memo: &mut StreamMemo, out: &mut Ve
     if reading.ended || event.is_named("error") {
         return;
     }
+    if let Some((index, delta)) = fast_delta(event) {
+        return reading.delta(index, delta, out);
+    }
     let Ok(parsed) = serde_json::from_slice::<InEvent>(event.data()) else {
         return;
     };
@@ -1225,6 +1228,60 @@ pub(super) fn decode_event(event: &SseEvent, memo: &mut StreamMemo, out: &mut Ve
         }
         InEvent::Other => {}
     }
+}
+
+/// A `content_block_delta` (most of a stream's events), read flat and
+/// borrowed: an internally tagged enum buffers every field before it picks
+/// its variant, which made this read cost four times the rest of the
+/// event's handling. `None` takes the general reading, which reads such an
+/// event alike.
+fn fast_delta(event: &SseEvent) -> Option<(u64, InDelta)> {
+    #[derive(Deserialize)]
+    struct Event<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Cow<'a, str>,
+        index: u64,
+        #[serde(borrow)]
+        delta: Delta<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Delta<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        thinking: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        signature: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        partial_json: Option<Cow<'a, str>>,
+    }
+    if !event.is_named("content_block_delta") {
+        return None;
+    }
+    let parsed: Event<'_> = serde_json::from_slice(event.data()).ok()?;
+    if parsed.kind != "content_block_delta" {
+        return None;
+    }
+    let d = parsed.delta;
+    let owned = |piece: Option<Cow<'_, str>>| piece.map(Cow::into_owned).unwrap_or_default();
+    let delta = match &*d.kind {
+        "text_delta" => InDelta::TextDelta {
+            text: owned(d.text),
+        },
+        "thinking_delta" => InDelta::ThinkingDelta {
+            thinking: owned(d.thinking),
+        },
+        "signature_delta" => InDelta::SignatureDelta {
+            signature: owned(d.signature),
+        },
+        "input_json_delta" => InDelta::InputJsonDelta {
+            partial_json: owned(d.partial_json),
+        },
+        _ => InDelta::Other,
+    };
+    Some((parsed.index, delta))
 }
 
 impl Reading {

@@ -16,7 +16,8 @@
 use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::Serialize;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::ChatRequest;
@@ -782,6 +783,9 @@ pub(super) fn decode_event(event: &SseEvent, memo: &mut StreamMemo, out: &mut Ve
     if !event.is_named("message") {
         return;
     }
+    if memo.started && decode_text_chunk(event.data(), out) {
+        return;
+    }
     let Ok(chunk) = serde_json::from_slice::<Value>(event.data()) else {
         return;
     };
@@ -816,6 +820,67 @@ pub(super) fn decode_event(event: &SseEvent, memo: &mut StreamMemo, out: &mut Ve
         out.insert(mark, start_of(&chunk));
         memo.started = true;
     }
+}
+
+/// The common chunk of a stream under way, read without building a JSON
+/// tree: one choice (index 0) whose delta carries only text, no finish,
+/// no usage, no error. Anything else (`false`) takes the full reading,
+/// which gives the same events for such a chunk.
+fn decode_text_chunk(data: &[u8], out: &mut Vec<NeutralEvent>) -> bool {
+    #[derive(Deserialize)]
+    struct Chunk<'a> {
+        #[serde(default)]
+        error: Option<IgnoredAny>,
+        #[serde(default)]
+        usage: Option<IgnoredAny>,
+        #[serde(borrow)]
+        choices: [Choice<'a>; 1],
+    }
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(default)]
+        index: u64,
+        #[serde(default)]
+        finish_reason: Option<IgnoredAny>,
+        #[serde(borrow)]
+        delta: Delta<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Delta<'a> {
+        #[serde(borrow, default)]
+        content: Option<Cow<'a, str>>,
+        #[serde(default)]
+        reasoning_content: Option<IgnoredAny>,
+        #[serde(default)]
+        reasoning: Option<IgnoredAny>,
+        #[serde(default)]
+        refusal: Option<IgnoredAny>,
+        #[serde(default)]
+        tool_calls: Option<IgnoredAny>,
+        #[serde(default)]
+        function_call: Option<IgnoredAny>,
+    }
+    let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
+        return false;
+    };
+    let [choice] = chunk.choices;
+    let delta = choice.delta;
+    let plain = chunk.error.is_none()
+        && chunk.usage.is_none()
+        && choice.index == 0
+        && choice.finish_reason.is_none()
+        && delta.reasoning_content.is_none()
+        && delta.reasoning.is_none()
+        && delta.refusal.is_none()
+        && delta.tool_calls.is_none()
+        && delta.function_call.is_none();
+    if !plain {
+        return false;
+    }
+    if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+        out.push(NeutralEvent::Text(text.into_owned()));
+    }
+    true
 }
 
 /// `Start` from a chunk's (or a whole answer's) identity.
