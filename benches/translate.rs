@@ -221,7 +221,99 @@ fn pieces() {
     );
 }
 
+/// `TRANSLATE_PATH=i TRANSLATE_TOKENS=n`: only path `i` (0 chat native,
+/// 1 chat from Messages, 2 Messages native, 3 Messages from chat), `TURNS`
+/// turns of `n`-token streams, once: for an instruction counter
+/// (`valgrind --tool=callgrind`), exact where timings are noisy.
+fn one_path(path: usize, tokens: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let (chat, messages) = (chat_stream(tokens), messages_stream(tokens));
+        let (url, body) = if path < 2 {
+            ("/v1/chat/completions", CHAT_REQUEST)
+        } else {
+            ("/v1/messages", MESSAGES_REQUEST)
+        };
+        let run = |failover: Failover<BoxUpstream, _>| async move {
+            for _ in 0..TURNS {
+                let request = Request::post(url)
+                    .body(Full::new(Bytes::from_static(body.as_bytes())))
+                    .unwrap_or_default();
+                let Ok(response) = failover.clone().oneshot(request).await;
+                black_box(
+                    response
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|c| c.to_bytes())
+                        .ok(),
+                );
+            }
+        };
+        match path {
+            0 => run(Failover::builder().target(target("gpt", chat)).build()).await,
+            1 => {
+                run(Failover::builder()
+                    .target(target("claude", messages).dialect(AnthropicMessages))
+                    .build())
+                .await;
+            }
+            2 => {
+                let f = Failover::builder()
+                    .dialect(AnthropicMessages)
+                    .target(target("claude", messages))
+                    .build();
+                for _ in 0..TURNS {
+                    let request = Request::post(url)
+                        .body(Full::new(Bytes::from_static(body.as_bytes())))
+                        .unwrap_or_default();
+                    let Ok(response) = f.clone().oneshot(request).await;
+                    black_box(
+                        response
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .ok(),
+                    );
+                }
+            }
+            _ => {
+                let f = Failover::builder()
+                    .dialect(AnthropicMessages)
+                    .target(target("gpt", chat).dialect(OpenAiChat))
+                    .build();
+                for _ in 0..TURNS {
+                    let request = Request::post(url)
+                        .body(Full::new(Bytes::from_static(body.as_bytes())))
+                        .unwrap_or_default();
+                    let Ok(response) = f.clone().oneshot(request).await;
+                    black_box(
+                        response
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .ok(),
+                    );
+                }
+            }
+        }
+    });
+}
+
 fn main() {
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    if let (Some(path), Some(tokens)) = (env("TRANSLATE_PATH"), env("TRANSLATE_TOKENS")) {
+        return one_path(path, tokens);
+    }
     pieces();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

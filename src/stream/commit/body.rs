@@ -910,6 +910,9 @@ fn translate<D: Dialect>(
     out: &mut BytesMut,
 ) {
     reader.decode(event, neutral);
+    // One allocation for the frame's translation, not one per growth step
+    // of the writer (an event's translation is about its own size).
+    out.reserve(event.data().len() + 256);
     for each in neutral.drain(..) {
         if strip_usage && matches!(each, NeutralEvent::Usage(_)) {
             continue;
