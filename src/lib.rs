@@ -1,7 +1,9 @@
 //! Tower middleware for LLM gateways that put several model providers
 //! behind one endpoint, in the API their clients speak: OpenAI chat
 //! completions and Anthropic Messages today, any other through a
-//! [`Dialect`](dialect::Dialect) of your own.
+//! [`Dialect`](dialect::Dialect) of your own. Providers of any dialect may
+//! serve one route: a client is always answered in its own dialect, through
+//! one neutral turn model.
 //!
 //! The one rule everything here serves: **a request may move to another
 //! provider only while nothing of the model's answer has reached the client.**
@@ -46,8 +48,9 @@
 //! - [`stream`]: `StreamStateLayer` and the commit machine (Preamble →
 //!   Committed → Ended) that it and `Failover` run every stream through.
 //! - [`classify`]: failure classes from the providers' own contracts.
-//! - [`dialect`]: everything about a wire format; [`sse`]: the zero-copy
-//!   SSE scanner underneath.
+//! - [`dialect`]: everything about a wire format, and the neutral model
+//!   dialects translate through; [`sse`]: the zero-copy SSE scanner
+//!   underneath.
 //! - [`observe`]: turn and attempt records, GenAI spans and metrics through
 //!   `tracing` and the `metrics` facade.
 //! - [`shutdown`]: the signal that ends running streams cleanly when a

@@ -17,7 +17,11 @@
 //! [`OpenAiChat`] speaks OpenAI chat completions, which most providers
 //! also serve; [`AnthropicMessages`] speaks Anthropic's
 //! Messages API. Other dialects implement the same trait beside them;
-//! nothing outside this module names a wire type.
+//! nothing outside this module names a wire type. Dialects map to and from
+//! one neutral turn model ([`NeutralRequest`], [`NeutralEvent`]), so a
+//! target of another dialect than its clients'
+//! ([`Target::dialect`](crate::failover::Target::dialect)) is served
+//! translated, and a new dialect costs one mapping each way.
 //!
 //! # Writing a dialect
 //!
@@ -31,6 +35,7 @@
 //! | ending a stream | [`terminal`](Dialect::terminal) (per [`TerminalMode`]), [`done_frame`](Dialect::done_frame) |
 //! | a whole answer | [`check_answer`](Dialect::check_answer) (→ [`BodyCheck`], [`AnswerFacts`]) |
 //! | errors | [`error_facts`](Dialect::error_facts) (an in-band event or a body: [`ErrorSource`]), [`error_body`](Dialect::error_body), [`error_status`](Dialect::error_status), and the provided [`error_response`](Dialect::error_response) every answering layer uses |
+//! | translation (provided; a dialect that skips them is served only to its own clients) | [`name`](Dialect::name), [`upstream_path`](Dialect::upstream_path), [`to_neutral`](Dialect::to_neutral) / [`body_from_neutral`](Dialect::body_from_neutral) (requests, [`NeutralRequest`]), [`decode_event`](Dialect::decode_event) / [`encode_event`](Dialect::encode_event) / [`encoded_identity`](Dialect::encoded_identity) (streams, [`NeutralEvent`]), [`decode_answer`](Dialect::decode_answer) / [`encode_answer`](Dialect::encode_answer) (whole answers) |
 //!
 //! ```
 //! use bytes::Bytes;

@@ -227,6 +227,15 @@ async fn both_dialects_share_one_gateway_and_one_health_registry() {
             (s("provider"), s("model"), s("state"))
         })
         .collect();
+    // Each key names its provider's dialect.
+    for key in health["data"].as_array().unwrap() {
+        let expected = if key["provider"] == "openai" {
+            "openai-chat"
+        } else {
+            "anthropic-messages"
+        };
+        assert_eq!(key["dialect"], expected, "{key}");
+    }
     let cooled = keys
         .iter()
         .find(|(p, m, _)| p == "primary" && m.starts_with("cool-model"))
@@ -250,12 +259,30 @@ async fn both_dialects_share_one_gateway_and_one_health_registry() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["x-failover-attempts"], "1");
     assert_eq!(gateway.primary.attempts(), before);
-    // Each API's path serves only its own routes.
+    // Each API's path serves every route: the chat route answers a
+    // Messages client in Messages, its chat provider's answer translated.
     let r = send(
         &gateway,
         "POST",
         "/v1/messages",
         Some(message_request("gpt-chat", true)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.text.starts_with("event: message_start"), "{}", r.text);
+    assert!(r.text.contains("openai-tok0"), "{}", r.text);
+    assert!(
+        r.text
+            .ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{}",
+        r.text
+    );
+    // An unrouted model is still refused in the client's dialect.
+    let r = send(
+        &gateway,
+        "POST",
+        "/v1/messages",
+        Some(message_request("no-such-model", true)),
     )
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
