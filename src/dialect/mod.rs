@@ -32,7 +32,7 @@
 //! |---|---|
 //! | a request | [`read_request`](Dialect::read_request) (→ [`Requirements`]), [`upstream_body`](Dialect::upstream_body), [`upstream_headers`](Dialect::upstream_headers), [`forwarded_request_headers`](Dialect::forwarded_request_headers) |
 //! | a stream | [`inspect`](Dialect::inspect) with the stream's [`Memo`](Dialect::Memo) (→ [`Chunk`]: kind, finish reason, [`Usage`], identity), [`answer_open`](Dialect::answer_open) |
-//! | ending a stream | [`terminal`](Dialect::terminal) (per [`TerminalMode`]), [`done_frame`](Dialect::done_frame) |
+//! | ending a stream | [`terminal`](Dialect::terminal) (per [`TerminalMode`]; [`stream_terminal`](Dialect::stream_terminal) when it needs the stream's memo), [`done_frame`](Dialect::done_frame) |
 //! | a whole answer | [`check_answer`](Dialect::check_answer) (→ [`BodyCheck`], [`AnswerFacts`]) |
 //! | errors | [`error_facts`](Dialect::error_facts) (an in-band event or a body: [`ErrorSource`]), [`error_body`](Dialect::error_body), [`error_status`](Dialect::error_status), and the provided [`error_response`](Dialect::error_response) every answering layer uses |
 //! | translation (provided; a dialect that skips them is served only to its own clients) | [`name`](Dialect::name), [`upstream_path`](Dialect::upstream_path), [`to_neutral`](Dialect::to_neutral) / [`body_from_neutral`](Dialect::body_from_neutral) (requests, [`NeutralRequest`]), [`decode_event`](Dialect::decode_event) / [`encode_event`](Dialect::encode_event) / [`encoded_identity`](Dialect::encoded_identity) (streams, [`NeutralEvent`]), [`decode_answer`](Dialect::decode_answer) / [`encode_answer`](Dialect::encode_answer) (whole answers) |
@@ -62,6 +62,7 @@ mod neutral;
 mod openai;
 mod raw;
 mod request;
+mod responses;
 
 use std::borrow::Cow;
 
@@ -76,12 +77,13 @@ pub use neutral::{
     FinishReason, Message, NeutralEvent, NeutralRequest, Part, ToolChoice, ToolSpec,
 };
 pub use openai::{ChatMemo, ChatRequest, OpenAiChat};
+pub use responses::{OpenAiResponses, ResponsesMemo, ResponsesRequest};
 
 /// The dialect the layers speak unless told otherwise (OpenAI chat
 /// completions). The one place outside a dialect's own module that names
 /// it: the layers' default type parameters say `DefaultDialect`.
 pub type DefaultDialect = OpenAiChat;
-pub use request::{RequestError, Requirements, ResponseFormat};
+pub use request::{ProviderState, RequestError, Requirements, ResponseFormat};
 
 /// What one event of a model stream is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -380,6 +382,25 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         error: &TerminalError,
         mode: TerminalMode,
     ) -> Bytes;
+
+    /// The frames that end a failed stream, with the memo of the stream
+    /// the client received: the one [`inspect`](Self::inspect) was given
+    /// or, for a translated stream, the one
+    /// [`encode_event`](Self::encode_event) wrote with. A dialect whose
+    /// terminal continues the stream's own counters (the Responses API's
+    /// `sequence_number`) reads them there. Default:
+    /// [`terminal`](Self::terminal).
+    fn stream_terminal(
+        &self,
+        memo: &Self::Memo,
+        identity: &ChunkIdentity<'_>,
+        finish_reason: &str,
+        error: &TerminalError,
+        mode: TerminalMode,
+    ) -> Bytes {
+        let _ = memo;
+        self.terminal(identity, finish_reason, error, mode)
+    }
 
     /// The end-of-stream frame to append when a stream finished without one.
     fn done_frame(&self) -> Bytes;

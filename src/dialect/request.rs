@@ -39,6 +39,32 @@ pub struct Requirements {
     pub input_tokens: u64,
     /// `max_completion_tokens` or `max_tokens`.
     pub max_output_tokens: Option<u64>,
+    /// Tools the provider runs itself (the Responses API's `web_search`,
+    /// `file_search`, `code_interpreter`, `computer_use_preview`, `mcp`),
+    /// by type. Only a target that speaks the clients' dialect and hosts
+    /// each of them is eligible
+    /// ([`Capabilities::hosted_tools`](crate::failover::Capabilities::hosted_tools)).
+    pub hosted_tools: Vec<String>,
+    /// State the provider that created it holds (`previous_response_id`,
+    /// a `conversation`): the turn is bound to that provider.
+    pub provider_state: Option<ProviderState>,
+    /// The request asks the provider to keep the answer (the Responses
+    /// API's `store`, on by default there), so a later turn may continue
+    /// it: the gateway remembers which provider answered.
+    pub store: bool,
+}
+
+/// State held by the provider that created it, which a request continues
+/// (the Responses API's `previous_response_id` or `conversation`). Such a
+/// turn is eligible only on targets of that provider (its name stands for
+/// its account: two accounts of one provider are two provider names), and
+/// of the clients' own dialect: no other provider holds the state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderState {
+    /// The request field that names it (`previous_response_id`).
+    pub field: &'static str,
+    /// The id it names (`resp_…`, `conv_…`).
+    pub id: String,
 }
 
 impl Requirements {

@@ -69,6 +69,8 @@ pub(crate) struct AttemptPlan {
     pub(crate) state: StreamState,
     /// The target's dialect when it is not the client's.
     pub(crate) foreign: Option<ForeignDialect>,
+    /// What a committed answer teaches the state owners, when it may.
+    pub(crate) learn: Option<super::owners::Learn>,
 }
 
 /// When a wait must end, and whether that is the turn's deadline (the
@@ -331,6 +333,9 @@ where
     let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
     let mut record = plan.start.record(Decision::Committed);
     record.response_model = response_model;
+    if let Some(learn) = &plan.learn {
+        learn.answer(facts.id.as_deref());
+    }
     record.response_id = facts.id;
     record.finish_reason = facts.finish_reason;
     record.status = Some(status.as_u16());
@@ -442,7 +447,13 @@ fn on_stream_end<S, D>(
     let witness = plan.witness.clone();
     let started = plan.start.clock;
     let target_name = Arc::clone(&target.name);
+    let learn = plan.learn.clone();
     Box::new(move |snapshot: &StreamSnapshot| {
+        if let Some(learn) = &learn
+            && snapshot.failure.is_none()
+        {
+            learn.answer(snapshot.identity.id.as_deref());
+        }
         // No usage reported: one output event is about one token.
         let estimate = Usage::new(input_tokens, snapshot.output_events);
         let charge = Charge::to_turn(&budget, pricing, snapshot.usage, estimate);

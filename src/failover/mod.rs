@@ -127,6 +127,7 @@ mod decision;
 mod headers;
 mod layer;
 mod ledger;
+mod owners;
 mod reply;
 mod resting;
 mod select;

@@ -342,6 +342,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 default_output_tokens: self.default_output_tokens,
                 stream: Arc::new(stream),
                 shutdown: self.shutdown,
+                owners: Arc::default(),
             }),
         }
     }

@@ -40,4 +40,6 @@ pub(crate) struct Shared<S, D> {
     /// When it fires, a turn that has not answered yet answers `503`
     /// (class `shutdown`) instead of waiting on.
     pub(crate) shutdown: Option<crate::shutdown::Shutdown>,
+    /// Which provider holds the state a request continues.
+    pub(crate) owners: Arc<super::owners::StateOwners>,
 }

@@ -64,6 +64,11 @@ pub struct Capabilities {
     /// dialect set none (Messages requires `max_tokens`; a Messages target
     /// without this declared gets 4,096).
     pub default_output_tokens: Option<u64>,
+    /// The provider-hosted tools this target runs (`web_search`,
+    /// `file_search`, ...; [`Requirements::hosted_tools`]). `None`, the
+    /// default: any its request names (the provider decides). A target of
+    /// another dialect than the clients' runs none, whatever this says.
+    pub hosted_tools: Option<Vec<String>>,
 }
 
 impl Default for Capabilities {
@@ -80,6 +85,7 @@ impl Default for Capabilities {
             context_window: None,
             max_output_tokens: None,
             default_output_tokens: None,
+            hosted_tools: None,
         }
     }
 }
@@ -121,6 +127,13 @@ impl Capabilities {
                 .saturating_add(requirements.max_output_tokens.unwrap_or(0));
             if needed > window {
                 missing.push(format!("context window of {needed} tokens (has {window})"));
+            }
+        }
+        if let Some(hosted) = &self.hosted_tools {
+            for tool in &requirements.hosted_tools {
+                if !hosted.contains(tool) {
+                    missing.push(format!("the hosted tool {tool}"));
+                }
             }
         }
         if let (Some(limit), Some(asked)) = (self.max_output_tokens, requirements.max_output_tokens)

@@ -16,13 +16,16 @@ use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Step, decide};
 use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
+use super::owners::Learn;
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
 use super::shared::Shared;
+use super::target::Target;
 use super::translate::{self, Translations};
 use super::upstream;
 use crate::BoxError;
+use crate::classify::Classify;
 use crate::health::{Admitted, FailureReport, Scope};
 use crate::identity::ClientId;
 use crate::observe;
@@ -278,6 +281,7 @@ where
                     .first_output_for(self.requirements.reasoning)
                     .unwrap_or(self.shared.timeouts.first_output),
                 witness: self.witness.clone(),
+                learn: self.learn(index, foreign.is_none()),
                 state: state.clone(),
                 foreign,
             };
@@ -337,7 +341,12 @@ where
     fn pick_candidates(&mut self) -> Result<(), Early<ResBody, D>> {
         let shared = self.shared;
         let mut candidates: Vec<Candidate> = Vec::new();
+        let bound = self.bound_provider();
         for (index, target) in shared.targets.iter().enumerate() {
+            if let Err(why) = self.binding_allows(target, bound.as_deref()) {
+                self.excluded.push(why);
+                continue;
+            }
             if target.dialect.is_some() {
                 match self.translate_for(index) {
                     Ok(()) => candidates.push(Candidate {
@@ -382,6 +391,65 @@ where
         shared.strategy.order(&mut candidates);
         self.queue = candidates.iter().map(|c| c.index).collect();
         Ok(())
+    }
+
+    /// The provider a request that continues provider-held state is bound
+    /// to: the one learned to hold it or, for state this process has not
+    /// seen, the provider of the route's first target of the clients' own
+    /// dialect (no other provider can hold it).
+    fn bound_provider(&self) -> Option<Arc<str>> {
+        let state = self.requirements.provider_state.as_ref()?;
+        self.shared.owners.owner(&state.id).or_else(|| {
+            self.shared
+                .targets
+                .iter()
+                .find(|t| t.dialect.is_none())
+                .map(|t| Arc::clone(&t.provider))
+        })
+    }
+
+    /// Whether the request may go to `target` at all: provider-held state
+    /// binds it to the provider holding it (`bound`), and a provider-hosted
+    /// tool to targets of the clients' dialect. `Err` names why not.
+    fn binding_allows(
+        &self,
+        target: &Target<Classify<S>>,
+        bound: Option<&str>,
+    ) -> Result<(), String> {
+        let dialect = target.dialect_name(self.shared.dialect.name());
+        if let Some(state) = &self.requirements.provider_state {
+            let holder = bound.unwrap_or("(none of this route's targets)");
+            if target.dialect.is_some() || Some(&*target.provider) != bound {
+                return Err(format!(
+                    "{} ({}, {dialect}): {} binds this turn to provider {holder}",
+                    target.name, target.provider, state.field
+                ));
+            }
+        }
+        if target.dialect.is_some()
+            && let Some(tool) = self.requirements.hosted_tools.first()
+        {
+            return Err(format!(
+                "{} ({dialect}) cannot run the provider-hosted tool {tool}",
+                target.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the answer of target `index` teaches the state owners: only a
+    /// target of the clients' own dialect holds state a client can name.
+    fn learn(&self, index: usize, native: bool) -> Option<Learn> {
+        let requirements = &self.requirements;
+        if !native || (!requirements.store && requirements.provider_state.is_none()) {
+            return None;
+        }
+        Some(Learn {
+            owners: Arc::clone(&self.shared.owners),
+            provider: Arc::clone(&self.shared.targets[index].provider),
+            stored: requirements.store,
+            state: requirements.provider_state.as_ref().map(|s| s.id.clone()),
+        })
     }
 
     /// Judges target `index` of another dialect and, when it is eligible,

@@ -223,6 +223,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
         reasoning,
         input_tokens: tally.text_bytes.div_ceil(4),
         max_output_tokens: max_tokens,
+        ..Requirements::default()
     };
     let request = MessagesRequest {
         model: span(&body, model_raw),

@@ -205,6 +205,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         reasoning: asks_for_reasoning(top.reasoning_effort, top.reasoning),
         input_tokens: text_bytes.div_ceil(4),
         max_output_tokens,
+        ..Requirements::default()
     };
     let request = ChatRequest {
         model: span(&body, model_raw),

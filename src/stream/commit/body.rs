@@ -671,7 +671,8 @@ impl<D: Dialect> Inspector<D> {
                 created: self.identity.created,
             }
         };
-        let terminal = self.config.dialect.terminal(
+        let terminal = self.config.dialect.stream_terminal(
+            &self.memo,
             &identity,
             &self.config.finish_reason,
             &error,
