@@ -25,7 +25,11 @@ pub(super) fn check_answer(body: &[u8]) -> (BodyCheck, AnswerFacts) {
         Err(e) => {
             return (
                 BodyCheck::Invalid {
-                    fault: BodyFault::UnexpectedJson,
+                    fault: if e.is_data() {
+                        BodyFault::UnexpectedJson
+                    } else {
+                        BodyFault::NotJson
+                    },
                     message: format!("the response body is not a response object: {e}"),
                 },
                 AnswerFacts::default(),
