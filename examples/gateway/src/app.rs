@@ -18,7 +18,8 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
-    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest, TerminalMode,
+    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, OpenAiResponses, ParsedRequest,
+    TerminalMode,
 };
 use tower_llm_failover::failover::Caps;
 use tower_llm_failover::failover::{HeaderPolicy, Timeouts};
@@ -276,7 +277,8 @@ pub struct ProviderConfig {
     pub name: String,
     /// The provider's API base URL (`https://api.openai.com/v1`).
     pub base_url: String,
-    /// The wire dialect it speaks: `openai` (default) or `anthropic`.
+    /// The wire dialect it speaks: `openai` (chat completions, the default),
+    /// `anthropic` (Messages) or `openai-responses` (Responses).
     #[serde(default)]
     pub dialect: Option<String>,
     /// The key is read from this environment variable.
@@ -428,6 +430,10 @@ pub struct TargetConfig {
     pub streaming: Option<bool>,
     /// Images in the input.
     pub image_input: Option<bool>,
+    /// The provider-hosted tools this target runs (the Responses API's
+    /// `web_search`, `file_search`, ...); any when absent. A target of
+    /// another dialect than the client's runs none.
+    pub hosted_tools: Option<Vec<String>>,
     /// The `max_tokens` sent to this target when a client of another
     /// dialect set no output limit (a Messages target requires one; 4,096
     /// when absent).
@@ -460,6 +466,7 @@ impl TargetConfig {
             json_object: None,
             streaming: None,
             image_input: None,
+            hosted_tools: None,
             default_max_tokens: None,
             input_per_million: None,
             output_per_million: None,
@@ -480,6 +487,7 @@ impl TargetConfig {
             context_window: self.context_window,
             max_output_tokens: self.max_output_tokens,
             default_output_tokens: self.default_max_tokens,
+            hosted_tools: self.hosted_tools.clone(),
             ..d
         }
     }
@@ -511,7 +519,9 @@ struct Route {
 pub struct Gateway {
     routes: Vec<Route>,
     /// The Messages routes (`POST /v1/messages`).
-    pub(crate) messages: Vec<messages::MessagesRoute>,
+    pub(crate) messages: Vec<messages::DialectRoute<AnthropicMessages>>,
+    /// The Responses routes (`POST /v1/responses`).
+    pub(crate) responses: Vec<messages::DialectRoute<OpenAiResponses>>,
     pub(crate) max_request_bytes: usize,
     health: Arc<dyn HealthStore>,
     /// The dialect each provider speaks, by provider name (for the health
@@ -535,9 +545,11 @@ impl std::fmt::Debug for Gateway {
         // The routes by pattern: their stacks hold every target's client.
         let chat: Vec<&str> = self.routes.iter().map(|r| r.pattern.as_str()).collect();
         let messages: Vec<&str> = self.messages.iter().map(|r| r.pattern.as_str()).collect();
+        let responses: Vec<&str> = self.responses.iter().map(|r| r.pattern.as_str()).collect();
         f.debug_struct("Gateway")
             .field("routes", &chat)
             .field("messages", &messages)
+            .field("responses", &responses)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("metrics", &self.prometheus.is_some())
             .field("server", &self.server)
@@ -636,6 +648,13 @@ fn configured_models(routes: &[RouteConfig]) -> std::collections::HashSet<String
     configured
 }
 
+/// Each endpoint's routes: chat completions, Messages, Responses.
+type BuiltRoutes = (
+    Vec<Route>,
+    Vec<messages::DialectRoute<AnthropicMessages>>,
+    Vec<messages::DialectRoute<OpenAiResponses>>,
+);
+
 /// What every route's stack shares, built once from the config: the
 /// providers' clients, the failover settings, the health registry and the
 /// budgets.
@@ -655,22 +674,22 @@ struct StackParts<'a> {
 
 impl StackParts<'_> {
     /// Builds each route's stacks. A configured route is served on
-    /// `/v1/chat/completions` and `/v1/messages` alike, whatever its
-    /// targets speak: a target of the other dialect is translated. The
+    /// `/v1/chat/completions`, `/v1/messages` and `/v1/responses` alike,
+    /// whatever its targets speak: a target of another dialect is
+    /// translated. The
     /// routes made up when none is configured (every provider, the
     /// client's model) serve only their own dialect's clients: a model
     /// name means nothing to another API's provider.
-    fn build_routes(
-        &self,
-        routes_config: &[RouteConfig],
-    ) -> Result<(Vec<Route>, Vec<messages::MessagesRoute>), String> {
+    fn build_routes(&self, routes_config: &[RouteConfig]) -> Result<BuiltRoutes, String> {
         let configured = !self.config.routes.is_empty();
         let mut routes = Vec::new();
         let mut messages_routes = Vec::new();
+        let mut responses_routes = Vec::new();
         for route in routes_config {
             let dialect = messages::route_dialect(route, &self.config.providers)?;
             let serves_chat = configured || dialect == messages::WireDialect::OpenAi;
             let serves_messages = configured || dialect == messages::WireDialect::Anthropic;
+            let serves_responses = configured || dialect == messages::WireDialect::Responses;
             let failover = self.failover(route)?;
             let budget = self.budget_layer();
             let listed = if route.model.contains('*') {
@@ -683,7 +702,18 @@ impl StackParts<'_> {
                 let service = ServiceBuilder::new()
                     .layer(budget.clone().dialect(dialect))
                     .service(failover.clone().dialect(dialect).build());
-                messages_routes.push(messages::MessagesRoute {
+                messages_routes.push(messages::DialectRoute {
+                    pattern: route.model.clone(),
+                    listed: listed.clone(),
+                    service,
+                });
+            }
+            if serves_responses {
+                let dialect = OpenAiResponses;
+                let service = ServiceBuilder::new()
+                    .layer(budget.clone().dialect(dialect))
+                    .service(failover.clone().dialect(dialect).build());
+                responses_routes.push(messages::DialectRoute {
                     pattern: route.model.clone(),
                     listed: listed.clone(),
                     service,
@@ -700,7 +730,7 @@ impl StackParts<'_> {
                 });
             }
         }
-        Ok((routes, messages_routes))
+        Ok((routes, messages_routes, responses_routes))
     }
 
     /// A route's failover layer: the `[budget]` timeouts, the `[failover]`
@@ -779,6 +809,7 @@ impl StackParts<'_> {
         t = match messages::provider_dialect(provider)? {
             messages::WireDialect::OpenAi => t.dialect(OpenAiChat),
             messages::WireDialect::Anthropic => t.dialect(AnthropicMessages),
+            messages::WireDialect::Responses => t.dialect(OpenAiResponses),
         };
         if let Some(model) = &target.model {
             t = t.model(model.clone());
@@ -865,10 +896,11 @@ impl Gateway {
             tenant: stores.tenant,
             shutdown: Shutdown::new(),
         };
-        let (routes, messages_routes) = parts.build_routes(&routes_config)?;
+        let (routes, messages_routes, responses_routes) = parts.build_routes(&routes_config)?;
         Ok(Self {
             routes,
             messages: messages_routes,
+            responses: responses_routes,
             max_request_bytes: f.max_request_bytes,
             health: parts.health,
             dialects: config
@@ -925,6 +957,12 @@ impl Gateway {
                     .layer(identity.clone().dialect(AnthropicMessages)),
             )
             .route(
+                "/v1/responses",
+                post(messages::responses_handler)
+                    .layer::<_, std::convert::Infallible>(caps.responses)
+                    .layer(identity.clone().dialect(OpenAiResponses)),
+            )
+            .route(
                 "/v1/models",
                 get(models).layer(identity.dialect(OpenAiChat)),
             )
@@ -938,8 +976,14 @@ impl Gateway {
     }
 }
 
-/// An error answer in the OpenAI dialect's shape.
-fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &str) -> Response {
+/// An error answer in the OpenAI dialect's shape (chat completions and
+/// Responses alike).
+pub(crate) fn error_answer(
+    status: StatusCode,
+    class: FailureClass,
+    message: &str,
+    code: &str,
+) -> Response {
     let body = OpenAiChat.error_body(&ErrorReply::coded(class, code, message));
     let mut response = (status, body).into_response();
     response.headers_mut().insert(
@@ -1087,7 +1131,12 @@ async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Respon
     let client = ClientId::of(request.extensions());
     let mut names: Vec<&str> = Vec::new();
     let chat = gateway.routes.iter().flat_map(|r| &r.listed);
-    for name in chat.chain(gateway.messages.iter().flat_map(|r| &r.listed)) {
+    let others = gateway
+        .messages
+        .iter()
+        .flat_map(|r| &r.listed)
+        .chain(gateway.responses.iter().flat_map(|r| &r.listed));
+    for name in chat.chain(others) {
         if !names.contains(&name.as_str()) && gateway.clients.may_list(&client, name) {
             names.push(name);
         }

@@ -1,10 +1,11 @@
-//! `POST /v1/messages`: Anthropic Messages routes next to the chat routes.
+//! `POST /v1/messages` and `POST /v1/responses`: Anthropic Messages and
+//! OpenAI Responses routes next to the chat routes.
 //!
 //! A provider declares the dialect it speaks (`dialect = "openai"`, the
-//! default, or `"anthropic"`). A configured route may mix them: it answers
-//! `/v1/chat/completions` and `/v1/messages` alike, and a target of the
-//! other dialect is translated. Every route shares the gateway's one
-//! health registry.
+//! default, `"anthropic"` or `"openai-responses"`). A configured route may
+//! mix them: it answers `/v1/chat/completions`, `/v1/messages` and
+//! `/v1/responses` alike, and a target of another dialect is translated.
+//! Every route shares the gateway's one health registry.
 
 use std::sync::Arc;
 
@@ -18,22 +19,18 @@ use tower_llm_client::UpstreamClient;
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::Budget;
 use tower_llm_failover::dialect::{
-    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, ParsedRequest,
+    AnthropicMessages, Dialect, ErrorReply, OpenAiChat, OpenAiResponses, ParsedRequest,
 };
 use tower_llm_failover::failover::Failover;
 
 use crate::app::{Gateway, ProviderConfig, ReadTurn, RouteConfig, pattern_matches, read_turn};
 
-/// The stack behind one Messages route.
-pub(crate) type MessagesService =
-    Budget<Failover<UpstreamClient, AnthropicMessages>, AnthropicMessages>;
-
-/// One Messages route.
-pub(crate) struct MessagesRoute {
+/// One route of the endpoint whose clients speak `D`.
+pub(crate) struct DialectRoute<D: Dialect> {
     pub(crate) pattern: String,
     /// What `GET /v1/models` lists for this route.
     pub(crate) listed: Vec<String>,
-    pub(crate) service: MessagesService,
+    pub(crate) service: Budget<Failover<UpstreamClient, D>, D>,
 }
 
 /// The wire dialect a provider speaks.
@@ -43,6 +40,8 @@ pub(crate) enum WireDialect {
     OpenAi,
     /// Anthropic Messages.
     Anthropic,
+    /// OpenAI Responses.
+    Responses,
 }
 
 impl WireDialect {
@@ -52,6 +51,7 @@ impl WireDialect {
         match self {
             Self::OpenAi => OpenAiChat.name(),
             Self::Anthropic => AnthropicMessages.name(),
+            Self::Responses => OpenAiResponses.name(),
         }
     }
 }
@@ -61,8 +61,9 @@ pub(crate) fn provider_dialect(provider: &ProviderConfig) -> Result<WireDialect,
     match provider.dialect.as_deref().unwrap_or("openai") {
         "openai" => Ok(WireDialect::OpenAi),
         "anthropic" => Ok(WireDialect::Anthropic),
+        "openai-responses" | "responses" => Ok(WireDialect::Responses),
         other => Err(format!(
-            "provider {}: unknown dialect {other:?} (\"openai\" or \"anthropic\")",
+            "provider {}: unknown dialect {other:?} (\"openai\", \"anthropic\" or \"openai-responses\")",
             provider.name
         )),
     }
@@ -138,19 +139,47 @@ fn error_answer(status: StatusCode, class: FailureClass, message: &str, code: &s
 /// `POST /v1/messages`: reads the request once, picks the Messages route
 /// by model, and hands the parsed request to its stack.
 pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    serve_turn(
+        &gateway,
+        &gateway.messages,
+        &AnthropicMessages,
+        request,
+        error_answer,
+    )
+    .await
+}
+
+/// `POST /v1/responses`: the same for the Responses routes, whose errors
+/// have OpenAI's shape.
+pub(crate) async fn responses_handler(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+) -> Response {
+    serve_turn(
+        &gateway,
+        &gateway.responses,
+        &OpenAiResponses,
+        request,
+        crate::app::error_answer,
+    )
+    .await
+}
+
+/// Reads a request of `dialect` once, admits its client, picks the route by
+/// model, and hands the parsed request to the route's stack.
+async fn serve_turn<D: Dialect>(
+    gateway: &Gateway,
+    routes: &[DialectRoute<D>],
+    dialect: &D,
+    request: Request,
+    error_answer: crate::state::ErrorAnswer,
+) -> Response {
     let (mut parts, body) = request.into_parts();
     let ReadTurn {
         bytes,
         requirements,
-        request: messages,
-    } = match read_turn(
-        &AnthropicMessages,
-        gateway.max_request_bytes,
-        body,
-        error_answer,
-    )
-    .await
-    {
+        request: parsed,
+    } = match read_turn(dialect, gateway.max_request_bytes, body, error_answer).await {
         Ok(read) => read,
         Err(refused) => return refused,
     };
@@ -163,8 +192,7 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
         Ok(slot) => slot,
         Err(refused) => return refused,
     };
-    let Some(route) = gateway
-        .messages
+    let Some(route) = routes
         .iter()
         .find(|r| pattern_matches(&r.pattern, &requirements.model))
     else {
@@ -172,15 +200,16 @@ pub(crate) async fn handler(State(gateway): State<Arc<Gateway>>, request: Reques
             StatusCode::NOT_FOUND,
             FailureClass::ModelNotFound,
             &format!(
-                "the model `{}` has no Messages route",
-                requirements.model.escape_debug()
+                "the model `{}` has no {} route",
+                requirements.model.escape_debug(),
+                dialect.name()
             ),
             "model_not_found",
         );
     };
     parts.extensions.insert(ParsedRequest {
         requirements,
-        request: messages,
+        request: parsed,
     });
     let request = http::Request::from_parts(parts, Full::new(bytes));
     let turn = async move {

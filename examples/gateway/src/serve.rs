@@ -58,7 +58,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
-use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat};
+use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat, OpenAiResponses};
 use tower_llm_failover::limit::{
     InFlightLimitLayer, ReadLimitLayer, ReadLimits, WriteStallLimit, WriteStalled, shed_response,
 };
@@ -114,6 +114,8 @@ pub(crate) struct InFlightCaps {
     pub(crate) chat: InFlightLimitLayer<OpenAiChat>,
     /// For `POST /v1/messages`.
     pub(crate) messages: InFlightLimitLayer<AnthropicMessages>,
+    /// For `POST /v1/responses`.
+    pub(crate) responses: InFlightLimitLayer<OpenAiResponses>,
 }
 
 impl InFlightCaps {
@@ -124,7 +126,12 @@ impl InFlightCaps {
             .dialect(OpenAiChat);
         // `dialect` keeps the layer's semaphore: one count for both.
         let messages = chat.clone().dialect(AnthropicMessages);
-        Self { chat, messages }
+        let responses = chat.clone().dialect(OpenAiResponses);
+        Self {
+            chat,
+            messages,
+            responses,
+        }
     }
 }
 
@@ -347,10 +354,10 @@ async fn shed_connection(
     }
     let service = hyper::service::service_fn(move |request: http::Request<_>| async move {
         // In the dialect of the endpoint asked for.
-        let mut response = if request.uri().path() == "/v1/messages" {
-            shed_response(&AnthropicMessages, retry_after)
-        } else {
-            shed_response(&OpenAiChat, retry_after)
+        let mut response = match request.uri().path() {
+            "/v1/messages" => shed_response(&AnthropicMessages, retry_after),
+            "/v1/responses" => shed_response(&OpenAiResponses, retry_after),
+            _ => shed_response(&OpenAiChat, retry_after),
         };
         response
             .headers_mut()
