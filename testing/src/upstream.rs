@@ -55,9 +55,11 @@
 //! | `no_done` | the whole answer, finish and usage included, without `data: [DONE]` |
 //! | `no_response` | the request is read and never answered |
 //! | `slow_first_token=200` | the role chunk, then 200 ms before the first content chunk |
+//! | `refusal` | the model declines: [`REFUSAL`] in `refusal` deltas (piece by piece), `finish_reason` `stop` ([`Fault::Refusal`] for the other wires) |
 //!
 //! Without `"stream": true` the answer is one JSON body: `status` and
 //! `no_response` are the same; `slow_first_token` delays the head;
+//! `refusal` answers `content: null` and `refusal` [`REFUSAL`];
 //! `error_after` answers 200 with an `{"error":...}` body; `reset_after`,
 //! `stall_after`, `eof_after` and `malformed_at` send the first half of the
 //! completion JSON and then reset, stall or end; `no_done` changes nothing.
@@ -301,6 +303,24 @@ pub enum Fault {
         /// The delay in milliseconds.
         delay_ms: u64,
     },
+    /// The model refuses: the answer is [`REFUSAL`], piece by piece (one
+    /// piece per word, paced like tokens), instead of text or a tool
+    /// call, and the stream ends normally. Chat completions: deltas
+    /// `{"refusal": piece}` after the role chunk, `finish_reason` `stop`
+    /// (whole: `message.content` `null`, `message.refusal` the text).
+    /// Messages: `text_delta`s of the text and `stop_reason` `refusal`.
+    /// Responses: a message whose content part is a `refusal`
+    /// (`response.refusal.delta`s, `response.refusal.done`).
+    Refusal,
+}
+
+/// The text of a [`Fault::Refusal`] answer, on every wire.
+pub const REFUSAL: &str = "I can't help with that.";
+
+/// The pieces a refusal streams in: [`REFUSAL`] word by word, each with
+/// the space after it.
+pub(crate) fn refusal_pieces() -> impl Iterator<Item = &'static str> {
+    REFUSAL.split_inclusive(' ')
 }
 
 impl Fault {
@@ -500,6 +520,7 @@ fn parse_fault(key: &str, value: Option<&str>) -> Result<Fault, String> {
         },
         "no_done" | "missing_done" => Fault::MissingDone,
         "no_response" => Fault::NoResponse,
+        "refusal" => Fault::Refusal,
         "slow_first_token" => Fault::SlowFirstToken {
             delay_ms: spec_number(key, value)?,
         },
@@ -1520,6 +1541,9 @@ fn stream_steps(
     pace: Duration,
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
+    if fault == Some(&Fault::Refusal) {
+        return (refusal_stream_steps(ask, pace), false);
+    }
     let model = ask.model.as_str();
     let cut = fault.and_then(Fault::cut_after);
     let malformed_at = fault.and_then(Fault::malformed_at);
@@ -1603,6 +1627,26 @@ fn stream_steps(
     (steps, false)
 }
 
+/// A streamed refusal: the role chunk, one `refusal` delta per piece of
+/// [`REFUSAL`], finish `stop`, the usage chunk when asked for, `[DONE]`.
+fn refusal_stream_steps(ask: &Ask, pace: Duration) -> VecDeque<Step> {
+    let model = ask.model.as_str();
+    let mut steps = VecDeque::from([Step::Data(chunks::role(model))]);
+    for (i, piece) in refusal_pieces().enumerate() {
+        if i > 0 && !pace.is_zero() {
+            steps.push_back(Step::Wait(pace));
+        }
+        steps.push_back(Step::Data(chunks::refusal(model, piece)));
+    }
+    steps.push_back(Step::Data(chunks::finish(model, "stop")));
+    if ask.include_usage {
+        let pieces = u64::try_from(refusal_pieces().count()).unwrap_or(u64::MAX);
+        steps.push_back(Step::Data(chunks::usage(model, ask.input_tokens, pieces)));
+    }
+    steps.push_back(Step::Data(chunks::done()));
+    steps
+}
+
 /// The JSON script for a non-streamed answer, and whether it ends in a
 /// reset.
 fn completion_steps(
@@ -1612,8 +1656,14 @@ fn completion_steps(
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
     let text: String = (0..tokens).map(|i| token_text(name, i)).collect();
-    let output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
-    let (message, finish_reason) = if ask.tools {
+    let mut output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+    let (message, finish_reason) = if fault == Some(&Fault::Refusal) {
+        output_tokens = u64::try_from(refusal_pieces().count()).unwrap_or(u64::MAX);
+        (
+            json!({"role": "assistant", "content": null, "refusal": REFUSAL}),
+            "stop",
+        )
+    } else if ask.tools {
         let arguments = format!("{TOOL_ARGUMENTS_OPEN}{text}{TOOL_ARGUMENTS_CLOSE}");
         (
             json!({"role": "assistant", "content": null, "tool_calls": [
@@ -1710,6 +1760,7 @@ mod tests {
         assert_eq!("no_done".parse::<Fault>().unwrap(), Fault::MissingDone);
         assert_eq!("missing_done".parse::<Fault>().unwrap(), Fault::MissingDone);
         assert_eq!("no_response".parse::<Fault>().unwrap(), Fault::NoResponse);
+        assert_eq!("refusal".parse::<Fault>().unwrap(), Fault::Refusal);
         assert_eq!(
             "slow_first_token=150".parse::<Fault>().unwrap(),
             Fault::SlowFirstToken { delay_ms: 150 }
@@ -1751,6 +1802,7 @@ mod tests {
             Fault::MissingDone,
             Fault::NoResponse,
             Fault::SlowFirstToken { delay_ms: 5 },
+            Fault::Refusal,
         ] {
             let text = serde_json::to_string(&fault).unwrap();
             assert_eq!(serde_json::from_str::<Fault>(&text).unwrap(), fault);
