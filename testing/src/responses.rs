@@ -25,7 +25,7 @@
 //! response.created                 response: status in_progress, output [], usage null
 //! response.in_progress
 //! response.output_item.added       output_index 0, item: message msg_fake_0, in_progress, content []
-//! response.content_part.added      part: output_text, text ""
+//! response.content_part.added      part: output_text, annotations [], logprobs [], text ""
 //! response.output_text.delta × N   delta "{name}-tok{i} "
 //! response.output_text.done        the whole text
 //! response.content_part.done
@@ -283,8 +283,9 @@ impl Answer {
                 .end(),
             Self::Text | Self::ToolCall => Obj::default()
                 .field("type", "output_text")
-                .field("text", text)
                 .raw("annotations", "[]")
+                .raw("logprobs", "[]")
+                .field("text", text)
                 .end(),
         }
     }

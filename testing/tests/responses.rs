@@ -259,7 +259,7 @@ async fn a_text_stream_is_the_documented_event_sequence() {
     );
     assert_eq!(
         part["part"],
-        json!({"type": "output_text", "text": "", "annotations": []})
+        json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
     );
     for delta in &events[4..7] {
         let delta = delta.json();
@@ -375,7 +375,7 @@ async fn a_whole_answer_is_the_completed_response_object() {
         body["output"],
         json!([{"id": "msg_fake_0", "type": "message", "status": "completed",
                 "role": "assistant", "content": [
-                    {"type": "output_text", "text": "p-tok0 p-tok1 ", "annotations": []}]}])
+                    {"type": "output_text", "text": "p-tok0 p-tok1 ", "annotations": [], "logprobs": []}]}])
     );
     assert_eq!(body["usage"]["input_tokens"], 1);
     assert_eq!(body["usage"]["output_tokens"], 2);
