@@ -54,6 +54,16 @@ pub fn content(model: &str, text: &str) -> Bytes {
     )
 }
 
+/// A refusal delta (`{"refusal": text}`), as a model that declines sends
+/// it instead of content.
+pub fn refusal(model: &str, text: &str) -> Bytes {
+    chunk(
+        model,
+        &choice(serde_json::json!({ "refusal": text }), None),
+        None,
+    )
+}
+
 /// The chunk that opens tool call `index`: its id, `type: function`, the
 /// function's name and empty `arguments`, in OpenAI's field order.
 pub fn tool_call_start(model: &str, index: u32, id: &str, name: &str) -> Bytes {

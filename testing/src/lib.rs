@@ -2,9 +2,11 @@
 //!
 //! - [`FakeProvider`]: an in-process Tower service that answers each attempt
 //!   from a script of [`Reply`]s and remembers what it was sent.
-//! - [`upstream::FakeUpstream`]: an OpenAI-compatible fake provider served
-//!   over real HTTP on loopback (plain, or TLS with HTTP/2 by ALPN), with
-//!   faults chosen per request.
+//! - [`upstream::FakeUpstream`]: a fake provider served over real HTTP on
+//!   loopback (plain, or TLS with HTTP/2 by ALPN) that speaks OpenAI chat
+//!   completions (`/v1/chat/completions`), Anthropic Messages
+//!   (`/v1/messages`, see [`messages`]) and the OpenAI Responses API
+//!   (`/v1/responses`, see [`responses`]), with faults chosen per request.
 //! - [`ScriptedBody`] plays a list of [`Step`]s as a response body: data
 //!   frames, waits, a stall, an error (a reset), or the end.
 //! - [`chunks`] writes OpenAI chat-chunk SSE events for those scripts.
@@ -56,6 +58,7 @@
 pub mod chunks;
 pub mod messages;
 pub mod provider;
+pub mod responses;
 pub mod upstream;
 
 pub use provider::{FakeProvider, Reply, SeenRequest};

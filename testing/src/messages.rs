@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::Step;
-use super::upstream::{ErrorFixture, Fault};
+use super::upstream::{ErrorFixture, Fault, REFUSAL, refusal_pieces};
 
 /// The message id every fake answer uses.
 pub const MESSAGE_ID: &str = "msg_fake";
@@ -134,6 +134,17 @@ fn malformed(name: &str) -> Bytes {
     ))
 }
 
+/// The `message_start` event a stream opens with.
+fn message_start(ask: &MessagesAsk) -> Bytes {
+    event(
+        "message_start",
+        &json!({"type": "message_start", "message": {
+            "id": MESSAGE_ID, "type": "message", "role": "assistant", "content": [],
+            "model": ask.model, "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": ask.input_tokens, "output_tokens": 1}}}),
+    )
+}
+
 /// The SSE script for a streamed answer, and whether it ends in a reset.
 ///
 /// Text: `message_start`, an empty text block, `ping`, one `text_delta` per
@@ -149,16 +160,13 @@ pub(super) fn stream_steps(
     pace: Duration,
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
+    if fault == Some(&Fault::Refusal) {
+        return (refusal_stream_steps(ask, pace), false);
+    }
     let cut = fault.and_then(Fault::cut_after);
     let malformed_at = fault.and_then(Fault::malformed_at);
     let mut steps = VecDeque::with_capacity(tokens * 2 + 8);
-    steps.push_back(Step::Data(event(
-        "message_start",
-        &json!({"type": "message_start", "message": {
-            "id": MESSAGE_ID, "type": "message", "role": "assistant", "content": [],
-            "model": ask.model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": ask.input_tokens, "output_tokens": 1}}}),
-    )));
+    steps.push_back(Step::Data(message_start(ask)));
     let block = if ask.tools {
         json!({"type": "tool_use", "id": "toolu_fake", "name": TOOL_NAME, "input": {}})
     } else {
@@ -234,6 +242,42 @@ pub(super) fn stream_steps(
     (steps, false)
 }
 
+/// A streamed refusal: `message_start`, a text block whose `text_delta`s
+/// are the pieces of [`REFUSAL`], `message_delta` with `stop_reason`
+/// `refusal`, `message_stop`.
+fn refusal_stream_steps(ask: &MessagesAsk, pace: Duration) -> VecDeque<Step> {
+    let mut steps = VecDeque::from([
+        Step::Data(message_start(ask)),
+        Step::Data(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+        )),
+        Step::Data(event("ping", &json!({"type": "ping"}))),
+    ]);
+    for (i, piece) in refusal_pieces().enumerate() {
+        if i > 0 && !pace.is_zero() {
+            steps.push_back(Step::Wait(pace));
+        }
+        steps.push_back(Step::Data(delta(false, piece)));
+    }
+    steps.push_back(Step::Data(event(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": 0}),
+    )));
+    steps.push_back(Step::Data(event(
+        "message_delta",
+        &json!({"type": "message_delta",
+                "delta": {"stop_reason": "refusal", "stop_sequence": null},
+                "usage": {"output_tokens": refusal_pieces().count()}}),
+    )));
+    steps.push_back(Step::Data(event(
+        "message_stop",
+        &json!({"type": "message_stop"}),
+    )));
+    steps
+}
+
 /// The JSON script for a non-streamed answer, and whether it ends in a
 /// reset.
 pub(super) fn message_steps(
@@ -243,19 +287,26 @@ pub(super) fn message_steps(
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
     let text: String = (0..tokens).map(|i| token_text(name, i)).collect();
-    let (content, stop_reason) = if ask.tools {
+    let (content, stop_reason, output_tokens) = if fault == Some(&Fault::Refusal) {
+        (
+            json!([{"type": "text", "text": REFUSAL}]),
+            "refusal",
+            refusal_pieces().count(),
+        )
+    } else if ask.tools {
         (
             json!([{"type": "tool_use", "id": "toolu_fake", "name": TOOL_NAME, "input": {"q": text}}]),
             "tool_use",
+            tokens,
         )
     } else {
-        (json!([{"type": "text", "text": text}]), "end_turn")
+        (json!([{"type": "text", "text": text}]), "end_turn", tokens)
     };
     let full = Bytes::from(
         json!({
             "id": MESSAGE_ID, "type": "message", "role": "assistant", "model": ask.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": null,
-            "usage": {"input_tokens": ask.input_tokens, "output_tokens": tokens}
+            "usage": {"input_tokens": ask.input_tokens, "output_tokens": output_tokens}
         })
         .to_string(),
     );

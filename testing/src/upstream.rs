@@ -1,5 +1,6 @@
-//! [`FakeUpstream`]: an OpenAI-compatible fake provider served over real
-//! HTTP/1.1 on loopback, with faults chosen per request.
+//! [`FakeUpstream`]: a fake LLM provider served over real HTTP/1.1 on
+//! loopback, speaking OpenAI chat completions, Anthropic Messages and the
+//! OpenAI Responses API, with faults chosen per request.
 //!
 //! # Endpoints
 //!
@@ -31,6 +32,18 @@
 //!   (`error_after=N`) is `event: error` with `overloaded_error` by default,
 //!   so `error_after=0` fails after `message_start`, before any output. See
 //!   the [`messages` module](crate::messages).
+//! - `POST /v1/responses`: the same in OpenAI's Responses API, with the
+//!   same faults: a stream of `response.created`, `response.in_progress`,
+//!   a message item and its empty `output_text` part, N
+//!   `response.output_text.delta`s, the `.done` events and
+//!   `response.completed` (with `usage`), each event's data carrying its
+//!   `type` and a `sequence_number` from 0; or the JSON response object.
+//!   With a function tool in the request, a `function_call` item whose
+//!   arguments come as `response.function_call_arguments.delta`s. Errors
+//!   before the body are chat's (bodies and headers); an in-band error
+//!   (`error_after=N`) is `response.failed` (`server_error` by default), so
+//!   `error_after=0` fails before any output. See the [`responses`
+//!   module](crate::responses).
 //! - `GET /v1/models`: the configured model ids.
 //! - `POST /control/fault`: arms a fault (JSON below); `GET /control/attempts`
 //!   answers `{"attempts": N}`; `POST /control/reset` zeroes the attempt
@@ -55,9 +68,11 @@
 //! | `no_done` | the whole answer, finish and usage included, without `data: [DONE]` |
 //! | `no_response` | the request is read and never answered |
 //! | `slow_first_token=200` | the role chunk, then 200 ms before the first content chunk |
+//! | `refusal` | the model declines: [`REFUSAL`] in `refusal` deltas (piece by piece), `finish_reason` `stop` ([`Fault::Refusal`] for the other wires) |
 //!
 //! Without `"stream": true` the answer is one JSON body: `status` and
 //! `no_response` are the same; `slow_first_token` delays the head;
+//! `refusal` answers `content: null` and `refusal` [`REFUSAL`];
 //! `error_after` answers 200 with an `{"error":...}` body; `reset_after`,
 //! `stall_after`, `eof_after` and `malformed_at` send the first half of the
 //! completion JSON and then reset, stall or end; `no_done` changes nothing.
@@ -77,7 +92,8 @@
 //! ```
 //!
 //! `fault` is a spec string or a [`Fault`] as JSON (tagged by `kind`);
-//! `times` arms it for the next K chat requests (omitted: every request
+//! `times` arms it for the next K requests, on any of the three APIs
+//! (omitted: every request
 //! until replaced); `null` clears it. A model-name fault wins over the
 //! armed one and does not use it up.
 //!
@@ -140,6 +156,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::chunks;
 use super::messages;
+use super::responses;
 use super::{ScriptedBody, Step};
 
 /// Content chunks in an answer unless configured otherwise.
@@ -237,7 +254,8 @@ impl FromStr for ErrorFixture {
     }
 }
 
-/// What goes wrong with a chat completion request. See the [module
+/// What goes wrong with a request (chat completions, Messages or
+/// Responses; the fault is the same, each wire says it its own way). See the [module
 /// docs](self) for the spec syntax ([`FromStr`]) and the JSON form (tagged
 /// by `kind`, e.g. `{"kind":"reset_after","tokens":3}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -301,6 +319,24 @@ pub enum Fault {
         /// The delay in milliseconds.
         delay_ms: u64,
     },
+    /// The model refuses: the answer is [`REFUSAL`], piece by piece (one
+    /// piece per word, paced like tokens), instead of text or a tool
+    /// call, and the stream ends normally. Chat completions: deltas
+    /// `{"refusal": piece}` after the role chunk, `finish_reason` `stop`
+    /// (whole: `message.content` `null`, `message.refusal` the text).
+    /// Messages: `text_delta`s of the text and `stop_reason` `refusal`.
+    /// Responses: a message whose content part is a `refusal`
+    /// (`response.refusal.delta`s, `response.refusal.done`).
+    Refusal,
+}
+
+/// The text of a [`Fault::Refusal`] answer, on every wire.
+pub const REFUSAL: &str = "I can't help with that.";
+
+/// The pieces a refusal streams in: [`REFUSAL`] word by word, each with
+/// the space after it.
+pub(crate) fn refusal_pieces() -> impl Iterator<Item = &'static str> {
+    REFUSAL.split_inclusive(' ')
 }
 
 impl Fault {
@@ -500,6 +536,7 @@ fn parse_fault(key: &str, value: Option<&str>) -> Result<Fault, String> {
         },
         "no_done" | "missing_done" => Fault::MissingDone,
         "no_response" => Fault::NoResponse,
+        "refusal" => Fault::Refusal,
         "slow_first_token" => Fault::SlowFirstToken {
             delay_ms: spec_number(key, value)?,
         },
@@ -507,7 +544,7 @@ fn parse_fault(key: &str, value: Option<&str>) -> Result<Fault, String> {
     })
 }
 
-/// A chat completion request the fake received.
+/// A chat completion, Messages or Responses request the fake received.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct SeenRequest {
@@ -631,8 +668,9 @@ impl FakeUpstreamBuilder {
         self
     }
 
-    /// Require `Authorization: Bearer <key>` on chat requests; others get
-    /// OpenAI's 401 `invalid_api_key`.
+    /// Require `Authorization: Bearer <key>` on chat and Responses
+    /// requests (`x-api-key: <key>` on Messages); others get a 401
+    /// (OpenAI's `invalid_api_key`, Anthropic's `authentication_error`).
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(key.into());
         self
@@ -762,12 +800,14 @@ impl FakeUpstream {
         self.state.open.load(Ordering::SeqCst)
     }
 
-    /// Chat completion requests seen so far, whatever their outcome.
+    /// Chat completion, Messages and Responses requests seen so far,
+    /// whatever their outcome.
     pub fn attempts(&self) -> usize {
         self.state.attempts.load(Ordering::SeqCst)
     }
 
-    /// The chat completion requests seen so far, oldest first.
+    /// The chat completion, Messages and Responses requests seen so far,
+    /// oldest first.
     pub fn requests(&self) -> Vec<SeenRequest> {
         lock(&self.state.requests).clone()
     }
@@ -1072,6 +1112,7 @@ async fn handle(
     match (request.method(), path) {
         (&Method::POST, "/v1/chat/completions") => chat(state, reset, request, Wire::Chat).await,
         (&Method::POST, "/v1/messages") => chat(state, reset, request, Wire::Messages).await,
+        (&Method::POST, "/v1/responses") => chat(state, reset, request, Wire::Responses).await,
         (&Method::GET, "/v1/models") => {
             let data: Vec<Value> = state
                 .models
@@ -1218,13 +1259,17 @@ enum Wire {
     Chat,
     /// `/v1/messages`.
     Messages,
+    /// `/v1/responses`: OpenAI's errors and headers, as on chat.
+    Responses,
 }
 
 impl Wire {
     /// A 4xx error in this API's shape.
     fn error(self, status: StatusCode, message: &str) -> Response<FakeBody> {
         match self {
-            Self::Chat => openai_error(status, message, "invalid_request_error", None),
+            Self::Chat | Self::Responses => {
+                openai_error(status, message, "invalid_request_error", None)
+            }
             Self::Messages => {
                 let kind = if status == StatusCode::PAYLOAD_TOO_LARGE {
                     "request_too_large"
@@ -1237,10 +1282,11 @@ impl Wire {
     }
 }
 
-/// What a request asked for, in either API.
+/// What a request asked for, in any of the APIs.
 enum Asked {
     Chat(Ask),
     Messages(messages::MessagesAsk),
+    Responses(responses::ResponsesAsk),
 }
 
 impl Asked {
@@ -1248,6 +1294,7 @@ impl Asked {
         match self {
             Self::Chat(ask) => &ask.model,
             Self::Messages(ask) => &ask.model,
+            Self::Responses(ask) => &ask.model,
         }
     }
 
@@ -1255,11 +1302,12 @@ impl Asked {
         match self {
             Self::Chat(ask) => ask.stream,
             Self::Messages(ask) => ask.stream,
+            Self::Responses(ask) => ask.stream,
         }
     }
 }
 
-/// Answers a chat completion or Messages request: records it, checks its
+/// Answers a chat completion, Messages or Responses request: records it, checks its
 /// key and body, then plays the fault its model name (or the armed spec)
 /// names, or a normal answer.
 async fn chat(
@@ -1336,11 +1384,12 @@ async fn record_request(
 }
 
 /// The 401 answer when the fake wants an API key and the request does not
-/// carry it (`authorization: Bearer` for Chat, `x-api-key` for Messages).
+/// carry it (`authorization: Bearer` for Chat and Responses, `x-api-key`
+/// for Messages).
 fn refuse_wrong_key(state: &State, wire: Wire, headers: &HeaderMap) -> Option<Response<FakeBody>> {
     let key = state.api_key.as_ref()?;
     let (header, expected) = match wire {
-        Wire::Chat => (
+        Wire::Chat | Wire::Responses => (
             http::header::AUTHORIZATION.as_str(),
             format!("Bearer {key}"),
         ),
@@ -1370,11 +1419,16 @@ fn read_ask(
             "We could not parse the JSON body of your request.",
         )));
     }
-    let read = match wire {
-        Wire::Chat => Ask::read(body).map(Asked::Chat),
-        Wire::Messages => messages::MessagesAsk::read(body).map(Asked::Messages),
+    let bad = |message: &str| Box::new(wire.error(StatusCode::BAD_REQUEST, message));
+    let ask = match wire {
+        Wire::Chat => Ask::read(body).map(Asked::Chat).map_err(bad)?,
+        Wire::Messages => messages::MessagesAsk::read(body)
+            .map(Asked::Messages)
+            .map_err(bad)?,
+        Wire::Responses => responses::ResponsesAsk::read(body)
+            .map(Asked::Responses)
+            .map_err(|error| Box::new(json(StatusCode::BAD_REQUEST, error)))?,
     };
-    let ask = read.map_err(|message| Box::new(wire.error(StatusCode::BAD_REQUEST, message)))?;
     let spec = match ask.model().split_once("fault:") {
         Some((_, text)) => Spec::parse(text).map_err(|e| {
             Box::new(wire.error(
@@ -1401,6 +1455,7 @@ async fn answer_steps(
         return match ask {
             Asked::Chat(ask) => stream_steps(&state.name, ask, tokens, pace, fault),
             Asked::Messages(ask) => messages::stream_steps(&state.name, ask, tokens, pace, fault),
+            Asked::Responses(ask) => responses::stream_steps(&state.name, ask, tokens, pace, fault),
         };
     }
     let hold = pace.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX))
@@ -1414,6 +1469,7 @@ async fn answer_steps(
     match ask {
         Asked::Chat(ask) => completion_steps(&state.name, ask, tokens, fault),
         Asked::Messages(ask) => messages::message_steps(&state.name, ask, tokens, fault),
+        Asked::Responses(ask) => responses::response_steps(&state.name, ask, tokens, fault),
     }
 }
 
@@ -1449,7 +1505,7 @@ fn add_ratelimit_headers(response: &mut Response<FakeBody>, remaining: u32) {
 /// A fixture's body in the shape of the request's API.
 fn fixture_body(wire: Wire, fixture: ErrorFixture) -> Bytes {
     match wire {
-        Wire::Chat => Bytes::from_static(fixture.body().as_bytes()),
+        Wire::Chat | Wire::Responses => Bytes::from_static(fixture.body().as_bytes()),
         Wire::Messages => Bytes::from(messages::error_body(fixture)),
     }
 }
@@ -1499,11 +1555,11 @@ fn token_text(name: &str, i: usize) -> String {
 }
 
 /// The first piece of a fake tool call's arguments, before the tokens (the
-/// Messages fake's input opens the same way).
-const TOOL_ARGUMENTS_OPEN: &str = "{\"q\": \"";
+/// Messages and Responses fakes' arguments open the same way).
+pub(crate) const TOOL_ARGUMENTS_OPEN: &str = "{\"q\": \"";
 
 /// The last piece, after the tokens.
-const TOOL_ARGUMENTS_CLOSE: &str = "\"}";
+pub(crate) const TOOL_ARGUMENTS_CLOSE: &str = "\"}";
 
 fn malformed(name: &str) -> Bytes {
     Bytes::from(format!(
@@ -1520,6 +1576,9 @@ fn stream_steps(
     pace: Duration,
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
+    if fault == Some(&Fault::Refusal) {
+        return (refusal_stream_steps(ask, pace), false);
+    }
     let model = ask.model.as_str();
     let cut = fault.and_then(Fault::cut_after);
     let malformed_at = fault.and_then(Fault::malformed_at);
@@ -1603,6 +1662,26 @@ fn stream_steps(
     (steps, false)
 }
 
+/// A streamed refusal: the role chunk, one `refusal` delta per piece of
+/// [`REFUSAL`], finish `stop`, the usage chunk when asked for, `[DONE]`.
+fn refusal_stream_steps(ask: &Ask, pace: Duration) -> VecDeque<Step> {
+    let model = ask.model.as_str();
+    let mut steps = VecDeque::from([Step::Data(chunks::role(model))]);
+    for (i, piece) in refusal_pieces().enumerate() {
+        if i > 0 && !pace.is_zero() {
+            steps.push_back(Step::Wait(pace));
+        }
+        steps.push_back(Step::Data(chunks::refusal(model, piece)));
+    }
+    steps.push_back(Step::Data(chunks::finish(model, "stop")));
+    if ask.include_usage {
+        let pieces = u64::try_from(refusal_pieces().count()).unwrap_or(u64::MAX);
+        steps.push_back(Step::Data(chunks::usage(model, ask.input_tokens, pieces)));
+    }
+    steps.push_back(Step::Data(chunks::done()));
+    steps
+}
+
 /// The JSON script for a non-streamed answer, and whether it ends in a
 /// reset.
 fn completion_steps(
@@ -1612,8 +1691,14 @@ fn completion_steps(
     fault: Option<&Fault>,
 ) -> (VecDeque<Step>, bool) {
     let text: String = (0..tokens).map(|i| token_text(name, i)).collect();
-    let output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
-    let (message, finish_reason) = if ask.tools {
+    let mut output_tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+    let (message, finish_reason) = if fault == Some(&Fault::Refusal) {
+        output_tokens = u64::try_from(refusal_pieces().count()).unwrap_or(u64::MAX);
+        (
+            json!({"role": "assistant", "content": null, "refusal": REFUSAL}),
+            "stop",
+        )
+    } else if ask.tools {
         let arguments = format!("{TOOL_ARGUMENTS_OPEN}{text}{TOOL_ARGUMENTS_CLOSE}");
         (
             json!({"role": "assistant", "content": null, "tool_calls": [
@@ -1710,6 +1795,7 @@ mod tests {
         assert_eq!("no_done".parse::<Fault>().unwrap(), Fault::MissingDone);
         assert_eq!("missing_done".parse::<Fault>().unwrap(), Fault::MissingDone);
         assert_eq!("no_response".parse::<Fault>().unwrap(), Fault::NoResponse);
+        assert_eq!("refusal".parse::<Fault>().unwrap(), Fault::Refusal);
         assert_eq!(
             "slow_first_token=150".parse::<Fault>().unwrap(),
             Fault::SlowFirstToken { delay_ms: 150 }
@@ -1751,6 +1837,7 @@ mod tests {
             Fault::MissingDone,
             Fault::NoResponse,
             Fault::SlowFirstToken { delay_ms: 5 },
+            Fault::Refusal,
         ] {
             let text = serde_json::to_string(&fault).unwrap();
             assert_eq!(serde_json::from_str::<Fault>(&text).unwrap(), fault);
