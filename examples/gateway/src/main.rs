@@ -21,10 +21,14 @@
 //! Across dialects: `demo-mixed` (a chat client; the chat primary answers
 //! 429, a Messages backup answers, translated) and `claude-demo-mixed` (a
 //! Messages client; the Messages primary answers 529, a chat backup
-//! answers).
+//! answers). And the OpenAI Responses API, behind `/v1/responses`:
+//! `responses-demo-failover` (a Responses primary answers 429, the chat
+//! backup answers, translated) and `responses-demo-cut` (cut after 5
+//! deltas: `response.failed`, then an `error` event).
 //!
-//! Serves `POST /v1/chat/completions` and `POST /v1/messages` (every
-//! configured route on both, a target of the other dialect translated),
+//! Serves `POST /v1/chat/completions`, `POST /v1/messages` and
+//! `POST /v1/responses` (every configured route on all three, a target of
+//! another dialect translated),
 //! `GET /v1/models`, `GET /healthz`,
 //! `GET /v1/health/targets` (every health key: state, streak, last class)
 //! and `GET /metrics` (Prometheus text). `[telemetry]` picks the log format
@@ -223,5 +227,10 @@ fn print_demo(addr: std::net::SocketAddr, primary: &FakeUpstream, backup: &FakeU
     println!(
         "  curl -sN -i http://{addr}/v1/messages -H 'content-type: application/json' \
          -d '{{\"model\":\"claude-demo-mixed\",\"max_tokens\":64,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    );
+    println!("the Responses API (primary: 429; the chat backup answers, translated):");
+    println!(
+        "  curl -sN -i http://{addr}/v1/responses -H 'content-type: application/json' \
+         -d '{{\"model\":\"responses-demo-failover\",\"stream\":true,\"input\":\"hi\"}}'"
     );
 }

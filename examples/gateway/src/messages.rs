@@ -233,6 +233,10 @@ async fn serve_turn<D: Dialect>(
 /// - `claude-demo-mixed`: a Messages client; the Messages primary answers
 ///   529 and the chat backup answers, translated.
 /// - `claude-*`: primary, then backup, with the client's model.
+/// - `responses-demo-failover`: a Responses client; the Responses primary
+///   answers 429 and the chat backup answers, translated.
+/// - `responses-demo-cut`: the Responses primary is cut after 5 deltas;
+///   the stream ends with `response.failed` and an `error` event.
 ///
 /// The chat demo's providers (`primary-billing`, `backup`) must be in the
 /// same config.
@@ -280,6 +284,30 @@ targets = [
 [[routes]]
 model = "claude-*"
 targets = [{{ provider = "claude-primary" }}, {{ provider = "claude-backup" }}]
+
+[[providers]]
+name = "responses-primary"
+base_url = "{primary}"
+dialect = "openai-responses"
+
+[[providers]]
+name = "responses-backup"
+base_url = "{backup}"
+dialect = "openai-responses"
+
+[[routes]]
+model = "responses-demo-failover"
+targets = [
+  {{ provider = "responses-primary", model = "responses-primary#fault:status=429" }},
+  {{ provider = "backup", model = "backup-model" }},
+]
+
+[[routes]]
+model = "responses-demo-cut"
+targets = [
+  {{ provider = "responses-primary", model = "responses-primary#fault:reset_after=5" }},
+  {{ provider = "responses-backup", model = "responses-backup" }},
+]
 "#
     )
 }

@@ -185,30 +185,7 @@ async fn run(sdk: &Sdk, api: Api, gateway: &Gateway, args: &[&str]) -> Value {
         Api::OpenAi => format!("http://{}/v1", gateway.running.addr),
         Api::Anthropic => format!("http://{}", gateway.running.addr),
     };
-    let mut command = tokio::process::Command::new(&sdk.program);
-    command
-        .arg(&sdk.script)
-        .arg(&base_url)
-        .args(args)
-        .kill_on_drop(true);
-    if let Some(path) = &sdk.node_path {
-        command.env("NODE_PATH", path);
-    }
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .expect("the SDK client finishes in time")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{} client failed on {args:?}: {stdout}\n{}",
-        sdk.name,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let result: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("{} {args:?}: not one JSON line ({e}): {stdout}", sdk.name));
-    eprintln!("{} {args:?}: {result}", sdk.name);
-    result
+    sdk::run_json(sdk, &base_url, args).await
 }
 
 /// The text of a fake's whole answer: `"{name}-tok{i} "` for each token.

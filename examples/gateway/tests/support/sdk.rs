@@ -106,3 +106,33 @@ pub(crate) async fn node(env_var: &str, package: &str, script: &str) -> Option<S
         node_path: Some(node_path),
     })
 }
+
+/// Runs `sdk`'s client script once against `base_url` (60 s at most) and
+/// reads the one JSON line it prints.
+#[allow(dead_code)] // not every test file that drives an SDK reads a JSON line
+pub(crate) async fn run_json(sdk: &Sdk, base_url: &str, args: &[&str]) -> serde_json::Value {
+    let mut command = tokio::process::Command::new(&sdk.program);
+    command
+        .arg(&sdk.script)
+        .arg(base_url)
+        .args(args)
+        .kill_on_drop(true);
+    if let Some(path) = &sdk.node_path {
+        command.env("NODE_PATH", path);
+    }
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
+        .await
+        .expect("the SDK client finishes in time")
+        .expect("the SDK client starts");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{} client failed on {args:?}: {stdout}\n{}",
+        sdk.name,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{} {args:?}: not one JSON line ({e}): {stdout}", sdk.name));
+    eprintln!("{} {args:?}: {result}", sdk.name);
+    result
+}
