@@ -14,8 +14,6 @@
 //! SDK fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 #[path = "support/sdk.rs"]
 mod sdk;
 use sdk::Sdk;
