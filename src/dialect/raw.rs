@@ -155,6 +155,29 @@ pub(crate) fn for_each_element<'a>(
     deserializer.end()
 }
 
+/// Reads a `content`-like value for a request's estimate: a string's
+/// length is returned; each object of a list (up to `depth` 4) goes to
+/// `object`, one at a time (a collected list would cost 16 bytes per
+/// element of a hostile `[0,0,…]`).
+pub(crate) fn walk_content<'a>(
+    raw: &'a RawValue,
+    depth: u8,
+    mut object: impl FnMut(&'a RawValue),
+) -> u64 {
+    match first_byte(raw) {
+        b'"' => raw.get().len().saturating_sub(2) as u64,
+        b'[' if depth < 4 => {
+            let _ = for_each_element(raw, |element| {
+                if first_byte(element) == b'{' {
+                    object(element);
+                }
+            });
+            0
+        }
+        _ => 0,
+    }
+}
+
 /// Why a whole answer is not a JSON object, if it is not: `what` names the
 /// body in the message ("the completion body", "the message body").
 pub(crate) fn not_an_object(body: &[u8], what: &str) -> Option<(super::BodyFault, String)> {

@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
     first_byte, first_non_space, for_each_element, non_empty_array, span, splice, strict_bool,
-    strict_str, strict_u64,
+    strict_str, strict_u64, walk_content,
 };
 use crate::dialect::{RequestError, Requirements};
 
@@ -111,19 +111,8 @@ struct Tally {
 impl Tally {
     /// Adds a `content` (or `system`) value: a string or a list of blocks.
     fn content(&mut self, raw: &RawValue, depth: u8) {
-        match first_byte(raw) {
-            b'"' => self.text_bytes += raw.get().len().saturating_sub(2) as u64,
-            b'[' if depth < 4 => {
-                // Element by element: a list of blocks would cost 16 bytes
-                // per element of a hostile `[0,0,…]`.
-                let _ = for_each_element(raw, |block| {
-                    if first_byte(block) == b'{' {
-                        self.block(block, depth);
-                    }
-                });
-            }
-            _ => {}
-        }
+        let text = walk_content(raw, depth, |block| self.block(block, depth));
+        self.text_bytes += text;
     }
 
     fn block(&mut self, raw: &RawValue, depth: u8) {

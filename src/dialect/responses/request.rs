@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
     first_byte, first_non_space, for_each_element, span, splice, strict_bool, strict_str,
-    strict_u64,
+    strict_u64, walk_content,
 };
 use crate::dialect::{ProviderState, RequestError, Requirements, ResponseFormat};
 
@@ -109,20 +109,10 @@ struct Tally {
 
 impl Tally {
     /// Adds `input` or an item's `content`: a string or a list of items or
-    /// parts, each read one at a time (never collected: a list would cost
-    /// 16 bytes per element of a hostile `[0,0,…]`).
+    /// parts.
     fn content(&mut self, raw: &RawValue, depth: u8) {
-        match first_byte(raw) {
-            b'"' => self.text_bytes += raw.get().len().saturating_sub(2) as u64,
-            b'[' if depth < 4 => {
-                let _ = for_each_element(raw, |element| {
-                    if first_byte(element) == b'{' {
-                        self.typed(element, depth);
-                    }
-                });
-            }
-            _ => {}
-        }
+        let text = walk_content(raw, depth, |element| self.typed(element, depth));
+        self.text_bytes += text;
     }
 
     fn typed(&mut self, raw: &RawValue, depth: u8) {
