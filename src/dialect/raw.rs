@@ -155,6 +155,20 @@ pub(crate) fn for_each_element<'a>(
     deserializer.end()
 }
 
+/// A request body's top-level object: not JSON, or JSON but not an
+/// object, is refused as such.
+pub(crate) fn request_object<'a, T: Deserialize<'a>>(
+    body: &'a [u8],
+) -> Result<T, super::RequestError> {
+    if first_non_space(body) != Some(b'{') {
+        return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+            Ok(_) => super::RequestError::NotObject,
+            Err(e) => super::RequestError::NotJson(e.to_string()),
+        });
+    }
+    serde_json::from_slice(body).map_err(|e| super::RequestError::NotJson(e.to_string()))
+}
+
 /// Reads a `content`-like value for a request's estimate: a string's
 /// length is returned; each object of a list (up to `depth` 4) goes to
 /// `object`, one at a time (a collected list would cost 16 bytes per

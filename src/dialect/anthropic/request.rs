@@ -23,11 +23,10 @@ use std::ops::Range;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
-use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, first_non_space, for_each_element, non_empty_array, span, splice, strict_bool,
+    first_byte, for_each_element, non_empty_array, request_object, span, splice, strict_bool,
     strict_str, strict_u64, walk_content,
 };
 use crate::dialect::{RequestError, Requirements};
@@ -138,14 +137,7 @@ impl Tally {
 
 /// Reads a Messages request.
 pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), RequestError> {
-    if first_non_space(&body) != Some(b'{') {
-        return Err(match serde_json::from_slice::<IgnoredAny>(&body) {
-            Ok(_) => RequestError::NotObject,
-            Err(e) => RequestError::NotJson(e.to_string()),
-        });
-    }
-    let top: Top<'_> =
-        serde_json::from_slice(&body).map_err(|e| RequestError::NotJson(e.to_string()))?;
+    let top: Top<'_> = request_object(&body)?;
     let messages = top
         .messages
         .filter(|m| first_byte(m) == b'[')

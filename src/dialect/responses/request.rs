@@ -20,11 +20,10 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, first_non_space, for_each_element, span, splice, strict_bool, strict_str,
+    first_byte, for_each_element, request_object, span, splice, strict_bool, strict_str,
     strict_u64, walk_content,
 };
 use crate::dialect::{ProviderState, RequestError, Requirements, ResponseFormat};
@@ -204,14 +203,7 @@ fn typed(raw: Option<&RawValue>) -> Option<Typed<'_>> {
 
 /// Reads a Responses request.
 pub(super) fn read(body: Bytes) -> Result<(Requirements, ResponsesRequest), RequestError> {
-    if first_non_space(&body) != Some(b'{') {
-        return Err(match serde_json::from_slice::<IgnoredAny>(&body) {
-            Ok(_) => RequestError::NotObject,
-            Err(e) => RequestError::NotJson(e.to_string()),
-        });
-    }
-    let top: Top<'_> =
-        serde_json::from_slice(&body).map_err(|e| RequestError::NotJson(e.to_string()))?;
+    let top: Top<'_> = request_object(&body)?;
     let model_raw = top
         .model
         .filter(|m| m.get() != "null")
