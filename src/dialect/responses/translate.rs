@@ -1648,12 +1648,15 @@ impl Writing {
             return;
         }
         self.started = true;
+        // A response id is `resp_` and the answer's own (its dialect's
+        // prefix swapped): the SDKs show it, no request names it again.
+        let id = match reprefix(id, ANSWER_ID_PREFIXES, ANSWER_PREFIX) {
+            _ if id.is_empty() => GATEWAY_ID.to_owned(),
+            id if id.starts_with(ANSWER_PREFIX) => id.into_owned(),
+            id => format!("{ANSWER_PREFIX}{id}"),
+        };
         self.identity = Identity {
-            id: if id.is_empty() {
-                GATEWAY_ID.to_owned()
-            } else {
-                reprefix(id, ANSWER_ID_PREFIXES, ANSWER_PREFIX).into_owned()
-            },
+            id,
             model: model.to_owned(),
             created: created.unwrap_or_else(now),
         };
@@ -2576,6 +2579,9 @@ mod tests {
         assert_eq!(call["call_id"], "call_gateway_1");
         assert_eq!(call["id"], "fc_gateway_1");
         assert_eq!(StreamMemo::default().identity(), ChunkIdentity::default());
+        // An id of no known dialect (DeepSeek's) takes this dialect's prefix.
+        let (_, memo) = encode_all(&[start("0f2c6e1a-5b7d", "m", 1)]);
+        assert_eq!(memo.identity().id.as_deref(), Some("resp_0f2c6e1a-5b7d"));
         assert_eq!(StreamMemo::default().next_sequence(), 0);
         // The end with nothing before it is still a whole stream.
         let (wire, _) = encode_all(&[E::End]);
