@@ -10,12 +10,15 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat};
+use tower_llm_failover::dialect::{AnthropicMessages, OpenAiChat, OpenAiResponses};
 use tower_llm_failover::failover::{Capabilities, Caps, Failover, Target};
 use tower_llm_failover::observe::TurnRecord;
 use tower_llm_testing::{FakeProvider, Reply, Step, chunks};
 
 const MESSAGES_TEXT: &str = include_str!("../src/dialect/anthropic/fixtures/text.sse");
+const RESPONSES_TEXT: &str = include_str!("../src/dialect/responses/fixtures/translate/text.sse");
+const RESPONSES_CALLS: &str =
+    include_str!("../src/dialect/responses/fixtures/translate/function_calls.sse");
 
 /// A recorded Messages stream, one frame per event.
 fn messages_stream(wire: &str) -> Reply {
@@ -486,4 +489,363 @@ async fn a_target_of_the_clients_own_dialect_is_not_translated() {
     assert_eq!(answer, Bytes::from(wire.concat()), "byte for byte");
     assert_eq!(gpt.seen()[0].body["custom_field"], json!({"kept": true}));
     assert_eq!(run.attempts()[0].dialect, "openai-chat");
+}
+
+// --- the Responses API ------------------------------------------------------
+
+fn responses_request(body: Value) -> Request<Full<Bytes>> {
+    Request::post("/v1/responses")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// The `(event, data)` pairs of a Responses stream, each event's name its
+/// data's `type`, sequence numbers from 0 by 1.
+fn responses_events(body: &[u8]) -> Vec<(String, Value)> {
+    let events = messages_events(body);
+    for (sequence, (name, data)) in events.iter().enumerate() {
+        assert_eq!(data["type"], name.as_str(), "{data}");
+        assert_eq!(data["sequence_number"], sequence, "{data}");
+    }
+    events
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chat_client_served_by_a_responses_target_reads_a_chat_stream() {
+    let gpt = FakeProvider::new("gpt").always(messages_stream(RESPONSES_TEXT));
+    let failover = Failover::builder()
+        .target(
+            Target::new("gpt", gpt.clone())
+                .model("gpt-4.1")
+                .dialect(OpenAiResponses),
+        )
+        .build();
+    let request = chat_request(json!({
+        "model": "gpt-x", "stream": true, "stream_options": {"include_usage": true},
+        "max_tokens": 5,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "done"}
+        ]
+    }));
+    let (status, run, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+
+    // The request went out as a Responses request, on its path.
+    let seen = &gpt.seen()[0];
+    assert_eq!(seen.uri.path(), "/v1/responses");
+    assert_eq!(seen.body["model"], "gpt-4.1");
+    assert_eq!(seen.body["store"], false, "nothing left stored");
+    assert_eq!(seen.body["stream"], true);
+    assert_eq!(seen.body["max_output_tokens"], 16, "the API's least");
+    assert_eq!(
+        seen.body["input"],
+        json!([
+            {"type": "message", "role": "system", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": "hi"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "done"}
+        ])
+    );
+    assert_eq!(
+        seen.body["tools"],
+        json!([{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": false}])
+    );
+
+    // The answer came back as a chat stream.
+    let events = chat_events(&body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    for event in &events[..events.len() - 1] {
+        assert_eq!(event["object"], "chat.completion.chunk", "{event}");
+        assert_eq!(event["id"], "chatcmpl-68c1f0a2b3d4e5f60718293a4b5c6d7e");
+        assert_eq!(event["created"], 1_757_540_002);
+    }
+    assert_eq!(chat_text(&events), "Hello there! How can I help?");
+    let finish: Vec<_> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["finish_reason"].as_str())
+        .collect();
+    assert_eq!(finish, ["stop"]);
+    let usage = &events.iter().find(|e| e["usage"].is_object()).unwrap()["usage"];
+    assert_eq!(usage["prompt_tokens"], 1117);
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 1024);
+    assert_eq!(usage["completion_tokens"], 9);
+
+    let attempts = run.attempts();
+    assert_eq!(attempts[0].dialect, "openai-responses");
+    assert_eq!(attempts[0].finish_reason.as_deref(), Some("completed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_messages_client_served_by_a_responses_target_reads_its_tool_calls() {
+    let gpt = FakeProvider::new("gpt").always(messages_stream(RESPONSES_CALLS));
+    let failover = Failover::builder()
+        .dialect(AnthropicMessages)
+        .target(Target::new("gpt", gpt.clone()).dialect(OpenAiResponses))
+        .build();
+    let request = messages_request(json!({
+        "model": "claude-x", "max_tokens": 1024, "stream": true,
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "weather and AAPL?"}]
+    }));
+    let (status, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(gpt.seen()[0].uri.path(), "/v1/responses");
+    assert!(gpt.seen()[0].headers.get("anthropic-version").is_none());
+
+    let events = messages_events(&body);
+    let tools: Vec<&Value> = events
+        .iter()
+        .filter(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use")
+        .map(|(_, d)| &d["content_block"])
+        .collect();
+    assert_eq!(tools.len(), 2);
+    assert_eq!(
+        tools[0]["id"], "toolu_qYxLm3Weather0",
+        "call_ in Messages' form"
+    );
+    assert_eq!(tools[1]["name"], "get_stock_price");
+    let delta = events.iter().find(|(n, _)| n == "message_delta").unwrap();
+    assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
+    assert_eq!(delta.1["usage"]["output_tokens"], 60);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_responses_client_served_by_a_chat_target_reads_a_responses_stream() {
+    let gpt = FakeProvider::new("gpt").always(chat_tool_call_stream());
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("gpt", gpt.clone()).dialect(OpenAiChat))
+        .build();
+    let request = responses_request(json!({
+        "model": "gpt-5", "stream": true, "store": true,
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": true}],
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k"
+    }));
+    let (status, run, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+
+    let seen = &gpt.seen()[0];
+    assert_eq!(seen.uri.path(), "/v1/chat/completions");
+    assert_eq!(
+        seen.body["messages"],
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather?"}])
+    );
+    assert_eq!(seen.body["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(seen.body["tools"][0]["function"]["strict"], true);
+    assert_eq!(seen.body["stream_options"]["include_usage"], true);
+    assert_eq!(seen.body.get("prompt_cache_key"), None, "a hint, dropped");
+
+    let events = responses_events(&body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let id = &events[0].1["response"]["id"];
+    assert_eq!(id, "resp_tool", "chatcmpl-tool in this dialect's form");
+    let item = &events[2].1;
+    assert_eq!(item["output_index"], 0);
+    assert_eq!(item["item"]["call_id"], "call_abc");
+    assert_eq!(item["item"]["name"], "get_weather");
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(&completed["id"], id);
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(
+        completed["output"][0]["arguments"],
+        "{\"location\": \"Paris\"}"
+    );
+    assert_eq!(completed["usage"]["input_tokens"], 30);
+    assert_eq!(completed["usage"]["output_tokens"], 9);
+    assert_eq!(completed["usage"]["total_tokens"], 39);
+    assert_eq!(run.attempts()[0].dialect, "openai-chat");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_responses_client_served_by_a_messages_target_reads_text_and_usage() {
+    let claude = FakeProvider::new("claude").always(messages_stream(MESSAGES_TEXT));
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("claude", claude.clone()).dialect(AnthropicMessages))
+        .build();
+    let request = responses_request(json!({"model": "m", "stream": true, "input": "hi"}));
+    let (status, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(claude.seen()[0].uri.path(), "/v1/messages");
+    assert_eq!(
+        claude.seen()[0].body["messages"][0]["content"][0]["text"],
+        "hi"
+    );
+
+    let events = responses_events(&body);
+    let text: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .filter_map(|(_, d)| d["delta"].as_str())
+        .collect();
+    assert_eq!(text, "Hello!");
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(events.last().unwrap().0, "response.completed");
+    assert_eq!(completed["id"], "resp_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY");
+    assert_eq!(completed["output"][0]["content"][0]["text"], "Hello!");
+    assert_eq!(completed["usage"]["input_tokens"], 25);
+    assert_eq!(completed["usage"]["output_tokens"], 15);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chat_stream_failing_after_output_ends_a_responses_client_with_response_failed() {
+    let error = Step::data(
+        "data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\",\"code\":null}}\n\n",
+    );
+    let gpt = FakeProvider::new("gpt").always(Reply::tokens_then("gpt", 2, vec![error]));
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("gpt", gpt).dialect(OpenAiChat))
+        .build();
+    let request = responses_request(json!({"model": "m", "stream": true, "input": "hi"}));
+    let (_, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    // The translated events and the terminal continue one sequence.
+    let events = responses_events(&body);
+    let text: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .filter_map(|(_, d)| d["delta"].as_str())
+        .collect();
+    assert_eq!(text, "gpt-0 gpt-1 ");
+    let (name, failed) = &events[events.len() - 2];
+    assert_eq!(name, "response.failed");
+    assert_eq!(
+        failed["response"]["id"], events[0].1["response"]["id"],
+        "the terminal keeps the translated stream's id"
+    );
+    assert_eq!(events.last().unwrap().0, "error");
+    assert!(!events.iter().any(|(n, _)| n == "response.completed"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn whole_responses_are_translated_both_ways() {
+    // A chat client, a Responses answer.
+    let response = json!({
+        "id": "resp_whole", "object": "response", "created_at": 9, "status": "incomplete",
+        "model": "gpt-4.1", "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [{"id": "msg_1", "type": "message", "status": "incomplete", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Bonjour", "annotations": []}]}],
+        "usage": {"input_tokens": 16, "input_tokens_details": {"cached_tokens": 5},
+                  "output_tokens": 4, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 20},
+        "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "error": null
+    });
+    let gpt = FakeProvider::new("gpt").always(Reply::Json {
+        status: 200,
+        headers: vec![],
+        body: Bytes::from(response.to_string()),
+    });
+    let failover = Failover::builder()
+        .target(Target::new("gpt", gpt).dialect(OpenAiResponses))
+        .build();
+    let request =
+        chat_request(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
+    let (status, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+    let completion: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(completion["id"], "chatcmpl-whole");
+    assert_eq!(completion["choices"][0]["message"]["content"], "Bonjour");
+    assert_eq!(completion["choices"][0]["finish_reason"], "length");
+    assert_eq!(completion["usage"]["prompt_tokens"], 16);
+    assert_eq!(
+        completion["usage"]["prompt_tokens_details"]["cached_tokens"],
+        5
+    );
+
+    // A Responses client, a chat answer.
+    let gpt = FakeProvider::new("gpt").always(Reply::completion("gpt"));
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("gpt", gpt.clone()).dialect(OpenAiChat))
+        .build();
+    let request = responses_request(json!({"model": "m", "input": "hi"}));
+    let (status, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(gpt.seen()[0].body.get("stream"), None);
+    let response: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(response["object"], "response");
+    assert_eq!(response["id"], "resp_fake");
+    assert_eq!(response["status"], "completed");
+    assert_eq!(response["output"][0]["type"], "message");
+    assert_eq!(
+        response["output"][0]["content"][0]["text"],
+        "answer from gpt"
+    );
+    assert_eq!(response["usage"]["input_tokens"], 10);
+    assert_eq!(response["usage"]["output_tokens"], 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_responses_dialect_cannot_translate_refuses_the_target_by_name() {
+    let gpt = FakeProvider::new("gpt").always(Reply::stream("gpt", 2));
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("backup", gpt.clone()).dialect(OpenAiChat))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
+        .build();
+    for (extra, reason) in [
+        (
+            json!({"tools": [{"type": "custom", "name": "grep"}]}),
+            "backup (openai-chat) cannot be sent this request: the custom tool grep",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}),
+            "backup (openai-chat) cannot be sent this request: input_file file_id",
+        ),
+    ] {
+        let mut body = json!({"model": "m", "stream": true, "input": "hi"});
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        let (status, _, body) = collect(
+            failover
+                .clone()
+                .oneshot(responses_request(body))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert_ne!(status, 200, "{text}");
+        assert!(text.contains(reason), "{text}");
+    }
+    // What a Responses target cannot express: stop sequences.
+    let target = FakeProvider::new("gpt").always(messages_stream(RESPONSES_TEXT));
+    let failover = Failover::builder()
+        .target(Target::new("backup", target.clone()).dialect(OpenAiResponses))
+        .build();
+    let request = chat_request(json!({
+        "model": "m", "stop": ["END"], "messages": [{"role": "user", "content": "hi"}]
+    }));
+    let (_, _, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(
+        text.contains("backup (openai-responses) cannot express stop sequences"),
+        "{text}"
+    );
+    assert_eq!(gpt.calls() + target.calls(), 0);
 }
