@@ -38,10 +38,19 @@
 //! - **Streams and whole answers** both ways: output items ↔ neutral
 //!   events, tool calls numbered by their position among the answer's
 //!   function calls, `response.completed` (or `response.incomplete`) →
-//!   usage, finish reason and end. A stream written for a Responses client
-//!   is one the official SDKs' stream helpers accept: sequence numbers from
-//!   0, `output_index` the item's position, every item closed, and
-//!   `response.completed` carrying the whole output and usage.
+//!   usage, finish reason and end. Read: every delta once; a `.done`
+//!   event, a whole item or the completed response's output only for what
+//!   no delta gave; a call that read no arguments gets `{}`; a completed
+//!   response is a natural end, or tool calls when it made any; an
+//!   incomplete one ends by the output limit, a filter, or its own reason;
+//!   hosted tools' items carry nothing. Written: thinking as a reasoning
+//!   item's summary (a signature and redacted thinking have no place), a
+//!   stop sequence or another dialect's own reason as `completed`, the
+//!   response id `resp_` and the answer's own. A stream written for a
+//!   Responses client is one the official SDKs' stream helpers accept:
+//!   sequence numbers from 0, `output_index` the item's position, every
+//!   item closed, and `response.completed` carrying the whole output and
+//!   usage.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -975,8 +984,12 @@ impl Reading {
         });
     }
 
-    /// The position of the item at `index` (or with `id`), if it was seen.
+    /// The position of the item at `index` (or with `id`), if it was seen;
+    /// an event that names neither is the last item's.
     fn find(&self, index: Option<u64>, id: Option<&str>) -> Option<usize> {
+        if index.is_none() && id.is_none() {
+            return self.items.len().checked_sub(1);
+        }
         let by_index = index.and_then(|i| self.items.iter().rposition(|it| it.index == Some(i)));
         by_index.or_else(|| {
             let id = id?;
@@ -2317,6 +2330,33 @@ mod tests {
                 E::Finish(FinishReason::ToolCalls),
                 // Nothing after the completed response counts.
                 E::End,
+            ]
+        );
+    }
+
+    #[test]
+    fn events_that_name_no_item_are_the_last_items() {
+        let wire = concat!(
+            "data: {\"type\":\"response.output_item.added\",\"item\":{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\"}}\n\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\":\"}\n\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"1}\"}\n\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"b\"}\n\n",
+        );
+        assert_eq!(
+            decode_all(wire.as_bytes()),
+            [
+                E::Start {
+                    id: String::new(),
+                    model: String::new(),
+                    created: None,
+                },
+                call_start(0, "call_1", "f"),
+                args(0, "{\"a\":"),
+                args(0, "1}"),
+                // Text that names no item is read as text all the same.
+                text("a"),
+                text("b"),
             ]
         );
     }
