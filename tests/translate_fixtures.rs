@@ -294,3 +294,47 @@ async fn a_chat_error_reaches_a_responses_client_in_its_own_dialect() {
     assert_eq!(status, 429, "nothing was sent: the turn's error answer");
     check("chat_error_before_output.to_responses.json", &body);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_responses_failure_reaches_chat_and_messages_clients_in_their_own_dialects() {
+    let after = "src/dialect/responses/fixtures/failed_after_output.sse";
+    let before = "src/dialect/responses/fixtures/failed_before_output.sse";
+    let chat = (OpenAiChat, "/v1/chat/completions", CHAT_BODY, "to_chat");
+    let messages = (
+        AnthropicMessages,
+        "/v1/messages",
+        MESSAGES_BODY,
+        "to_messages",
+    );
+    let (status, body) = reads(chat.0, OpenAiResponses, chat.1, chat.2, after).await;
+    assert_eq!(
+        status, 200,
+        "committed: the stream ends with its terminal event"
+    );
+    check(
+        &format!("responses_failed_after_output.{}.sse", chat.3),
+        &body,
+    );
+    let (status, body) = reads(messages.0, OpenAiResponses, messages.1, messages.2, after).await;
+    assert_eq!(
+        status, 200,
+        "committed: the stream ends with its terminal event"
+    );
+    check(
+        &format!("responses_failed_after_output.{}.sse", messages.3),
+        &body,
+    );
+
+    let (status, body) = reads(chat.0, OpenAiResponses, chat.1, chat.2, before).await;
+    assert_eq!(status, 429, "nothing was sent: the turn's error answer");
+    check(
+        &format!("responses_failed_before_output.{}.json", chat.3),
+        &body,
+    );
+    let (status, body) = reads(messages.0, OpenAiResponses, messages.1, messages.2, before).await;
+    assert_eq!(status, 429, "nothing was sent: the turn's error answer");
+    check(
+        &format!("responses_failed_before_output.{}.json", messages.3),
+        &body,
+    );
+}

@@ -2274,6 +2274,61 @@ mod tests {
     }
 
     #[test]
+    fn the_dialects_recorded_streams_decode_whole() {
+        // The streams the dialect's own tests classify, each piece joined.
+        let head = start("resp_68a1", "gpt-5-2025-08-07", 1_756_000_000);
+        let end = |output: u64, reason: FinishReason| {
+            [E::Usage(usage(36, output, 12)), E::Finish(reason), E::End]
+        };
+        let cases: [(&[u8], Vec<NeutralEvent>); 4] = [
+            (
+                include_bytes!("fixtures/text.sse"),
+                vec![text("Hello! How can I help?")],
+            ),
+            (
+                include_bytes!("fixtures/function_call.sse"),
+                vec![
+                    call_start(0, "call_Ab12", "get_weather"),
+                    args(0, "{\"city\":\"Paris\"}"),
+                    E::ToolCallEnd { index: 0 },
+                ],
+            ),
+            (
+                include_bytes!("fixtures/reasoning.sse"),
+                vec![thinking("**Thinking** about it."), text("42")],
+            ),
+            (
+                include_bytes!("fixtures/refusal.sse"),
+                vec![E::Refusal("I'm sorry, I can't help with that.".to_owned())],
+            ),
+        ];
+        for (wire, body) in cases {
+            let calls = body.iter().any(|e| matches!(e, E::ToolCallStart { .. }));
+            let (output, reason) = if calls {
+                (18, FinishReason::ToolCalls)
+            } else {
+                (9, FinishReason::Stop)
+            };
+            let mut expected = vec![head.clone()];
+            expected.extend(body);
+            expected.extend(end(output, reason));
+            assert_eq!(joined(&decode_all(wire)), expected);
+        }
+        // A failed response is the commit machine's: the text before it,
+        // no end.
+        assert_eq!(
+            joined(&decode_all(include_bytes!(
+                "fixtures/failed_after_output.sse"
+            ))),
+            [head.clone(), text("Hello! How")]
+        );
+        assert_eq!(
+            decode_all(include_bytes!("fixtures/failed_before_output.sse")),
+            [head]
+        );
+    }
+
+    #[test]
     fn whole_pieces_are_read_once_when_no_delta_gave_them() {
         // No `response.created`; a message given only by its `.done`
         // events; a reasoning item only by `output_item.done`; a call whose
