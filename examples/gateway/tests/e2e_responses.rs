@@ -306,3 +306,59 @@ async fn the_node_openai_sdk_speaks_responses_through_the_gateway() {
         check(sdk, "node").await;
     }
 }
+
+/// The embedded demo's Responses routes (`messages::demo_routes`), as
+/// `cargo run -p tower-llm-gateway` serves them: a 429 Responses primary
+/// the client never sees, and a cut that ends in a raised error.
+#[tokio::test]
+async fn the_demo_routes_answer_a_responses_client() {
+    let Some(sdk) = sdk::python("OPENAI_SDK_PYTHON", "openai", "responses_openai.py").await else {
+        return;
+    };
+    let primary = FakeUpstream::builder("primary").start().await.unwrap();
+    let backup = FakeUpstream::builder("backup").start().await.unwrap();
+    let config = format!(
+        r#"
+[[providers]]
+name = "primary"
+base_url = "{primary}"
+
+[[providers]]
+name = "backup"
+base_url = "{backup}"
+
+[[providers]]
+name = "primary-billing"
+base_url = "{primary}"
+{demo}"#,
+        primary = primary.base_url(),
+        backup = backup.base_url(),
+        demo = tower_llm_gateway::messages::demo_routes(&primary.base_url(), &backup.base_url()),
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+    let base_url = format!("http://{}/v1", running.addr);
+
+    let r = sdk::run_json(
+        &sdk,
+        &base_url,
+        &["responses-demo-failover", "create-stream"],
+    )
+    .await;
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["text"], answer_text("backup", DEFAULT_TOKENS), "{r}");
+    let events = r["events"].as_array().unwrap();
+    assert_eq!(
+        events.iter().filter(|e| *e == "response.created").count(),
+        1,
+        "{r}"
+    );
+    assert!(r["ids"][0].as_str().unwrap().starts_with("resp_"), "{r}");
+
+    let r = sdk::run_json(&sdk, &base_url, &["responses-demo-cut", "create-stream"]).await;
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["deltas"].as_array().unwrap().len(), 5, "{r}");
+    assert_eq!(r["error"]["class"], "APIError", "{r}");
+}
