@@ -1,9 +1,9 @@
 //! Tower middleware for LLM gateways that put several model providers
 //! behind one endpoint, in the API their clients speak: OpenAI chat
-//! completions and Anthropic Messages today, any other through a
-//! [`Dialect`](dialect::Dialect) of your own. Providers of any dialect may
-//! serve one route: a client is always answered in its own dialect, through
-//! one neutral turn model.
+//! completions, Anthropic Messages and the OpenAI Responses API today, any
+//! other through a [`Dialect`](dialect::Dialect) of your own. Providers of
+//! any dialect may serve one route: a client is always answered in its own
+//! dialect, through one neutral turn model.
 //!
 //! The one rule everything here serves: **a request may move to another
 //! provider only while nothing of the model's answer has reached the client.**
