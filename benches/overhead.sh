@@ -2,21 +2,30 @@
 # benches/overhead.sh: the out-of-process overhead benchmark (issue 11).
 #
 # Builds release binaries and runs, as separate processes on 127.0.0.1:
-#   - the fake upstream (examples/gateway/fixtures/fake_upstream.rs), answering
-#     at once (no pacing);
+#   - the prepared upstream (examples/gateway/fixtures/prepared_upstream.rs):
+#     a small completion and a 100-token stream (one HTTP chunk per event)
+#     built once and answered from those bytes, so that it is not the
+#     bottleneck; or, with --fake-upstream, the scripted fake
+#     (examples/gateway/fixtures/fake_upstream.rs, no pacing), which is;
 #   - a bare hyper pass-through proxy (examples/gateway/fixtures/passthrough.rs),
 #     the baseline;
 #   - the gateway (target/release/tower-llm-gateway, package tower-llm-gateway)
-#     with one provider, no routes, RUST_LOG=warn;
+#     with one provider, no routes, twice: with RUST_LOG=warn, and as shipped
+#     (RUST_LOG unset: the default filter, two log lines per request, to a
+#     file truncated after every run);
 #   - wrk as the load generator (installed with apt-get when missing).
 # Four workloads (small completion and 100-token stream, at 1 and 32
-# connections), pass-through and gateway interleaved in every round; prints
-# medians, the gateway/pass-through throughput ratio and the p50 gap, then the
-# client-side writes per stream of both proxies (strace with per-fd
-# attribution, cross-checked with /proc/PID/io).
+# connections), the pass-through and both gateways interleaved in every
+# round; prints medians, throughput ratios and p50 gaps against the
+# pass-through, the CPU time (user + system) each proxy and the upstream
+# spent per request, the upstream's and the host's CPU share during the
+# runs, the issue 29 targets met or missed, then the client-side writes
+# per stream of the pass-through and the RUST_LOG=warn gateway (strace with
+# per-fd attribution, cross-checked with /proc/PID/io).
 #
 # Usage (from anywhere in the repo):
-#   benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick] [--keep]
+#   benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick]
+#                       [--fake-upstream] [--no-default-log] [--keep]
 # Nothing is pinned to a core: the point is to measure as a user would.
 
 set -euo pipefail
@@ -27,16 +36,24 @@ STREAMS=200
 HIGH_CONNS=32
 WARMUP=1
 KEEP=0
+FAKE_UPSTREAM=0
+DEFAULT_LOG=1
 
 usage() {
     cat <<'EOF'
-usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick] [--keep]
+usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick]
+                           [--fake-upstream] [--no-default-log] [--keep]
 
-  --rounds N       interleaved rounds; medians are reported (default 3)
-  --duration SECS  length of each wrk run (default 10)
-  --streams N      streams used to count writes per stream (default 200)
-  --quick          smoke run: 1 round, 2 s runs, 50 streams
-  --keep           keep the work directory (logs, strace output, raw results)
+  --rounds N        interleaved rounds; medians are reported (default 3)
+  --duration SECS   length of each wrk run (default 10)
+  --streams N       streams used to count writes per stream (default 200)
+  --quick           smoke run: 1 round, 2 s runs, 50 streams (under a minute)
+  --fake-upstream   the scripted fake upstream (fake_upstream.rs) instead of
+                    the prepared one: the upstream of the figures before
+                    issue 29, itself the bottleneck at 32 connections
+  --no-default-log  skip the gateway as shipped (RUST_LOG unset); only the
+                    RUST_LOG=warn gateway runs
+  --keep            keep the work directory (logs, strace output, raw results)
 EOF
 }
 
@@ -46,6 +63,8 @@ while (($#)); do
     --duration) DURATION=${2:?--duration needs a value}; shift 2 ;;
     --streams) STREAMS=${2:?--streams needs a value}; shift 2 ;;
     --quick) ROUNDS=1; DURATION=2; STREAMS=50; shift ;;
+    --fake-upstream) FAKE_UPSTREAM=1; shift ;;
+    --no-default-log) DEFAULT_LOG=0; shift ;;
     --keep) KEEP=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -80,14 +99,16 @@ ensure_tool curl curl
 
 # --- build --------------------------------------------------------------------
 
-echo "building release binaries (tower-llm-gateway and its fixtures fake_upstream, passthrough)..." >&2
+UPSTREAM=prepared_upstream
+((FAKE_UPSTREAM)) && UPSTREAM=fake_upstream
+echo "building release binaries (tower-llm-gateway and its fixtures $UPSTREAM, passthrough)..." >&2
 cargo build --release --quiet -p tower-llm-gateway \
-    --bin tower-llm-gateway --example fake_upstream --example passthrough
+    --bin tower-llm-gateway --example "$UPSTREAM" --example passthrough
 TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
-for b in "$BIN/fake_upstream" "$BIN/passthrough" "$GATEWAY"; do
+for b in "$BIN/$UPSTREAM" "$BIN/passthrough" "$GATEWAY"; do
     [[ -x $b ]] || die "missing $b"
 done
 
@@ -126,7 +147,12 @@ wait_ready() {
     die "process $1 did not get ready (log above)"
 }
 
-"$BIN/fake_upstream" --port 0 --name up --tokens 8 --pace-ms 0 >"$WORK/upstream.log" 2>&1 &
+if ((FAKE_UPSTREAM)); then
+    "$BIN/fake_upstream" --port 0 --name up --tokens 8 --pace-ms 0 >"$WORK/upstream.log" 2>&1 &
+else
+    "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 \
+        >"$WORK/upstream.log" 2>&1 &
+fi
 UP_PID=$!
 PIDS+=("$UP_PID")
 UP_BASE=$(wait_ready "$UP_PID" "$WORK/upstream.log" 'http://127\.0\.0\.1:[0-9]+/v1')
@@ -147,6 +173,20 @@ PIDS+=("$GW_PID")
 GW_ADDR=$(wait_ready "$GW_PID" "$WORK/gateway.log" 'ready on http://127\.0\.0\.1:[0-9]+')
 GW_ADDR=${GW_ADDR##*//}
 
+# The gateway as shipped: RUST_LOG unset, so the default filter and its two
+# log lines per request, to stderr. They go to a file opened for appending,
+# truncated after every wrk run (log_truncate) so that it does not grow to
+# gigabytes; the ready line is on stdout.
+if ((DEFAULT_LOG)); then
+    env -u RUST_LOG "$GATEWAY" --config "$WORK/gateway.toml" \
+        >"$WORK/gateway-default.log" 2>>"$WORK/gateway-default.err" &
+    GWLOG_PID=$!
+    PIDS+=("$GWLOG_PID")
+    GWLOG_ADDR=$(wait_ready "$GWLOG_PID" "$WORK/gateway-default.log" 'ready on http://127\.0\.0\.1:[0-9]+')
+    GWLOG_ADDR=${GWLOG_ADDR##*//}
+fi
+log_truncate() { ((DEFAULT_LOG)) && : >"$WORK/gateway-default.err"; return 0; }
+
 "$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
     >"$WORK/passthrough.log" 2>&1 &
 PT_PID=$!
@@ -156,14 +196,25 @@ PT_ADDR=${PT_ADDR##*//}
 
 declare -A ADDR=([pass]=$PT_ADDR [gw]=$GW_ADDR)
 declare -A PID=([pass]=$PT_PID [gw]=$GW_PID)
-declare -A LABEL=([pass]="pass-through" [gw]="gateway")
+declare -A LABEL=([pass]="pass-through" [gw]="gateway, warn" [gwlog]="gateway, default log")
+TARGETS=(pass gw)
+GATEWAYS=(gw)
+if ((DEFAULT_LOG)); then
+    ADDR[gwlog]=$GWLOG_ADDR
+    PID[gwlog]=$GWLOG_PID
+    TARGETS+=(gwlog)
+    GATEWAYS+=(gwlog)
+fi
 PATH_CC=/v1/chat/completions
 
 # --- workloads ------------------------------------------------------------------
 
-# The fake upstream reads per-request settings from the model name.
+# The prepared upstream looks for "stream":true; the scripted fake reads
+# per-request settings from the model name.
 SMALL_BODY='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
-STREAM_BODY='{"model":"bench#fault:tokens=100","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+STREAM_BODY='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+((FAKE_UPSTREAM)) &&
+    STREAM_BODY='{"model":"bench#fault:tokens=100","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
 
 write_lua() { # file body
     cat >"$1" <<EOF
@@ -194,9 +245,9 @@ declare -A W_NAME=(
     [stream32]="100-token stream"
 )
 
-# --- sanity: both proxies answer what the upstream sends ---------------------------
+# --- sanity: the proxies answer what the upstream sends -----------------------------
 
-for t in pass gw; do
+for t in "${TARGETS[@]}"; do
     code=$(curl -sS --max-time 10 -o "$WORK/check.json" -w '%{http_code}' \
         -H 'content-type: application/json' -d "$SMALL_BODY" "http://${ADDR[$t]}$PATH_CC")
     [[ $code == 200 ]] && grep -q '"chat.completion"' "$WORK/check.json" ||
@@ -304,36 +355,62 @@ done
 
 # --- throughput and latency: interleaved rounds ------------------------------------------
 
-# cpu_ticks PID: the process's user + system CPU time so far, in clock ticks.
+# cpu_ticks PID: the process's user + system CPU time so far, in clock
+# ticks, all its threads (fields 14 and 15 of /proc/PID/stat; the names of
+# these processes have no spaces).
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# host_ticks: the host's busy, stolen and total CPU ticks so far (the cpu
+# line of /proc/stat: busy = user + nice + system + irq + softirq).
+host_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8, $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat; }
 CLK_TCK=$(getconf CLK_TCK)
+NCPU=$(nproc)
 
-# run_wrk TARGET WORKLOAD SECS: prints "p50 p99 rps errors requests cpu",
-# cpu being the proxy's CPU time (user + system) per request in µs: what
-# the proxy itself spent, less sensitive than latency to a busy host.
+# run_wrk TARGET WORKLOAD SECS: prints
+#   p50 p99 rps errors requests cpu up-cpu up-share host-busy host-steal
+# cpu and up-cpu being the CPU time (user + system) per request in µs of the
+# proxy and of the upstream: what each spent, less sensitive than latency to
+# a busy host. up-share is the upstream's CPU time as a percentage of all
+# the host's cores over the run (wall clock); host-busy and host-steal are
+# the host's busy and stolen shares over the run, in percent.
 run_wrk() {
-    local conns=${W_CONNS[$2]} threads=1 out before after
+    local conns=${W_CONNS[$2]} threads=1 out before after up_before up_after host_before host_after t0 t1
     ((conns > 1)) && threads=2
+    host_before=$(host_ticks)
+    up_before=$(cpu_ticks "$UP_PID")
     before=$(cpu_ticks "${PID[$1]}")
+    t0=$EPOCHREALTIME
     out=$(wrk -t"$threads" -c"$conns" -d"${3}s" --timeout 5s -s "$WORK/${W_LUA[$2]}.lua" \
         "http://${ADDR[$1]}$PATH_CC" 2>&1) || die "wrk failed: $out"
+    t1=$EPOCHREALTIME
     after=$(cpu_ticks "${PID[$1]}")
+    up_after=$(cpu_ticks "$UP_PID")
+    host_after=$(host_ticks)
+    log_truncate
     grep -q '^RESULT ' <<<"$out" || die "wrk printed no result: $out"
     grep '^RESULT ' <<<"$out" | cut -d' ' -f2- |
-        awk -v t=$((after - before)) -v hz="$CLK_TCK" \
-            '{ printf "%s %.1f\n", $0, ($5 > 0 ? t * 1e6 / hz / $5 : 0) }'
+        awk -v t=$((after - before)) -v u=$((up_after - up_before)) -v hz="$CLK_TCK" \
+            -v ncpu="$NCPU" -v t0="$t0" -v t1="$t1" -v hb="$host_before" -v ha="$host_after" '{
+            split(hb, b, " "); split(ha, a, " ")
+            total = a[3] - b[3]
+            printf "%s %.1f %.1f %.1f %.1f %.1f\n", $0,
+                ($5 > 0 ? t * 1e6 / hz / $5 : 0), ($5 > 0 ? u * 1e6 / hz / $5 : 0),
+                100 * u / hz / ((t1 - t0) * ncpu),
+                (total > 0 ? 100 * (a[1] - b[1]) / total : 0),
+                (total > 0 ? 100 * (a[2] - b[2]) / total : 0) }'
 }
 
 RESULTS="$WORK/results"
 : >"$RESULTS"
 echo "warming up (${WARMUP} s per proxy and workload)..." >&2
 for w in "${WORKLOADS[@]}"; do
-    for t in pass gw; do run_wrk "$t" "$w" "$WARMUP" >/dev/null; done
+    for t in "${TARGETS[@]}"; do run_wrk "$t" "$w" "$WARMUP" >/dev/null; done
 done
+REVERSED=()
+for ((i = ${#TARGETS[@]} - 1; i >= 0; i--)); do REVERSED+=("${TARGETS[i]}"); done
 for ((r = 1; r <= ROUNDS; r++)); do
-    # Odd rounds start with the pass-through, even rounds with the gateway.
-    order=(pass gw)
-    ((r % 2 == 0)) && order=(gw pass)
+    # Odd rounds start with the pass-through, even rounds end with it.
+    order=("${TARGETS[@]}")
+    ((r % 2 == 0)) && order=("${REVERSED[@]}")
     for w in "${WORKLOADS[@]}"; do
         for t in "${order[@]}"; do
             echo "round $r/$ROUNDS: ${W_NAME[$w]}, ${W_CONNS[$w]} conn, ${LABEL[$t]} (${DURATION} s)" >&2
@@ -346,56 +423,121 @@ done
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 col() { awk -v w="$1" -v t="$2" -v c="$3" '$2 == w && $3 == t { print $c }' "$RESULTS"; }
+# med WORKLOAD TARGET FIELD: the median of a results column (4 p50, 5 p99,
+# 6 r/s, 9 proxy CPU, 10 upstream CPU, 11 upstream share, 12 host busy,
+# 13 host steal).
+med() { col "$1" "$2" "$3" | median; }
+
+declare -A GW_TITLE=([gw]="gateway with RUST_LOG=warn" [gwlog]="gateway as shipped (RUST_LOG unset: the default filter, its log lines to a file)")
+if ((FAKE_UPSTREAM)); then
+    UP_DESC="the scripted fake upstream (fake_upstream.rs, no pacing)"
+else
+    UP_DESC="the prepared upstream (prepared_upstream.rs: answers from bytes built at start-up)"
+fi
 
 echo
-echo "tower-llm-failover overhead, out of process: fake upstream (no pacing), bare hyper"
-echo "pass-through and gateway (one provider, no routes, RUST_LOG=warn) as separate release"
-echo "processes; wrk on 127.0.0.1 (1 thread at 1 conn, 2 threads at $HIGH_CONNS conns)."
-echo "$(nproc) cores, $(uname -sr); $ROUNDS interleaved round(s) of ${DURATION} s per run; medians."
-echo
-printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
-    "workload" "conns" "pass p50" "pass p99" "pass r/s" "gw p50" "gw p99" "gw r/s" "gw/pass" "p50 gap"
-printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
-    "" "" "(µs)" "(µs)" "" "(µs)" "(µs)" "" "r/s" "(µs)"
+echo "tower-llm-failover overhead, out of process: $UP_DESC, a bare hyper"
+echo "pass-through and the gateway (one provider, no routes) as separate release processes;"
+echo "wrk on 127.0.0.1 (1 thread at 1 conn, 2 threads at $HIGH_CONNS conns)."
+echo "$NCPU cores, $(uname -sr); $ROUNDS interleaved round(s) of ${DURATION} s per run; medians."
 ERRORS=0
 for w in "${WORKLOADS[@]}"; do
-    declare -A m=()
-    for t in pass gw; do
-        m[$t.p50]=$(col "$w" "$t" 4 | median)
-        m[$t.p99]=$(col "$w" "$t" 5 | median)
-        m[$t.rps]=$(col "$w" "$t" 6 | median)
+    for t in "${TARGETS[@]}"; do
         e=$(col "$w" "$t" 7 | awk '{ s += $1 } END { print s + 0 }')
         ((e == 0)) || { ERRORS=1; echo "warning: ${LABEL[$t]} ${W_NAME[$w]} at ${W_CONNS[$w]} conns: $e errors" >&2; }
     done
-    awk -v name="${W_NAME[$w]}" -v c="${W_CONNS[$w]}" \
-        -v pp50="${m[pass.p50]}" -v pp99="${m[pass.p99]}" -v prps="${m[pass.rps]}" \
-        -v gp50="${m[gw.p50]}" -v gp99="${m[gw.p99]}" -v grps="${m[gw.rps]}" 'BEGIN {
-        printf "%-18s %5d | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f | %6.2fx %+9.0f\n",
-            name, c, pp50, pp99, prps, gp50, gp99, grps, grps / prps, gp50 - pp50 }'
-    unset m
+done
+for g in "${GATEWAYS[@]}"; do
+    echo
+    echo "Latency and throughput, ${GW_TITLE[$g]}:"
+    printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
+        "workload" "conns" "pass p50" "pass p99" "pass r/s" "gw p50" "gw p99" "gw r/s" "gw/pass" "p50 gap"
+    printf '%-18s %5s | %9s %9s %9s | %9s %9s %9s | %7s %9s\n' \
+        "" "" "(µs)" "(µs)" "" "(µs)" "(µs)" "" "r/s" "(µs)"
+    for w in "${WORKLOADS[@]}"; do
+        awk -v name="${W_NAME[$w]}" -v c="${W_CONNS[$w]}" \
+            -v pp50="$(med "$w" pass 4)" -v pp99="$(med "$w" pass 5)" -v prps="$(med "$w" pass 6)" \
+            -v gp50="$(med "$w" "$g" 4)" -v gp99="$(med "$w" "$g" 5)" -v grps="$(med "$w" "$g" 6)" 'BEGIN {
+            printf "%-18s %5d | %9.0f %9.0f %9.0f | %9.0f %9.0f %9.0f | %6.2fx %+9.0f\n",
+                name, c, pp50, pp99, prps, gp50, gp99, grps, grps / prps, gp50 - pp50 }'
+    done
 done
 ((ERRORS == 0)) || echo "(some runs had errors: see the warnings above)"
+
 echo
-echo "CPU time (user + system) each proxy spent per request, medians; the ratio is"
-echo "the gateway's cost against the pass-through's for the same work."
-printf '%-18s %5s | %12s %12s | %9s %12s\n' "workload" "conns" "pass (µs)" "gw (µs)" "gw/pass" "added (µs)"
+echo "CPU time (user + system, /proc/PID/stat, all threads) each proxy spent per request,"
+echo "medians; the ratio is the gateway's cost against the pass-through's for the same work."
+printf '%-18s %5s | %10s' "workload" "conns" "pass (µs)"
+for g in "${GATEWAYS[@]}"; do printf ' | %10s %8s' "$g (µs)" "$g/pass"; done
+printf '\n'
 for w in "${WORKLOADS[@]}"; do
-    pc=$(col "$w" pass 9 | median)
-    gc=$(col "$w" gw 9 | median)
-    awk -v name="${W_NAME[$w]}" -v c="${W_CONNS[$w]}" -v pc="$pc" -v gc="$gc" 'BEGIN {
-        printf "%-18s %5d | %12.1f %12.1f | %8.2fx %+12.1f\n", name, c, pc, gc, (pc > 0 ? gc / pc : 0), gc - pc }'
+    pc=$(med "$w" pass 9)
+    printf '%-18s %5d | %10.1f' "${W_NAME[$w]}" "${W_CONNS[$w]}" "$pc"
+    for g in "${GATEWAYS[@]}"; do
+        awk -v pc="$pc" -v gc="$(med "$w" "$g" 9)" \
+            'BEGIN { printf " | %10.1f %7.2fx", gc, (pc > 0 ? gc / pc : 0) }'
+    done
+    printf '\n'
 done
+
+echo
+echo "The upstream, while each proxy ran: its own CPU time per request, its CPU time as a"
+echo "share of all $NCPU cores (wall clock), and the host's busy and stolen shares (/proc/stat);"
+echo "medians. The upstream is far from the bottleneck while its share stays well under the"
+echo "proxy's and the host is not saturated by it."
+printf '%-18s %5s %-22s | %9s %10s | %10s %9s | %6s %6s\n' \
+    "workload" "conns" "proxy" "r/s" "proxy µs" "upstream µs" "upstream" "host" "steal"
+printf '%-18s %5s %-22s | %9s %10s | %10s %9s | %6s %6s\n' \
+    "" "" "" "" "/request" "/request" "% of host" "busy %" "%"
+for w in "${WORKLOADS[@]}"; do
+    for t in "${TARGETS[@]}"; do
+        printf '%-18s %5d %-22s | %9.0f %10.1f | %10.1f %8.1f%% | %5.1f%% %5.1f%%\n' \
+            "${W_NAME[$w]}" "${W_CONNS[$w]}" "${LABEL[$t]}" "$(med "$w" "$t" 6)" \
+            "$(med "$w" "$t" 9)" "$(med "$w" "$t" 10)" "$(med "$w" "$t" 11)" \
+            "$(med "$w" "$t" 12)" "$(med "$w" "$t" 13)"
+    done
+done
+awk -v ncpu="$NCPU" '$11 > m { m = $11 } END {
+    printf "Upstream CPU share, highest of any run: %.1f%% of the host (%.0f%% of one core).\n", m, m * ncpu }' "$RESULTS"
+
+echo
+echo "Issue 29 targets (gateway against the pass-through, same run, medians):"
+for g in "${GATEWAYS[@]}"; do
+    echo "  ${GW_TITLE[$g]}:"
+    for w in small32 stream32; do
+        awk -v name="${W_NAME[$w]}" -v pc="$(med "$w" pass 9)" -v gc="$(med "$w" "$g" 9)" 'BEGIN {
+            r = (pc > 0 ? gc / pc : 0)
+            printf "    CPU per request, %-16s at 32 conns: %5.2fx (at most 1.25x): %s\n",
+                name, r, (r <= 1.25 ? "met" : "missed") }'
+    done
+    for w in small1 stream1; do
+        awk -v name="${W_NAME[$w]}" -v pp="$(med "$w" pass 4)" -v gp="$(med "$w" "$g" 4)" 'BEGIN {
+            d = gp - pp
+            printf "    added p50,       %-16s at 1 conn:  %+5.0f µs (at most +25 µs): %s\n",
+                name, d, (d <= 25 ? "met" : "missed") }'
+    done
+    for w in small32 stream32; do
+        awk -v name="${W_NAME[$w]}" -v pr="$(med "$w" pass 6)" -v gr="$(med "$w" "$g" 6)" 'BEGIN {
+            r = (pr > 0 ? gr / pr : 0)
+            printf "    throughput,      %-16s at 32 conns: %5.2fx (at least 0.85x): %s\n",
+                name, r, (r >= 0.85 ? "met" : "missed") }'
+    done
+done
+
 echo
 echo "Per round (noise check), gateway/pass-through r/s and p50 gap (µs):"
-for w in "${WORKLOADS[@]}"; do
-    awk -v w="$w" -v name="${W_NAME[$w]}, ${W_CONNS[$w]} conn" '
-        $2 == w { p50[$1, $3] = $4; rps[$1, $3] = $6; if ($1 > n) n = $1 }
-        END {
-            printf "  %-26s", name
-            for (r = 1; r <= n; r++)
-                printf "  %.2fx %+.0f", rps[r, "gw"] / rps[r, "pass"], p50[r, "gw"] - p50[r, "pass"]
-            printf "\n"
-        }' "$RESULTS"
+for g in "${GATEWAYS[@]}"; do
+    echo "  ${GW_TITLE[$g]%% (*}:"
+    for w in "${WORKLOADS[@]}"; do
+        awk -v w="$w" -v g="$g" -v name="${W_NAME[$w]}, ${W_CONNS[$w]} conn" '
+            $2 == w { p50[$1, $3] = $4; rps[$1, $3] = $6; if ($1 > n) n = $1 }
+            END {
+                printf "    %-26s", name
+                for (r = 1; r <= n; r++)
+                    printf "  %.2fx %+.0f", rps[r, g] / rps[r, "pass"], p50[r, g] - p50[r, "pass"]
+                printf "\n"
+            }' "$RESULTS"
+    done
 done
 
 echo
