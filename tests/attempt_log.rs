@@ -1,6 +1,7 @@
 //! One log line per attempt, with the decision taken, and one per turn
 //! with its outcome and the reason it stopped: a committed stream is logged
-//! once, when it ends, with its final figures.
+//! once, when it ends, with its final figures. The turn's line is INFO; an
+//! attempt's is INFO when something went wrong, DEBUG when it went well.
 //!
 //! Alone in its own test binary with a global subscriber: tracing caches
 //! per-callsite interest, which a thread-local subscriber cannot rely on
@@ -43,6 +44,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
             let mut visitor = Visitor(Fields::new());
             event.record(&mut visitor);
             visitor.0.insert("line", target.to_owned());
+            visitor
+                .0
+                .insert("level", event.metadata().level().to_string());
             self.0.lock().unwrap().push(visitor.0);
         }
     }
@@ -125,11 +129,16 @@ async fn a_committed_stream_is_logged_once_with_its_final_figures() {
     assert_eq!(lines[1]["decision"], "committed");
     // Logged at the end: the output events are the stream's whole count.
     assert_eq!(lines[1]["output_events"], "6");
+    // What went wrong is INFO; what went well is DEBUG, the turn's line
+    // saying it at INFO.
+    assert_eq!(lines[0]["level"], "INFO");
+    assert_eq!(lines[1]["level"], "DEBUG");
     let turn = turn_lines_of("stream-turn");
     assert_eq!(turn.len(), 1, "{turn:?}");
     assert_eq!(turn[0]["outcome"], "after_hop");
     assert_eq!(turn[0]["attempts"], "2");
     assert!(!turn[0].contains_key("stop_reason"));
+    assert_eq!(turn[0]["level"], "INFO");
     // The turn's line comes after its attempts' lines.
     let all = all_lines_of("stream-turn");
     assert_eq!(all.last().unwrap()["line"], "tower_llm_failover::turn");
@@ -276,4 +285,26 @@ async fn a_turn_with_every_target_cooling_leaves_a_turn_line() {
     assert_eq!(turn.len(), 1, "{turn:?}");
     assert_eq!(turn[0]["outcome"], "stopped_before_output");
     assert_eq!(turn[0]["stop_reason"], "no_available_target");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_committed_stream_that_failed_after_commit_is_an_info_line() {
+    captured();
+    let primary = FakeProvider::new("primary").always(Reply::tokens_then(
+        "primary",
+        3,
+        vec![tower_llm_testing::Step::Error(
+            "connection reset".to_owned(),
+        )],
+    ));
+    let failover = Failover::builder()
+        .target(Target::new("primary", primary))
+        .build();
+    let response = failover.oneshot(chat(true, "cut-turn")).await.unwrap();
+    let _ = response.into_body().collect().await;
+    let lines = lines_of("cut-turn");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["decision"], "committed");
+    assert!(lines[0].contains_key("class"), "{lines:?}");
+    assert_eq!(lines[0]["level"], "INFO", "something went wrong: {lines:?}");
 }

@@ -374,32 +374,48 @@ pub(crate) fn refused_turn(turn_id: &TurnId, reason: StopReason) {
 /// One tracing event per attempt (a committed stream's when it ends), the
 /// same facts on the attempt's span, and the attempt's metrics.
 /// The turn id and the model may be the client's, so they are escaped.
+///
+/// An attempt that went well (committed, no failure after) is logged at
+/// DEBUG: the turn's own line says the same at INFO, and a line per
+/// request is the largest cost of the default log. Anything that went
+/// wrong is an INFO line. `RUST_LOG=tower_llm_failover::attempt=debug`
+/// brings back every attempt's line.
 fn emit(
     turn_id: &str,
     r: &AttemptRecord,
     span: Option<&tracing::Span>,
     meters: Option<&crate::observe::Meters>,
 ) {
-    tracing::info!(
-        target: "tower_llm_failover::attempt",
-        run_id = %log_safe(turn_id),
-        attempt = r.attempt,
-        target = %log_safe(&r.target),
-        provider = %log_safe(&r.provider),
-        upstream_model = %log_safe(&r.upstream_model),
-        dialect = r.dialect,
-        class = r.class.map(FailureClass::as_str),
-        phase = r.phase.map(Phase::as_str),
-        status = r.status,
-        bytes_flushed = r.bytes_flushed,
-        output_events = r.output_events,
-        duration_ms = r.duration.as_millis() as u64,
-        input_tokens = r.usage.map(|u| u.input_tokens),
-        output_tokens = r.usage.map(|u| u.output_tokens),
-        cost_usd = r.cost.map(Cost::as_usd),
-        estimated = r.estimated,
-        decision = r.decision.as_str(),
-        "attempt"
-    );
+    macro_rules! attempt_line {
+        ($level:expr) => {
+            tracing::event!(
+                target: "tower_llm_failover::attempt",
+                $level,
+                run_id = %log_safe(turn_id),
+                attempt = r.attempt,
+                target = %log_safe(&r.target),
+                provider = %log_safe(&r.provider),
+                upstream_model = %log_safe(&r.upstream_model),
+                dialect = r.dialect,
+                class = r.class.map(FailureClass::as_str),
+                phase = r.phase.map(Phase::as_str),
+                status = r.status,
+                bytes_flushed = r.bytes_flushed,
+                output_events = r.output_events,
+                duration_ms = r.duration.as_millis() as u64,
+                input_tokens = r.usage.map(|u| u.input_tokens),
+                output_tokens = r.usage.map(|u| u.output_tokens),
+                cost_usd = r.cost.map(Cost::as_usd),
+                estimated = r.estimated,
+                decision = r.decision.as_str(),
+                "attempt"
+            )
+        };
+    }
+    if r.decision == Decision::Committed && r.class.is_none() {
+        attempt_line!(tracing::Level::DEBUG);
+    } else {
+        attempt_line!(tracing::Level::INFO);
+    }
     crate::observe::attempt_ended(r, span, meters);
 }
