@@ -63,7 +63,8 @@ async fn a_model_name_with_a_newline_and_an_escape_is_logged_escaped() {
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
+        // DEBUG: the clean commit's attempt line is a DEBUG line.
+        .with_max_level(tracing::Level::DEBUG)
         .finish();
     if let Err(error) = tracing::subscriber::set_global_default(subscriber) {
         panic!("this binary's one test could not install its subscriber: {error}");

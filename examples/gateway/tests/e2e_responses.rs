@@ -185,7 +185,8 @@ async fn failover_before_output(sdk: &Sdk, gateway: &Gateway) {
             );
         }
     }
-    assert_eq!(gateway.primary_saw("p429#fault:status=429"), 3);
+    // Cooling may spare the primary a later turn; it never serves one.
+    assert!(gateway.primary_saw("p429#fault:status=429") >= 1);
     assert_eq!(gateway.backup_saw("backup"), 3);
 }
 
