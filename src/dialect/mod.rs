@@ -58,6 +58,7 @@
 
 mod anthropic;
 pub(crate) mod foreign;
+mod json;
 mod neutral;
 mod openai;
 mod raw;

@@ -21,6 +21,7 @@
 //!   events, tool calls numbered by their position among the answer's
 //!   calls, usage with the prompt cache counted as input.
 
+use crate::dialect::json::array;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
@@ -142,11 +143,6 @@ pub(super) fn to_neutral(request: &MessagesRequest) -> Result<NeutralRequest, St
         logprobs: false,
         audio: false,
     })
-}
-
-/// The elements of an array value (none when it is absent or no array).
-fn array(value: Option<&Value>) -> impl Iterator<Item = &Value> {
-    value.and_then(Value::as_array).into_iter().flatten()
 }
 
 /// A block's (or source's, or choice's) `type`.

@@ -13,6 +13,7 @@
 //! field DeepSeek introduced and vLLM, SGLang and most OpenAI-compatible
 //! clients read (OpenAI itself streams no reasoning text).
 
+use crate::dialect::json::{effort_of_budget, now, present, read_function, str_of, string_of};
 use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -25,7 +26,7 @@ use crate::Usage;
 use crate::dialect::neutral::{ANSWER_ID_PREFIXES, TOOL_CALL_ID_PREFIXES, reprefix};
 use crate::dialect::{
     ChunkIdentity, FinishReason, Message, NeutralEvent, NeutralRequest, Part, ResponseFormat,
-    ToolChoice, ToolSpec,
+    ToolChoice,
 };
 use crate::sse::SseEvent;
 
@@ -99,21 +100,6 @@ impl StreamMemo {
 
 // ---------------------------------------------------------------------------
 // Small readers of JSON values.
-
-/// A member that is present and not `null`.
-fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    object.get(key).filter(|v| !v.is_null())
-}
-
-/// A string member of a value (`None` when absent or not a string).
-fn str_of<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
-    value.get(key).and_then(Value::as_str)
-}
-
-/// A string member, owned; empty when absent.
-fn string_of(value: &Value, key: &str) -> String {
-    str_of(value, key).unwrap_or_default().to_owned()
-}
 
 /// A non-empty string member.
 fn text_of<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
@@ -327,18 +313,6 @@ fn read_tools(body: &Map<String, Value>, out: &mut NeutralRequest) -> Result<(),
     out.tool_choice = choice.map(read_tool_choice).transpose()?;
     out.parallel_tool_calls = present(body, "parallel_tool_calls").and_then(Value::as_bool);
     Ok(())
-}
-
-/// A function's definition (`{name, description, parameters, strict}`).
-fn read_function(function: &Value) -> Result<ToolSpec, String> {
-    let name = str_of(function, "name").ok_or_else(|| "a tool without a name".to_owned())?;
-    Ok(ToolSpec {
-        name: name.to_owned(),
-        description: str_of(function, "description").map(str::to_owned),
-        // Absent parameters stay `Null`: a function without arguments.
-        parameters: function.get("parameters").cloned().unwrap_or(Value::Null),
-        strict: function.get("strict").and_then(Value::as_bool),
-    })
 }
 
 /// `tool_choice` (`"auto"`, `{type: function, function: {name}}`) or the
@@ -657,17 +631,6 @@ fn write_sampling(request: &NeutralRequest, body: &mut Map<String, Value>) -> Re
     Ok(())
 }
 
-/// The reasoning effort closest to a thinking budget (0: the target's own
-/// budget, the middle effort).
-fn effort_of_budget(budget: u64) -> &'static str {
-    match budget {
-        0 => "medium",
-        1..=2048 => "low",
-        2049..=8192 => "medium",
-        _ => "high",
-    }
-}
-
 /// The end user, metadata, `n`, log probabilities and streaming (always
 /// with usage, so spend can be counted).
 fn write_options(request: &NeutralRequest, body: &mut Map<String, Value>) {
@@ -761,13 +724,6 @@ impl From<&Usage> for UsageOut {
             },
         }
     }
-}
-
-/// The current Unix time, for an answer whose source gave none.
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 // ---------------------------------------------------------------------------
@@ -1414,6 +1370,7 @@ pub(super) fn encode_answer(events: &[NeutralEvent]) -> Bytes {
 
 #[cfg(test)]
 mod tests {
+    use crate::dialect::ToolSpec;
     use proptest::prelude::*;
     use proptest::test_runner::{Config, FileFailurePersistence};
     use serde::Deserialize;

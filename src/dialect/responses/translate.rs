@@ -52,6 +52,9 @@
 //!   item closed, and `response.completed` carrying the whole output and
 //!   usage.
 
+use crate::dialect::json::{
+    array, effort_of_budget, now, present, read_function, str_of, string_of,
+};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
@@ -65,7 +68,7 @@ use crate::Usage;
 use crate::dialect::neutral::{ANSWER_ID_PREFIXES, TOOL_CALL_ID_PREFIXES, reprefix};
 use crate::dialect::{
     ChunkIdentity, FinishReason, Message, NeutralEvent, NeutralRequest, Part, ResponseFormat,
-    ToolChoice, ToolSpec,
+    ToolChoice,
 };
 use crate::sse::SseEvent;
 
@@ -115,26 +118,6 @@ impl StreamMemo {
 // ---------------------------------------------------------------------------
 // Small readers of JSON values.
 
-/// A member that is present and not `null`.
-fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    object.get(key).filter(|v| !v.is_null())
-}
-
-/// A string member of a value (`None` when absent or not a string).
-fn str_of<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
-    value.get(key).and_then(Value::as_str)
-}
-
-/// A string member, owned; empty when absent.
-fn string_of(value: &Value, key: &str) -> String {
-    str_of(value, key).unwrap_or_default().to_owned()
-}
-
-/// The elements of an array value (none when it is absent or no array).
-fn array(value: Option<&Value>) -> impl Iterator<Item = &Value> {
-    value.and_then(Value::as_array).into_iter().flatten()
-}
-
 /// A text as parts: none when it is empty (the form an empty message is
 /// written in).
 fn text_parts(text: &str) -> Vec<Part> {
@@ -143,13 +126,6 @@ fn text_parts(text: &str) -> Vec<Part> {
     } else {
         vec![Part::Text(text.to_owned())]
     }
-}
-
-/// The current Unix time, for an answer whose source gave none.
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 // ---------------------------------------------------------------------------
@@ -361,17 +337,6 @@ fn read_tools(body: &Map<String, Value>, out: &mut NeutralRequest) -> Result<(),
         .transpose()?;
     out.parallel_tool_calls = present(body, "parallel_tool_calls").and_then(Value::as_bool);
     Ok(())
-}
-
-/// A function tool (`{type, name, description, parameters, strict}`).
-fn read_function(tool: &Value) -> Result<ToolSpec, String> {
-    let name = str_of(tool, "name").ok_or_else(|| "a tool without a name".to_owned())?;
-    Ok(ToolSpec {
-        name: name.to_owned(),
-        description: str_of(tool, "description").map(str::to_owned),
-        parameters: tool.get("parameters").cloned().unwrap_or(Value::Null),
-        strict: tool.get("strict").and_then(Value::as_bool),
-    })
 }
 
 /// `tool_choice`: a mode, or `{type: function, name}`. Choices that
@@ -684,17 +649,6 @@ fn write_sampling(request: &NeutralRequest, body: &mut Map<String, Value>) -> Re
         body.insert("reasoning".to_owned(), json!({ "effort": effort }));
     }
     Ok(())
-}
-
-/// The reasoning effort closest to a thinking budget (0: the target's own
-/// budget, the middle effort), as for chat completions.
-fn effort_of_budget(budget: u64) -> &'static str {
-    match budget {
-        0 => "medium",
-        1..=2048 => "low",
-        2049..=8192 => "medium",
-        _ => "high",
-    }
 }
 
 /// The end user, metadata, streaming, and `store: false`.
@@ -2050,6 +2004,7 @@ pub(super) fn encode_answer(events: &[NeutralEvent]) -> Option<Bytes> {
 mod tests {
     use super::super::request;
     use super::*;
+    use crate::dialect::ToolSpec;
     use crate::dialect::{
         BodyCheck, ChunkKind, Dialect, OpenAiResponses, ResponsesMemo, TerminalError, TerminalMode,
     };
