@@ -363,3 +363,87 @@ base_url = "{primary}"
     assert_eq!(r["deltas"].as_array().unwrap().len(), 5, "{r}");
     assert_eq!(r["error"]["class"], "APIError", "{r}");
 }
+
+/// One raw HTTP/1.1 exchange with `connection: close`: the whole answer.
+async fn raw_post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        tcp.read_to_string(&mut answer),
+    )
+    .await
+    .expect("the gateway answers in time")
+    .unwrap();
+    answer
+}
+
+/// The gateway's own answers on `/v1/responses`, without an SDK: a
+/// provider's `hosted_tools` and the `responses` dialect alias are read
+/// from the config, and refusals have OpenAI's shape.
+#[tokio::test]
+async fn hosted_tools_and_refusals_on_the_responses_endpoint() {
+    let upstream = FakeUpstream::builder("primary").start().await.unwrap();
+    let config = format!(
+        r#"
+[[providers]]
+name = "vllm"
+base_url = "{base}"
+dialect = "responses"
+
+[[routes]]
+model = "local"
+targets = [{{ provider = "vllm", hosted_tools = ["file_search"] }}]
+"#,
+        base = upstream.base_url(),
+    );
+    let config = app::Config::from_toml(&config).unwrap();
+    let gateway = app::Gateway::from_config(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = app::serve(gateway, listener);
+
+    let answer = raw_post(
+        running.addr,
+        "/v1/responses",
+        r#"{"model":"local","input":"hi","tools":[{"type":"web_search"}]}"#,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("vllm lacks the hosted tool web_search"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(r#""code":"no_compatible_target""#),
+        "{answer}"
+    );
+    assert_eq!(upstream.attempts(), 0, "never sent");
+
+    // The tool it hosts goes through, to its Responses path.
+    let answer = raw_post(
+        running.addr,
+        "/v1/responses",
+        r#"{"model":"local","input":"hi","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}]}"#,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""object":"response""#), "{answer}");
+    assert_eq!(upstream.requests()[0].path, "/v1/responses");
+
+    let answer = raw_post(
+        running.addr,
+        "/v1/responses",
+        r#"{"model":"other","input":"hi"}"#,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains(r#"{"error":{"#), "OpenAI's shape: {answer}");
+    assert!(answer.contains("no openai-responses route"), "{answer}");
+}
