@@ -388,20 +388,7 @@ impl TurnBudget {
     /// Spend is checked separately, with [`check_spend`](Self::check_spend),
     /// because only the caller knows the next attempt's estimate.
     pub(crate) fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
-        if self.is_expired() {
-            return Err(self.deadline_error());
-        }
-        let max = self.inner.max_attempts;
-        let claimed =
-            self.inner
-                .attempts
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                    (used < max).then_some(used + 1)
-                });
-        let attempt = match claimed {
-            Ok(before) => before + 1,
-            Err(used) => return Err(BudgetExhausted::Attempts { used, max }),
-        };
+        let attempt = self.claim_attempt()?;
         if let Some(retry_budget) = &self.inner.retry_budget {
             if attempt == 1 {
                 retry_budget.deposit_for(&self.inner.client);
@@ -412,6 +399,30 @@ impl TurnBudget {
             }
         }
         Ok(attempt)
+    }
+
+    /// Claims a hedge's attempt: like [`try_begin_attempt`](Self::try_begin_attempt),
+    /// but a hedge draws from its own budget, not the retry budget.
+    pub(crate) fn try_begin_hedge(&self) -> Result<u32, BudgetExhausted> {
+        self.claim_attempt()
+    }
+
+    /// The next attempt's number, within the deadline and the attempts.
+    fn claim_attempt(&self) -> Result<u32, BudgetExhausted> {
+        if self.is_expired() {
+            return Err(self.deadline_error());
+        }
+        let max = self.inner.max_attempts;
+        let claimed =
+            self.inner
+                .attempts
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    (used < max).then_some(used + 1)
+                });
+        match claimed {
+            Ok(before) => Ok(before + 1),
+            Err(used) => Err(BudgetExhausted::Attempts { used, max }),
+        }
     }
 
     /// Check that an attempt estimated to cost `estimated_next` still fits

@@ -71,6 +71,8 @@ pub(crate) struct AttemptPlan {
     pub(crate) foreign: Option<ForeignDialect>,
     /// What a committed answer teaches the state owners, when it may.
     pub(crate) learn: Option<super::owners::Learn>,
+    /// The attempt is a hedge.
+    pub(crate) hedged: bool,
 }
 
 /// When a wait must end, and whether that is the turn's deadline (the
@@ -332,6 +334,8 @@ where
     let estimate = Usage::new(plan.input_tokens, (bytes.len() as u64).div_ceil(4));
     let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
     let mut record = plan.start.record(Decision::Committed);
+    record.hedged = plan.hedged;
+    record.time_to_commit = Some(record.duration);
     record.response_model = response_model;
     if let Some(learn) = &plan.learn {
         learn.answer(facts.id.as_deref());
@@ -406,6 +410,8 @@ where
         .first_output_at()
         .map(|f| f.saturating_duration_since(plan.start.clock));
     let mut record = plan.start.record(Decision::Committed);
+    record.hedged = plan.hedged;
+    record.time_to_commit = Some(record.duration);
     record.status = Some(StatusCode::OK.as_u16());
     record.output_events = state.output_events();
     record.time_to_first_output = ttft;
@@ -481,7 +487,7 @@ fn on_stream_end<S, D>(
         {
             crate::observe::terminal_chunk_sent(&target_name, failure.class.as_str());
         }
-        run.finish_last(|record| {
+        run.finish_committed(|record| {
             record.duration = started.elapsed();
             // Bytes of the provider's answer the client got: without the
             // terminal event the commit machine added after a failure.

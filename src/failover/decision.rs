@@ -42,7 +42,7 @@ pub(super) fn decide(
     others_left: Option<Duration>,
 ) -> Step {
     match failure.recovery {
-        Decision::Stop | Decision::Committed => Step::Stop,
+        Decision::Stop | Decision::Committed | Decision::LostRace => Step::Stop,
         Decision::Reroute => Step::Reroute,
         // An overloaded provider with no hint of when it recovers: another
         // provider answers sooner than a backoff on this one.

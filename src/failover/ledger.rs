@@ -53,6 +53,8 @@ impl AttemptStart {
             rate_limits: Default::default(),
             decision,
             retry_wait: None,
+            hedged: false,
+            time_to_commit: None,
         }
     }
 }
@@ -96,23 +98,44 @@ impl<'a> InFlight<'a> {
     pub(super) fn ended(mut self) {
         self.start = None;
     }
+
+    /// Another attempt committed first: this one is dropped (its upstream
+    /// connection closed) and recorded as having lost the race, charged
+    /// like a cancelled attempt for what the provider had begun.
+    pub(super) fn lost_race(mut self, hedged: bool, winner: u32) {
+        if let Some(start) = self.start.take() {
+            let mut record = self.unfinished.record(&start, Decision::LostRace);
+            record.hedged = hedged;
+            record.time_to_commit = Some(record.duration);
+            record.message = Some(format!("attempt {winner} committed first"));
+            self.run.push(record);
+        }
+    }
+}
+
+impl Unfinished<'_> {
+    /// The record of an attempt that did not end by itself, with its
+    /// estimated charge.
+    fn record(&self, start: &AttemptStart, decision: Decision) -> AttemptRecord {
+        let output_events = self.state.output_events();
+        // Whether the request got out is not known here: a cancelled
+        // attempt is assumed to have reached the provider.
+        let estimate = Usage::new(self.input_tokens, output_events.max(self.output_if_cut));
+        let charge = Charge::to_turn(self.budget, self.pricing, None, estimate);
+        let mut record = start.record(decision);
+        record.output_events = output_events;
+        charge.fill(&mut record);
+        record
+    }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if let Some(start) = self.start.take() {
-            let u = &self.unfinished;
-            let output_events = u.state.output_events();
-            // Whether the request got out is not known here: a cancelled
-            // attempt is assumed to have reached the provider.
-            let estimate = Usage::new(u.input_tokens, output_events.max(u.output_if_cut));
-            let charge = Charge::to_turn(u.budget, u.pricing, None, estimate);
-            let mut record = start.record(Decision::Stop);
+            let mut record = self.unfinished.record(&start, Decision::Stop);
             record.class = Some(FailureClass::Cancelled);
             record.phase = Some(Phase::Preamble);
-            record.output_events = output_events;
             record.message = Some("the turn was cancelled before this attempt ended".to_owned());
-            charge.fill(&mut record);
             self.run.push(record);
         }
     }

@@ -111,6 +111,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     scopes: ScopeRules,
     refuse_when_cooling: bool,
     shutdown: Option<crate::shutdown::Shutdown>,
+    hedge: Option<super::Hedge>,
 }
 
 impl<S, D> std::fmt::Debug for FailoverBuilder<S, D> {
@@ -147,6 +148,7 @@ impl<S> FailoverBuilder<S> {
             scopes: ScopeRules::new(),
             refuse_when_cooling: false,
             shutdown: None,
+            hedge: None,
         }
     }
 }
@@ -171,6 +173,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             scopes: self.scopes,
             refuse_when_cooling: self.refuse_when_cooling,
             shutdown: self.shutdown,
+            hedge: self.hedge,
         }
     }
 
@@ -293,6 +296,14 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Races a hedge when an attempt is slow to commit ([`Hedge`](super::Hedge));
+    /// off by default. Only the first attempt to commit reaches the client:
+    /// the others are cancelled, their upstream connections closed.
+    pub fn hedge(mut self, policy: super::Hedge) -> Self {
+        self.hedge = Some(policy);
+        self
+    }
+
     /// Builds the service.
     pub fn build(self) -> Failover<S, D> {
         let classifier = self.classifier;
@@ -315,6 +326,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             .headers
             .forward_request_headers(self.dialect.forwarded_request_headers());
         let idle = self.stream.idle_timeout.unwrap_or(Duration::MAX);
+        let target_count = targets.len();
         Failover {
             shared: Arc::new(Shared {
                 dialect: self.dialect,
@@ -343,6 +355,9 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                 stream: Arc::new(stream),
                 shutdown: self.shutdown,
                 owners: Arc::default(),
+                hedging: self
+                    .hedge
+                    .map(|h| super::hedge::Hedging::new(h, target_count)),
             }),
         }
     }

@@ -42,4 +42,6 @@ pub(crate) struct Shared<S, D> {
     pub(crate) shutdown: Option<crate::shutdown::Shutdown>,
     /// Which provider holds the state a request continues.
     pub(crate) owners: Arc<super::owners::StateOwners>,
+    /// The hedge policy, when hedging is on.
+    pub(crate) hedging: Option<super::hedge::Hedging>,
 }

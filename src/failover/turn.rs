@@ -15,8 +15,10 @@ use tracing::Instrument;
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
 use super::decision::{Step, decide};
+use super::later;
 use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
 use super::owners::Learn;
+use super::race::{self, Raced, Running};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
@@ -134,6 +136,8 @@ where
                 translations: Translations::default(),
                 retries_here: 0,
                 witness: ClientId::of(&parts.extensions).witness(),
+                hedges_left: 0,
+                no_hedge_for: None,
             };
             let Some(signal) = shared.shutdown.as_ref() else {
                 return turn.run().await;
@@ -216,20 +220,30 @@ struct Turn<'a, S, D: Dialect> {
     witness: Option<Arc<str>>,
     /// The request translated for targets of other dialects.
     translations: Translations,
+    /// Hedges this turn may still start.
+    hedges_left: u32,
+    /// The attempt a hedge was refused for (not asked again).
+    no_hedge_for: Option<u32>,
 }
+
+/// An attempt the budget allowed: its target, number, admission and cost
+/// estimate.
+type Begun = (usize, u32, Admitted, Cost);
 
 /// An answer that ends the turn early (boxed: it is the rare path).
 type Early<B, D> = Box<Response<FailoverBody<B, D>>>;
 
 /// What a failed attempt leads to.
 enum Next<R> {
-    /// Try again (the same target, or the next).
+    /// Go on: with the next target, or the attempts still running.
     Continue,
+    /// Try the same target again after this wait.
+    RetryAfter(std::time::Duration),
     /// The turn ends with this answer.
     Stop(R),
 }
 
-impl<S, D, ResBody> Turn<'_, S, D>
+impl<'a, S, D, ResBody> Turn<'a, S, D>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -242,98 +256,277 @@ where
         if let Err(response) = self.pick_candidates() {
             return *response;
         }
+        self.hedges_left = self.hedges_allowed();
+        let mut running = Vec::new();
+        let mut retry_wait = None;
         loop {
-            let (index, admitted) = match self.next_admitted() {
-                Ok(next) => next,
-                Err(response) => return *response,
-            };
-            let number = match self.begin_attempt(index).await {
-                Ok(number) => number,
-                Err(response) => return *response,
-            };
-            let target = &self.shared.targets[index];
-            let start = AttemptStart {
-                number,
-                target: Arc::clone(&target.name),
-                provider: Arc::clone(&target.provider),
-                upstream_model: target.upstream_model(&self.requirements.model).to_owned(),
-                dialect: target.dialect_name(self.shared.dialect.name()),
-                wall: SystemTime::now(),
-                clock: tokio::time::Instant::now(),
-            };
-            let foreign = target.dialect.clone();
-            let request = upstream::request(
-                &self.shared.dialect,
-                &self.shared.headers,
-                self.parts,
-                &self.request,
-                &start.upstream_model,
-                foreign.as_ref().zip(self.translations.body(index)),
-            );
-            let state = StreamState::new();
-            let plan = AttemptPlan {
-                index,
-                start: start.clone(),
-                stream: self.requirements.stream,
-                strip_usage: self.requirements.stream && !self.requirements.include_usage,
-                input_tokens: self.requirements.input_tokens,
-                first_output: target
-                    .first_output_for(self.requirements.reasoning)
-                    .unwrap_or(self.shared.timeouts.first_output),
-                witness: self.witness.clone(),
-                learn: self.learn(index, foreign.is_none()),
-                state: state.clone(),
-                foreign,
-            };
-            let span = observe::attempt_span(
-                number,
-                &start.target,
-                &start.provider,
-                &start.upstream_model,
-            );
-            self.run.begin_attempt(span.clone(), &start.target);
-            // A turn dropped mid-attempt still pays for it: the provider
-            // goes on generating what it was asked for.
-            let unfinished = Unfinished {
-                budget: self.budget,
-                pricing: target.pricing,
-                input_tokens: self.requirements.input_tokens,
-                output_if_cut: self.output_if_cut(),
-                state,
-            };
-            let in_flight = InFlight::new(self.run, start.clone(), unfinished);
-            let outcome = attempt::run(self.shared, plan, request, self.budget, self.run)
-                .instrument(span)
-                .await;
-            in_flight.ended();
-            match outcome {
-                Outcome::Committed {
-                    response,
-                    ttft,
-                    whole,
-                } => {
-                    if whole {
-                        admitted.success(ttft);
-                    } else {
-                        admitted.committed(ttft);
-                    }
-                    return *response;
+            if running.is_empty() {
+                if let Some(after) = retry_wait.take() {
+                    tokio::time::sleep(after).await;
                 }
-                Outcome::Failed {
-                    failure,
-                    output_events,
-                } => {
-                    let attempt = FailedAttempt {
-                        index,
-                        start,
-                        output_events,
+                let (index, admitted) = match self.next_admitted() {
+                    Ok(next) => next,
+                    Err(response) => return *response,
+                };
+                let (number, estimate) = match self.begin_attempt(index).await {
+                    Ok(begun) => begun,
+                    Err(response) => return *response,
+                };
+                running.push(self.launch(index, number, admitted, estimate, false));
+            }
+            let hedge_at = self.hedge_at(&running);
+            match race::race(&mut running, hedge_at).await {
+                Raced::HedgeDue => {
+                    let latest = running.last().map(|r| r.start.number);
+                    let hedge = match self.hedge_target(&running) {
+                        Some((at, admitted)) => {
+                            let reserved = Running::reserved(&running);
+                            self.begin_hedge(at, admitted, reserved).await
+                        }
+                        None => None,
                     };
-                    if let Next::Stop(response) = self.on_failure(attempt, admitted, failure).await
-                    {
-                        return response;
+                    match hedge {
+                        Some((index, number, admitted, estimate)) => {
+                            running.push(self.launch(index, number, admitted, estimate, true));
+                        }
+                        // Not asked again for this attempt.
+                        None => self.no_hedge_for = latest,
+                    }
+                }
+                Raced::Ended(at, outcome) => {
+                    let ended = running.remove(at);
+                    ended.in_flight.ended();
+                    match outcome {
+                        Outcome::Committed {
+                            response,
+                            ttft,
+                            whole,
+                        } => {
+                            if whole {
+                                ended.admitted.success(ttft);
+                            } else {
+                                ended.admitted.committed(ttft);
+                            }
+                            self.end_race(ended.index, ended.hedged, ended.start, running);
+                            return *response;
+                        }
+                        Outcome::Failed {
+                            failure,
+                            output_events,
+                        } => {
+                            let attempt = FailedAttempt {
+                                index: ended.index,
+                                start: ended.start,
+                                output_events,
+                                hedged: ended.hedged,
+                                racing: !running.is_empty(),
+                            };
+                            match self.on_failure(attempt, ended.admitted, failure) {
+                                Next::Stop(response) => return response,
+                                Next::Continue => {}
+                                Next::RetryAfter(after) => retry_wait = Some(after),
+                            }
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Starts attempt `number` on target `index`: its record and span
+    /// begin, and its future is returned to be raced.
+    fn launch(
+        &mut self,
+        index: usize,
+        number: u32,
+        admitted: Admitted,
+        estimate: Cost,
+        hedged: bool,
+    ) -> Running<'a, impl Future<Output = Outcome<ResBody, D>> + use<'a, S, D, ResBody>> {
+        let shared: &'a Shared<S, D> = self.shared;
+        let (budget, run) = (self.budget, self.run);
+        let target = &shared.targets[index];
+        let start = AttemptStart {
+            number,
+            target: Arc::clone(&target.name),
+            provider: Arc::clone(&target.provider),
+            upstream_model: target.upstream_model(&self.requirements.model).to_owned(),
+            dialect: target.dialect_name(shared.dialect.name()),
+            wall: SystemTime::now(),
+            clock: tokio::time::Instant::now(),
+        };
+        let foreign = target.dialect.clone();
+        let request = upstream::request(
+            &shared.dialect,
+            &shared.headers,
+            self.parts,
+            &self.request,
+            &start.upstream_model,
+            foreign.as_ref().zip(self.translations.body(index)),
+        );
+        let state = StreamState::new();
+        let plan = AttemptPlan {
+            index,
+            start: start.clone(),
+            stream: self.requirements.stream,
+            strip_usage: self.requirements.stream && !self.requirements.include_usage,
+            input_tokens: self.requirements.input_tokens,
+            first_output: target
+                .first_output_for(self.requirements.reasoning)
+                .unwrap_or(shared.timeouts.first_output),
+            witness: self.witness.clone(),
+            learn: self.learn(index, foreign.is_none()),
+            state: state.clone(),
+            foreign,
+            hedged,
+        };
+        let span = observe::attempt_span(
+            number,
+            &start.target,
+            &start.provider,
+            &start.upstream_model,
+        );
+        run.begin_attempt(number, span.clone(), &start.target);
+        if hedged {
+            observe::hedge(&start.target, "started");
+        }
+        // A turn dropped mid-attempt still pays for it: the provider
+        // goes on generating what it was asked for.
+        let unfinished = Unfinished {
+            budget,
+            pricing: target.pricing,
+            input_tokens: self.requirements.input_tokens,
+            output_if_cut: self.output_if_cut(),
+            state,
+        };
+        Running {
+            index,
+            in_flight: InFlight::new(run, start.clone(), unfinished),
+            start,
+            admitted,
+            hedged,
+            estimate,
+            attempt: Box::pin(attempt::run(shared, plan, request, budget, run).instrument(span)),
+        }
+    }
+
+    /// How many hedges this turn may start: none without a policy, and
+    /// none for a request whose repeat could have an effect (a provider-
+    /// hosted tool, provider-held state, the result of a tool the route
+    /// marked as not idempotent).
+    fn hedges_allowed(&mut self) -> u32 {
+        let Some(hedging) = self.shared.hedging.as_ref() else {
+            return 0;
+        };
+        let requirements = &self.requirements;
+        if !requirements.hosted_tools.is_empty() || requirements.provider_state.is_some() {
+            return 0;
+        }
+        let (dialect, request) = (&self.shared.dialect, &self.request);
+        if !hedging.allows_tools(|| dialect.to_neutral(request).ok()) {
+            return 0;
+        }
+        hedging.policy.max_hedges()
+    }
+
+    /// When the next hedge is due: the latest attempt's hedge wait after
+    /// its start, while hedges are left, the latest attempt was not
+    /// already refused one, and some target is left to race.
+    fn hedge_at<F>(&self, running: &[Running<'_, F>]) -> Option<tokio::time::Instant> {
+        let hedging = self.shared.hedging.as_ref()?;
+        let latest = running.last()?;
+        if self.hedges_left == 0 || self.no_hedge_for == Some(latest.start.number) {
+            return None;
+        }
+        if !self
+            .queue
+            .iter()
+            .any(|i| running.iter().all(|r| r.index != *i))
+        {
+            return None;
+        }
+        let wait = hedging.wait(latest.index, self.requirements.stream);
+        Some(later(latest.start.clock, wait))
+    }
+
+    /// The queue position of the next target a hedge may race on: not
+    /// running, and healthy (never a probe after a cooldown).
+    fn hedge_target<F>(&self, running: &[Running<'_, F>]) -> Option<(usize, Admitted)> {
+        let shared = self.shared;
+        self.queue.iter().enumerate().find_map(|(at, &index)| {
+            if running.iter().any(|r| r.index == index) {
+                return None;
+            }
+            let key = shared.targets[index].health_key(&self.requirements.model);
+            Admitted::new(&shared.health, key, false)
+                .ok()
+                .filter(|admitted| !admitted.is_probe())
+                .map(|admitted| (at, admitted))
+        })
+    }
+
+    /// Draws a hedge on the target at queue position `at` from the turn's
+    /// budget: the deadline and attempts, the spend ceiling with the
+    /// running attempts' estimates (`reserved`) and the hedge's own, the
+    /// tenant's reservation, and the hedge budget. `None`: the turn goes
+    /// on waiting, as without hedging.
+    async fn begin_hedge(
+        &mut self,
+        at: usize,
+        admitted: Admitted,
+        reserved: Cost,
+    ) -> Option<Begun> {
+        let shared = self.shared;
+        let hedging = shared.hedging.as_ref()?;
+        let index = *self.queue.get(at)?;
+        let estimate = shared.targets[index]
+            .estimate(self.requirements.input_tokens, self.output_tokens)
+            .unwrap_or(Cost::ZERO);
+        if self
+            .budget
+            .check_spend(reserved.saturating_add(estimate))
+            .is_err()
+            || self.budget.check_open().is_err()
+            || self.budget.reserve_tenant(estimate).await.is_err()
+            || !hedging.policy.budget.withdraw()
+        {
+            return None;
+        }
+        let number = self.budget.try_begin_hedge().ok()?;
+        self.resting.attempted(index);
+        self.queue.remove(at);
+        self.hedges_left -= 1;
+        Some((index, number, admitted, estimate))
+    }
+
+    /// Another attempt committed: the ones still running lose the race
+    /// (dropped, which closes their upstream connections), and what each
+    /// took is learned for the hedge percentile.
+    fn end_race<F>(
+        &self,
+        index: usize,
+        hedged: bool,
+        start: AttemptStart,
+        running: Vec<Running<'_, F>>,
+    ) {
+        let Some(hedging) = self.shared.hedging.as_ref() else {
+            return;
+        };
+        let stream = self.requirements.stream;
+        hedging.observe(index, stream, start.clock.elapsed());
+        if hedged {
+            observe::hedge(&start.target, "won");
+        }
+        for loser in running {
+            hedging.observe(loser.index, stream, loser.start.clock.elapsed());
+            if loser.hedged {
+                observe::hedge(&loser.start.target, "lost");
+            }
+            // The attempt is dropped first: its connection closes before
+            // its record is written.
+            drop(loser.attempt);
+            drop(loser.admitted);
+            loser.in_flight.lost_race(loser.hedged, start.number);
         }
     }
 
@@ -536,7 +729,7 @@ where
     /// ceiling, then reserves the attempt's estimate with the turn's tenant
     /// (the first reservation is the turn's admission) before anything is
     /// sent.
-    async fn begin_attempt(&mut self, index: usize) -> Result<u32, Early<ResBody, D>> {
+    async fn begin_attempt(&mut self, index: usize) -> Result<(u32, Cost), Early<ResBody, D>> {
         let target = &self.shared.targets[index];
         let estimate = target.estimate(self.requirements.input_tokens, self.output_tokens);
         if let Some(estimate) = estimate
@@ -560,7 +753,13 @@ where
             Err(refusal) => return Err(self.refuse(&refusal)),
         };
         self.resting.attempted(index);
-        Ok(number)
+        // Every first attempt earns hedges a share, as the retry budget.
+        if number == 1
+            && let Some(hedging) = self.shared.hedging.as_ref()
+        {
+            hedging.policy.budget.deposit();
+        }
+        Ok((number, estimate.unwrap_or(Cost::ZERO)))
     }
 
     /// The turn stops, refused by its budget.
@@ -607,7 +806,9 @@ where
     }
 
     /// Records a failed attempt, updates health, and decides what follows.
-    async fn on_failure(
+    /// While another attempt is still running (a hedge's race), the failed
+    /// one is recorded as a reroute and the turn goes on with the others.
+    fn on_failure(
         &mut self,
         attempt: FailedAttempt,
         admitted: Admitted,
@@ -644,7 +845,10 @@ where
         let charge = self
             .failed_charge(&attempt, &failure)
             .map(|estimate| Charge::to_turn(self.budget, target.pricing, None, estimate));
-        let step = if client_named_unknown_model {
+        let step = if attempt.racing {
+            self.leave(attempt.index, &failure);
+            Step::Reroute
+        } else if client_named_unknown_model {
             Step::Stop
         } else {
             self.decide(attempt.index, &failure, cooldown)
@@ -652,6 +856,7 @@ where
         // Every failure here is before commit: nothing reached the client
         // (bytes_flushed stays 0).
         let mut record = attempt.start.record(step.decision());
+        record.hedged = attempt.hedged;
         if let Step::RetrySame { after } = step {
             record.retry_wait = Some(after);
         }
@@ -668,7 +873,8 @@ where
         match step {
             // Certain only once the next attempt begins: the turn may still
             // stop first (spend ceiling, retry budget, nothing admitted).
-            Step::RetrySame { .. } | Step::Reroute => self.run.hold(record),
+            Step::RetrySame { .. } | Step::Reroute if !attempt.racing => self.run.hold(record),
+            Step::Reroute => self.run.push(record),
             _ => {
                 self.run.push(record);
                 self.run.stop(if request_error {
@@ -702,8 +908,7 @@ where
             }
             Step::RetrySame { after } => {
                 self.retries_here += 1;
-                tokio::time::sleep(after).await;
-                Next::Continue
+                Next::RetryAfter(after)
             }
             Step::Reroute => Next::Continue,
         }
@@ -718,26 +923,43 @@ where
         failure: &Classification,
         cooldown: Option<std::time::Duration>,
     ) -> Step {
+        // A hedge's target left the queue when the hedge began: it is
+        // never retried.
+        let at_front = self.queue.front() == Some(&index);
+        let others_left = self.queue.iter().any(|&i| i != index);
         let step = decide(
             failure,
-            self.retries_here,
+            if at_front {
+                self.retries_here
+            } else {
+                self.shared.max_retries_per_target
+            },
             self.shared.max_retries_per_target,
             self.budget,
             cooldown,
-            (self.queue.len() > 1).then_some(self.shared.max_same_target_wait),
+            others_left.then_some(self.shared.max_same_target_wait),
         );
         if step != Step::Reroute {
             return step;
         }
-        self.queue.pop_front();
-        self.retries_here = 0;
-        if failure.class == FailureClass::ContextLengthExceeded {
-            self.keep_larger_windows(index);
-        }
+        self.leave(index, failure);
         if self.queue.is_empty() && !self.resting.can_probe() {
             Step::Stop
         } else {
             Step::Reroute
+        }
+    }
+
+    /// The turn moves on from target `index` after `failure`.
+    fn leave(&mut self, index: usize, failure: &Classification) {
+        if self.queue.front() == Some(&index) {
+            self.queue.pop_front();
+            self.retries_here = 0;
+        } else {
+            self.queue.retain(|&i| i != index);
+        }
+        if failure.class == FailureClass::ContextLengthExceeded {
+            self.keep_larger_windows(index);
         }
     }
 
@@ -763,4 +985,8 @@ struct FailedAttempt {
     index: usize,
     start: AttemptStart,
     output_events: u64,
+    /// It was a hedge.
+    hedged: bool,
+    /// Other attempts are still running.
+    racing: bool,
 }

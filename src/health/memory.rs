@@ -564,6 +564,11 @@ impl Admitted {
         })
     }
 
+    /// Admitted as the probe after a cooldown.
+    pub(crate) fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     /// The attempt's whole answer arrived.
     pub(crate) fn success(mut self, ttft: Option<Duration>) {
         self.probe = false;

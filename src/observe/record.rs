@@ -16,6 +16,9 @@ use crate::{FailureClass, Phase};
 pub(crate) const ATTEMPTS_HEADER: &str = "x-failover-attempts";
 /// Response header with the name of the target that answered.
 pub(crate) const TARGET_HEADER: &str = "x-failover-target";
+/// Response header with the number of the attempt that served the answer
+/// (not always the last one made: a hedge may lose to an earlier attempt).
+pub(crate) const SERVED_ATTEMPT_HEADER: &str = "x-failover-served-attempt";
 /// Response header with the turn's turn id.
 pub const TURN_ID_HEADER: &str = "x-failover-run-id";
 
@@ -72,6 +75,13 @@ pub struct AttemptRecord {
     pub decision: Decision,
     /// For [`Decision::RetrySame`]: the wait taken before the retry.
     pub retry_wait: Option<Duration>,
+    /// The attempt was a hedge: started beside a running attempt that
+    /// had not committed in time.
+    pub hedged: bool,
+    /// For an attempt that raced another: the time from its start until
+    /// it committed, or until it lost the race (then it would have taken
+    /// at least that).
+    pub time_to_commit: Option<Duration>,
 }
 
 impl AttemptRecord {
@@ -85,18 +95,41 @@ impl AttemptRecord {
     }
 }
 
+/// The span of attempt `number`: the running attempt's, or a racing one's.
+fn take_span(
+    running: &mut Option<(u32, tracing::Span)>,
+    racing: &mut Vec<(u32, tracing::Span)>,
+    number: u32,
+) -> Option<tracing::Span> {
+    if running.as_ref().is_some_and(|(n, _)| *n == number) {
+        return running.take().map(|(_, span)| span);
+    }
+    let at = racing.iter().position(|(n, _)| *n == number)?;
+    Some(racing.swap_remove(at).1)
+}
+
+impl TurnInner {
+    fn take_span(&mut self, number: u32) -> Option<tracing::Span> {
+        take_span(&mut self.attempt_span, &mut self.racing_spans, number)
+    }
+}
+
 #[derive(Debug, Default)]
 struct TurnInner {
     attempts: Vec<AttemptRecord>,
     winner: Option<Arc<str>>,
+    /// The attempt number of the winner.
+    served: Option<u32>,
     done: bool,
     /// A failed attempt whose decision (retry or reroute) is not yet
     /// certain: it becomes `stop` if the turn ends before the next attempt.
     /// Boxed: a committed stream keeps this record for its life, and it is
     /// empty then.
     held: Option<Box<AttemptRecord>>,
-    /// The span of the attempt in progress (or held).
-    attempt_span: Option<tracing::Span>,
+    /// The span of the attempt in progress (or held), by attempt number.
+    attempt_span: Option<(u32, tracing::Span)>,
+    /// The spans of attempts racing it (hedges), by attempt number.
+    racing_spans: Vec<(u32, tracing::Span)>,
     /// The turn's span, closed when the turn is concluded.
     turn_span: Option<tracing::Span>,
     stop_reason: Option<StopReason>,
@@ -176,10 +209,11 @@ impl TurnRecord {
         self.lock().turn_span = Some(span);
     }
 
-    /// An attempt begins on `target` with `span`: a held attempt's decision
-    /// stands, except that a retry of the same target that went elsewhere
-    /// (the target began resting meanwhile) was a reroute.
-    pub(crate) fn begin_attempt(&self, span: tracing::Span, target: &str) {
+    /// Attempt `number` begins on `target` with `span`: a held attempt's
+    /// decision stands, except that a retry of the same target that went
+    /// elsewhere (the target began resting meanwhile) was a reroute. An
+    /// attempt still running (a hedge's race) keeps its span.
+    pub(crate) fn begin_attempt(&self, number: u32, span: tracing::Span, target: &str) {
         {
             let mut inner = self.lock();
             if let Some(held) = inner.held.as_mut()
@@ -190,12 +224,15 @@ impl TurnRecord {
             }
         }
         self.release_held();
-        self.lock().attempt_span = Some(span);
+        let mut inner = self.lock();
+        if let Some(running) = inner.attempt_span.replace((number, span)) {
+            inner.racing_spans.push(running);
+        }
     }
 
     /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
-        let span = self.lock().attempt_span.take();
+        let span = self.lock().take_span(record.attempt);
         emit(self.turn_id.as_str(), &record, span.as_ref(), self.meters());
         self.push_quietly(record);
     }
@@ -227,6 +264,7 @@ impl TurnRecord {
         let mut inner = self.lock();
         if record.decision == Decision::Committed {
             inner.winner = Some(record.target.clone());
+            inner.served = Some(record.attempt);
         }
         // Most turns make one attempt, and a committed stream holds its
         // record for the stream's life: room for one, not the four a
@@ -237,16 +275,28 @@ impl TurnRecord {
         inner.attempts.push(record);
     }
 
-    /// Updates the last attempt (a committed stream's final figures), logs
-    /// it, and concludes the turn.
-    pub(crate) fn finish_last(&self, update: impl FnOnce(&mut AttemptRecord)) {
-        let mut inner = self.lock();
-        let span = inner.attempt_span.take();
-        if let Some(last) = inner.attempts.last_mut() {
-            update(last);
-            emit(self.turn_id.as_str(), last, span.as_ref(), self.meters());
+    /// Updates the committed attempt (a stream's final figures; the
+    /// losers of a race are recorded after it), logs it, and concludes
+    /// the turn.
+    pub(crate) fn finish_committed(&self, update: impl FnOnce(&mut AttemptRecord)) {
+        {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            let committed = inner
+                .attempts
+                .iter_mut()
+                .rev()
+                .find(|a| a.decision == Decision::Committed);
+            if let Some(record) = committed {
+                let span = take_span(
+                    &mut inner.attempt_span,
+                    &mut inner.racing_spans,
+                    record.attempt,
+                );
+                update(record);
+                emit(self.turn_id.as_str(), record, span.as_ref(), self.meters());
+            }
         }
-        drop(inner);
         self.conclude();
     }
 
@@ -310,8 +360,9 @@ impl TurnRecord {
         let winner = inner.winner.clone();
         let span = inner.turn_span.take();
         let attempt_span = inner.attempt_span.take();
+        let racing_spans = std::mem::take(&mut inner.racing_spans);
         drop(inner);
-        drop(attempt_span);
+        drop((attempt_span, racing_spans));
         tracing::info!(
             target: "tower_llm_failover::turn",
             run_id = %log_safe(self.turn_id.as_str()),
@@ -344,6 +395,9 @@ impl TurnRecord {
             && let Ok(value) = HeaderValue::from_str(winner)
         {
             headers.push((TARGET_HEADER, value));
+        }
+        if let Some(served) = inner.served {
+            headers.push((SERVED_ATTEMPT_HEADER, HeaderValue::from(served)));
         }
         if let Ok(value) = HeaderValue::from_str(self.turn_id.as_str()) {
             headers.push((TURN_ID_HEADER, value));

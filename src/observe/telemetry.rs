@@ -95,6 +95,8 @@ pub(crate) mod metric {
     pub(crate) const REROUTES: &str = "failover.reroutes";
     /// Counter: cooldowns started, by scope.
     pub(crate) const COOLDOWNS: &str = "failover.cooldowns";
+    /// Counter: hedged attempts, by target and result.
+    pub(crate) const HEDGES: &str = "failover.hedges";
     /// Gauge: each health key's state (1 for its state, 0 for the others).
     pub(crate) const HEALTH_STATE: &str = "failover.health.state";
     /// Counter: first attempts deposited in the retry budget.
@@ -140,6 +142,10 @@ pub fn describe_metrics() {
     );
     metrics::describe_counter!(metric::REROUTES, "Reroutes away from a target.");
     metrics::describe_counter!(metric::COOLDOWNS, "Cooldowns started, by scope.");
+    metrics::describe_counter!(
+        metric::HEDGES,
+        "Hedged attempts, by target and result (started, won, lost)."
+    );
     metrics::describe_gauge!(
         metric::HEALTH_STATE,
         "Health key state: 1 for the current state, 0 for the others."
@@ -179,6 +185,17 @@ pub(crate) fn cooldown_started(provider: &str, scope: &'static str) {
 }
 
 /// A committed stream was ended with a terminal chunk.
+/// A hedge `result`: `started`, `won` (it committed) or `lost` (another
+/// attempt committed first).
+pub(crate) fn hedge(target: &str, result: &'static str) {
+    metrics::counter!(
+        metric::HEDGES,
+        attr::FAILOVER_TARGET => target.to_owned(),
+        attr::FAILOVER_RESULT => result,
+    )
+    .increment(1);
+}
+
 pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
     metrics::counter!(
         metric::TERMINAL_CHUNKS,

@@ -7,7 +7,7 @@ use std::fmt;
 /// ([`Classification::recovery`](crate::classify::Classification::recovery))
 /// is one of the first three; the failover layer's record of what it did
 /// ([`AttemptRecord::decision`](crate::observe::AttemptRecord::decision))
-/// adds [`Committed`](Decision::Committed).
+/// adds [`Committed`](Decision::Committed) and [`LostRace`](Decision::LostRace).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// Try the same target again (after the retry hint or a backoff).
@@ -19,6 +19,9 @@ pub enum Decision {
     Stop,
     /// The attempt committed: its answer went to the client.
     Committed,
+    /// The attempt raced a hedge (or was one) and another attempt
+    /// committed first: it was cancelled before sending anything.
+    LostRace,
 }
 
 impl Decision {
@@ -29,6 +32,7 @@ impl Decision {
             Self::Reroute => "reroute",
             Self::Stop => "stop",
             Self::Committed => "committed",
+            Self::LostRace => "lost_race",
         }
     }
 }

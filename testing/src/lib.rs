@@ -10,6 +10,8 @@
 //! - [`ScriptedBody`] plays a list of [`Step`]s as a response body: data
 //!   frames, waits, a stall, an error (a reset), or the end.
 //! - [`chunks`] writes OpenAI chat-chunk SSE events for those scripts.
+//! - [`Tally`] counts a fake's answers still open, cut by the caller, and
+//!   the frames they sent (a cancelled attempt shows as cut).
 //!
 //! A test-only companion of `tower-llm-failover`: it depends on none of
 //! that crate's types (fakes speak HTTP, bytes and JSON), so any stack can
@@ -67,7 +69,7 @@ use std::collections::VecDeque;
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -96,11 +98,68 @@ impl Step {
     }
 }
 
+/// What a fake's answers came to: how many are still open (a response
+/// head awaited, or a body not yet dropped), how many were dropped before
+/// their end (cut by the caller), and the data frames they delivered.
+/// Shared by the clones of a [`FakeProvider`].
+#[derive(Debug, Default)]
+pub struct Tally {
+    open: AtomicUsize,
+    cut: AtomicUsize,
+    frames: AtomicU64,
+}
+
+impl Tally {
+    /// Answers still open: a request whose response or body the caller
+    /// still holds.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Answers dropped before their end (before the head, or with steps
+    /// left in the body): the caller closed the connection.
+    pub fn cut(&self) -> usize {
+        self.cut.load(Ordering::SeqCst)
+    }
+
+    /// Data frames delivered, by every answer.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::SeqCst)
+    }
+}
+
+/// One answer counted in a [`Tally`] until it ends or is dropped.
+#[derive(Debug)]
+struct Ticket {
+    tally: Arc<Tally>,
+    ended: bool,
+}
+
+impl Ticket {
+    fn new(tally: Arc<Tally>) -> Self {
+        tally.open.fetch_add(1, Ordering::SeqCst);
+        Self {
+            tally,
+            ended: false,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.tally.open.fetch_sub(1, Ordering::SeqCst);
+        if !self.ended {
+            self.tally.cut.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// A response body that plays [`Step`]s, then ends.
 pub struct ScriptedBody {
     steps: VecDeque<Step>,
     sleep: Option<Pin<Box<Sleep>>>,
     dropped: Arc<AtomicBool>,
+    ticket: Option<Ticket>,
 }
 
 impl std::fmt::Debug for ScriptedBody {
@@ -118,6 +177,7 @@ impl ScriptedBody {
             steps: steps.into_iter().collect(),
             sleep: None,
             dropped: Arc::new(AtomicBool::new(false)),
+            ticket: None,
         }
     }
 
@@ -150,8 +210,22 @@ impl Body for ScriptedBody {
                 self.sleep = None;
             }
             match self.steps.pop_front() {
-                None => return Poll::Ready(None),
-                Some(Step::Data(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => {
+                    if let Some(ticket) = self.ticket.as_mut() {
+                        ticket.ended = true;
+                    }
+                    return Poll::Ready(None);
+                }
+                Some(Step::Data(bytes)) => {
+                    let last = self.steps.is_empty();
+                    if let Some(ticket) = self.ticket.as_mut() {
+                        ticket.tally.frames.fetch_add(1, Ordering::SeqCst);
+                        // Everything was sent: reading on would only see
+                        // the end.
+                        ticket.ended |= last;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
                 Some(Step::Wait(duration)) => {
                     self.sleep = Some(Box::pin(tokio::time::sleep(duration)));
                 }
@@ -161,6 +235,9 @@ impl Body for ScriptedBody {
                 }
                 Some(Step::Error(message)) => {
                     self.steps.clear();
+                    if let Some(ticket) = self.ticket.as_mut() {
+                        ticket.ended = true;
+                    }
                     return Poll::Ready(Some(Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionReset,
                         message,

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use tower_service::Service;
 
 use super::chunks;
-use super::{ScriptedBody, Step, json_response, sse_response};
+use super::{ScriptedBody, Step, Tally, Ticket, json_response, sse_response};
 
 /// How the fake answers one attempt.
 #[derive(Debug, Clone)]
@@ -113,6 +113,7 @@ struct Inner {
     otherwise: Mutex<Reply>,
     calls: AtomicUsize,
     seen: Mutex<Vec<SeenRequest>>,
+    tally: Arc<Tally>,
 }
 
 /// A scriptable fake provider. Clones share the script and the counters.
@@ -132,6 +133,7 @@ impl FakeProvider {
                 otherwise: Mutex::new(Reply::stream(name, 8)),
                 calls: AtomicUsize::new(0),
                 seen: Mutex::new(Vec::new()),
+                tally: Arc::default(),
             }),
         }
     }
@@ -156,6 +158,12 @@ impl FakeProvider {
     /// Attempts received.
     pub fn calls(&self) -> usize {
         self.inner.calls.load(Ordering::SeqCst)
+    }
+
+    /// What its answers came to: open, cut by the caller, frames sent.
+    /// A hedge's loser shows as cut, and no longer open.
+    pub fn tally(&self) -> &Tally {
+        &self.inner.tally
     }
 
     /// The requests received.
@@ -224,6 +232,9 @@ impl Service<Request<Full<Bytes>>> for FakeProvider {
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         self.inner.calls.fetch_add(1, Ordering::SeqCst);
         let this = self.clone();
+        // Counted open until the body ends or is dropped (or, before the
+        // head, until this future is).
+        let ticket = Ticket::new(Arc::clone(&self.inner.tally));
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let bytes = match body.collect().await {
@@ -238,7 +249,18 @@ impl Service<Request<Full<Bytes>>> for FakeProvider {
                 body,
                 at: tokio::time::Instant::now(),
             });
-            respond(this.next_reply(stream)).await
+            let mut ticket = ticket;
+            match respond(this.next_reply(stream)).await {
+                Ok(mut response) => {
+                    response.body_mut().ticket = Some(ticket);
+                    Ok(response)
+                }
+                Err(refused) => {
+                    // Refused: an end, not a cut.
+                    ticket.ended = true;
+                    Err(refused)
+                }
+            }
         })
     }
 }

@@ -1,0 +1,76 @@
+//! Attempts running at once (a slow attempt and its hedges), polled in the
+//! order they started: the first to come to an end is taken, and the
+//! others are not polled again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::time::Instant;
+
+use super::attempt::Outcome;
+use super::ledger::{AttemptStart, InFlight};
+use crate::Cost;
+use crate::dialect::Dialect;
+use crate::health::Admitted;
+
+/// An attempt under way.
+pub(super) struct Running<'a, F> {
+    pub(super) index: usize,
+    pub(super) start: AttemptStart,
+    pub(super) admitted: Admitted,
+    /// Records the attempt if it is dropped before it ends.
+    pub(super) in_flight: InFlight<'a>,
+    /// Started beside a slower attempt.
+    pub(super) hedged: bool,
+    /// Its cost estimate, reserved under the turn's spend ceiling while it
+    /// runs.
+    pub(super) estimate: Cost,
+    // Boxed: attempts move in and out of the race's list.
+    pub(super) attempt: Pin<Box<F>>,
+}
+
+/// What a race came to.
+pub(super) enum Raced<B, D: Dialect> {
+    /// Attempt `.0` (an index into the list) ended.
+    Ended(usize, Outcome<B, D>),
+    /// The hedge timer fired first.
+    HedgeDue,
+}
+
+/// Polls `running` in start order, then the hedge timer, until one is
+/// ready. An attempt's commit and its side effects (its record, its
+/// charge) happen within the poll that returns it, so the first ready is
+/// the only one that committed: when two could commit in the same poll,
+/// the earlier attempt wins and the later one is never polled again.
+pub(super) async fn race<F, B, D>(
+    running: &mut [Running<'_, F>],
+    hedge_at: Option<Instant>,
+) -> Raced<B, D>
+where
+    F: Future<Output = Outcome<B, D>>,
+    D: Dialect,
+{
+    let mut timer = std::pin::pin!(hedge_at.map(tokio::time::sleep_until));
+    std::future::poll_fn(|cx| {
+        for (at, running) in running.iter_mut().enumerate() {
+            if let Poll::Ready(outcome) = running.attempt.as_mut().poll(cx) {
+                return Poll::Ready(Raced::Ended(at, outcome));
+            }
+        }
+        match timer.as_mut().as_pin_mut().map(|sleep| sleep.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Raced::HedgeDue),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+impl<F> Running<'_, F> {
+    /// Estimates reserved by attempts still running.
+    pub(super) fn reserved(running: &[Self]) -> Cost {
+        running
+            .iter()
+            .fold(Cost::ZERO, |sum, r| sum.saturating_add(r.estimate))
+    }
+}
