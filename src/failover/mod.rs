@@ -23,6 +23,17 @@
 //!   provider's message; when every option is spent the client gets one
 //!   error in the dialect's shape naming the first failure and the attempt
 //!   count.
+//! - Optionally, a [`Hedge`]: an attempt that has not committed in time
+//!   (a fixed wait, or a percentile of the target's recent times to
+//!   commit) is raced by one more on the next healthy target. The first
+//!   to commit is served; the others are dropped at once, which closes
+//!   their upstream connections, and are recorded as
+//!   [`Decision::LostRace`](crate::Decision::LostRace). Hedges count as
+//!   attempts, reserve their estimate under the spend ceiling while they
+//!   run, draw from their own budget (5 % of first attempts by default),
+//!   and are never made for a request that could repeat an effect (a
+//!   provider-hosted tool, provider-held state, the result of a tool
+//!   marked not idempotent). Losing a race says nothing about health.
 //! - Passive health in a [`HealthStore`](crate::health::HealthStore) shared by the whole gateway (see
 //!   [Health](#health) below).
 //! - Every attempt is recorded ([`TurnRecord`](crate::observe::TurnRecord) in

@@ -21,7 +21,7 @@ use tower_llm_failover::dialect::{
     AnthropicMessages, Dialect, ErrorReply, OpenAiChat, OpenAiResponses, ParsedRequest,
     TerminalMode,
 };
-use tower_llm_failover::failover::Caps;
+use tower_llm_failover::failover::{Caps, Hedge};
 use tower_llm_failover::failover::{HeaderPolicy, Timeouts};
 use tower_llm_failover::identity::ClientId;
 use tower_llm_failover::limit::{RateLimitStore, ReadLimitError};
@@ -390,7 +390,7 @@ impl ProviderConfig {
 }
 
 /// `[[routes]]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Client-facing model name, `*` as wildcard.
@@ -402,6 +402,72 @@ pub struct RouteConfig {
     /// Where the route's turns go, tried as `[failover] strategy` says
     /// (in this order with `ordered`).
     pub targets: Vec<TargetConfig>,
+    /// Hedging, off unless `hedge_after_ms` or `hedge_after_percentile`
+    /// is set: when an attempt has not committed in time, a hedge races it
+    /// on the next healthy target, and the first to commit is served.
+    /// Hedge an attempt that has not committed this long after its start.
+    pub hedge_after_ms: Option<u64>,
+    /// Or: hedge after this percentile (1–99.9) of the target's recent
+    /// times to commit, with `hedge_after_floor_ms` as the least wait.
+    pub hedge_after_percentile: Option<f64>,
+    /// The least wait of the percentile policy, and the wait until a
+    /// target has 20 samples (default 250).
+    pub hedge_after_floor_ms: Option<u64>,
+    /// Hedges at most this share of first attempts, in percent (default 5).
+    pub hedge_budget_percent: Option<f32>,
+    /// Hedges per turn (default 1).
+    pub max_hedges: Option<u32>,
+    /// Tools that are not idempotent: a request carrying a result of one
+    /// of them is never hedged.
+    #[serde(default)]
+    pub unhedgeable_tools: Vec<String>,
+}
+
+impl RouteConfig {
+    /// The route's hedge policy, `None` when hedging is off, or why the
+    /// settings do not make one.
+    pub fn hedge(&self) -> Result<Option<Hedge>, String> {
+        let hedge = match (self.hedge_after_ms, self.hedge_after_percentile) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "set hedge_after_ms or hedge_after_percentile, not both".to_owned()
+                );
+            }
+            (Some(ms), None) => Hedge::after(Duration::from_millis(ms)),
+            (None, Some(p)) if (1.0..=99.9).contains(&p) => Hedge::percentile(
+                p,
+                Duration::from_millis(self.hedge_after_floor_ms.unwrap_or(250)),
+            ),
+            (None, Some(p)) => {
+                return Err(format!("hedge_after_percentile must be within 1 and 99.9, got {p}"));
+            }
+            (None, None) => {
+                let set = self.hedge_after_floor_ms.is_some()
+                    || self.hedge_budget_percent.is_some()
+                    || self.max_hedges.is_some()
+                    || !self.unhedgeable_tools.is_empty();
+                if set {
+                    return Err(
+                        "hedge settings need hedge_after_ms or hedge_after_percentile".to_owned()
+                    );
+                }
+                return Ok(None);
+            }
+        };
+        if self.hedge_after_ms.is_some() && self.hedge_after_floor_ms.is_some() {
+            return Err("hedge_after_floor_ms goes with hedge_after_percentile".to_owned());
+        }
+        let hedge = match self.hedge_budget_percent {
+            Some(p) if (0.0..=100.0).contains(&p) => hedge.with_budget_percent(p),
+            Some(p) => return Err(format!("hedge_budget_percent must be within 0 and 100, got {p}")),
+            None => hedge,
+        };
+        Ok(Some(
+            hedge
+                .with_max_hedges(self.max_hedges.unwrap_or(1))
+                .with_unhedgeable_tools(self.unhedgeable_tools.iter().cloned()),
+        ))
+    }
 }
 
 /// One target of a route: a provider plus an upstream model.
@@ -603,6 +669,7 @@ fn routes_or_default(config: &Config) -> Result<Vec<RouteConfig>, String> {
             .iter()
             .map(|p| TargetConfig::on_provider(p.name.clone()))
             .collect(),
+        ..RouteConfig::default()
     };
     Ok(vec![every_provider]
         .into_iter()
@@ -768,6 +835,12 @@ impl StackParts<'_> {
             .stream_policy(self.stream_policy.clone());
         for target in &route.targets {
             builder = builder.target(self.target(route, target)?);
+        }
+        if let Some(hedge) = route
+            .hedge()
+            .map_err(|why| format!("route {}: {why}", route.model))?
+        {
+            builder = builder.hedge(hedge);
         }
         Ok(builder)
     }

@@ -104,6 +104,10 @@ pub(crate) fn split_by_dialect(
     providers: &[ProviderConfig],
 ) -> Result<Vec<RouteConfig>, String> {
     let mut split: Vec<(WireDialect, RouteConfig)> = Vec::new();
+    let template = RouteConfig {
+        targets: Vec::new(),
+        ..route.clone()
+    };
     for target in route.targets {
         let Some(provider) = providers.iter().find(|p| p.name == target.provider) else {
             continue;
@@ -114,9 +118,8 @@ pub(crate) fn split_by_dialect(
             None => split.push((
                 dialect,
                 RouteConfig {
-                    model: route.model.clone(),
-                    models: route.models.clone(),
                     targets: vec![target],
+                    ..template.clone()
                 },
             )),
         }

@@ -501,3 +501,73 @@ targets = [{ provider = "primary" }, { provider = "backup", model = "backup-mode
     assert_eq!(valid.headers["x-failover-target"], "primary");
     assert_eq!(s.primary.attempts(), 2);
 }
+
+#[tokio::test]
+async fn a_route_hedges_a_slow_primary_and_closes_the_losers_connection() {
+    let routes = r#"
+[[routes]]
+model = "gpt-*"
+hedge_after_ms = 300
+hedge_budget_percent = 100
+targets = [{ provider = "primary" }, { provider = "backup" }]
+"#;
+    let s = setup("", "", routes).await;
+    // The role chunk at once (held), the first output only after 5 s.
+    s.primary
+        .set_fault("slow_first_token=5000".parse::<Fault>().unwrap());
+    let started = std::time::Instant::now();
+    let reply = post(&s, &chat("gpt-4o", true)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(reply.status, 200);
+    // Served by the hedge, long before the 2 s first-output timeout.
+    assert!(elapsed < Duration::from_millis(1_500), "{elapsed:?}");
+    assert_eq!(reply.body.matches("backup-tok").count(), 8);
+    assert!(!reply.body.contains("primary"), "{}", reply.body);
+    assert_eq!(reply.headers["x-failover-attempts"], "2");
+    assert_eq!(reply.headers["x-failover-target"], "backup");
+    assert_eq!(reply.headers["x-failover-served-attempt"], "2");
+    assert_eq!((s.primary.attempts(), s.backup.attempts()), (1, 1));
+    // The loser's connection was closed: the provider stops generating.
+    let closed = async {
+        while s.primary.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("the primary's connection is closed");
+}
+
+#[test]
+fn hedge_settings_that_do_not_make_a_policy_are_refused_at_start() {
+    for (settings, why) in [
+        (
+            "hedge_after_ms = 300\nhedge_after_percentile = 95",
+            "not both",
+        ),
+        ("hedge_after_percentile = 100", "within 1 and 99.9"),
+        ("hedge_budget_percent = 5", "need hedge_after_ms"),
+        (
+            "hedge_after_ms = 300\nhedge_after_floor_ms = 100",
+            "goes with hedge_after_percentile",
+        ),
+    ] {
+        let config = format!(
+            r#"
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "primary"
+base_url = "http://127.0.0.1:9/v1"
+
+[[routes]]
+model = "gpt-*"
+{settings}
+targets = [{{ provider = "primary" }}]
+"#
+        );
+        let config = app::Config::from_toml(&config).unwrap();
+        let error = app::Gateway::from_config(&config).err().expect(settings);
+        assert!(error.to_string().contains(why), "{settings}: {error}");
+    }
+}
