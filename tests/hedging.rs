@@ -216,6 +216,7 @@ async fn a_loser_cut_after_its_head_is_closed_and_its_held_bytes_dropped() {
     assert!(answer.body.contains("backup-0 "), "{}", answer.body);
     assert!(!answer.body.contains("primary"), "held preamble dropped");
     assert_eq!(primary.tally().frames(), 1, "only its role chunk was read");
+    assert_eq!(primary.tally().cut_frames(), 1);
     assert_eq!(primary.tally().cut(), 1);
     assert_eq!(primary.tally().open(), 0);
 }

@@ -107,6 +107,7 @@ pub struct Tally {
     open: AtomicUsize,
     cut: AtomicUsize,
     frames: AtomicU64,
+    cut_frames: AtomicU64,
 }
 
 impl Tally {
@@ -126,6 +127,12 @@ impl Tally {
     pub fn frames(&self) -> u64 {
         self.frames.load(Ordering::SeqCst)
     }
+
+    /// Data frames delivered by answers that were then cut: what the
+    /// caller was sent before it closed the connection.
+    pub fn cut_frames(&self) -> u64 {
+        self.cut_frames.load(Ordering::SeqCst)
+    }
 }
 
 /// One answer counted in a [`Tally`] until it ends or is dropped.
@@ -133,6 +140,7 @@ impl Tally {
 struct Ticket {
     tally: Arc<Tally>,
     ended: bool,
+    frames: u64,
 }
 
 impl Ticket {
@@ -141,6 +149,7 @@ impl Ticket {
         Self {
             tally,
             ended: false,
+            frames: 0,
         }
     }
 }
@@ -150,6 +159,9 @@ impl Drop for Ticket {
         self.tally.open.fetch_sub(1, Ordering::SeqCst);
         if !self.ended {
             self.tally.cut.fetch_add(1, Ordering::SeqCst);
+            self.tally
+                .cut_frames
+                .fetch_add(self.frames, Ordering::SeqCst);
         }
     }
 }
@@ -220,6 +232,7 @@ impl Body for ScriptedBody {
                     let last = self.steps.is_empty();
                     if let Some(ticket) = self.ticket.as_mut() {
                         ticket.tally.frames.fetch_add(1, Ordering::SeqCst);
+                        ticket.frames += 1;
                         // Everything was sent: reading on would only see
                         // the end.
                         ticket.ended |= last;
