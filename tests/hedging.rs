@@ -474,3 +474,36 @@ fn hedges_are_counted_started_won_and_lost() {
         (2, 1, 1)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn max_hedges_bounds_the_racers_of_one_turn() {
+    let slow = || after(3_000, "slow");
+    let primary = FakeProvider::new("primary").always(slow());
+    let second = FakeProvider::new("second").always(slow());
+    let third = FakeProvider::new("third").always(after(100, "third"));
+    let build = |max: u32| {
+        Failover::builder()
+            .target(Target::new("primary", primary.clone()))
+            .target(Target::new("second", second.clone()))
+            .target(Target::new("third", third.clone()))
+            .hedge(at_400ms().with_max_hedges(max).with_budget_percent(200.0))
+            .build()
+    };
+    // Two hedges: the second starts 400 ms after the first, and wins.
+    let answer = send(&build(2), request(serde_json::json!({}))).await;
+    assert_eq!(answer.headers["x-failover-target"], "third");
+    assert_eq!(answer.first_byte, Duration::from_millis(900));
+    assert_eq!(
+        decisions(&answer),
+        [
+            (1, "primary", Decision::LostRace, false),
+            (2, "second", Decision::LostRace, true),
+            (3, "third", Decision::Committed, true),
+        ]
+    );
+    assert_eq!((primary.tally().open(), second.tally().open()), (0, 0));
+    // One hedge: the third target is never asked.
+    let answer = send(&build(1), request(serde_json::json!({}))).await;
+    assert_eq!(answer.first_byte, Duration::from_secs(3));
+    assert_eq!(third.calls(), 1);
+}

@@ -352,3 +352,43 @@ async fn a_whole_response_is_validated_before_release() {
     assert_eq!(attempts[1].response_id.as_deref(), Some("resp_b"));
     assert_eq!(attempts[1].finish_reason.as_deref(), Some("completed"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn hosted_tools_and_provider_held_state_are_never_hedged() {
+    use tower_llm_failover::failover::Hedge;
+    let slow = |id: &str| {
+        Reply::Delayed(
+            std::time::Duration::from_secs(3),
+            Box::new(stream(TEXT, id)),
+        )
+    };
+    let primary = FakeProvider::new("primary").always(slow("resp_primary"));
+    let backup = FakeProvider::new("backup").always(stream(TEXT, "resp_backup"));
+    let failover = Failover::builder()
+        .dialect(OpenAiResponses)
+        .target(Target::new("primary", primary.clone()).provider("openai"))
+        .target(Target::new("backup", backup.clone()).provider("openai"))
+        .hedge(Hedge::after(std::time::Duration::from_millis(200)).with_budget_percent(100.0))
+        .build();
+    for extra in [
+        json!({"tools": [{"type": "web_search"}]}),
+        json!({"previous_response_id": "resp_earlier"}),
+    ] {
+        let (status, run, body) = collect(
+            failover
+                .clone()
+                .oneshot(streaming(extra.clone()))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200, "{extra}: {body}");
+        assert!(body.contains("resp_primary"), "{extra}");
+        assert_eq!(run.attempts().len(), 1, "{extra}");
+    }
+    assert_eq!(backup.calls(), 0);
+    // A turn with neither is hedged.
+    let (_, run, body) = collect(failover.oneshot(streaming(json!({}))).await.unwrap()).await;
+    assert!(body.contains("resp_backup"), "{body}");
+    assert!(run.attempts().iter().any(|a| a.hedged));
+}

@@ -94,8 +94,10 @@ impl Hedge {
     }
 
     /// Hedges may be at most `percent` of first attempts over the last
-    /// ten seconds (default 5; clamped to 0 ..= 100). When the budget is
-    /// spent, a slow attempt is waited on, as without hedging.
+    /// ten seconds (default 5; clamped to 0 ..= 100,000: above 100, more
+    /// than one hedge per first attempt, for `max_hedges` above 1). When
+    /// the budget is spent, a slow attempt is waited on, as without
+    /// hedging.
     pub fn with_budget_percent(mut self, percent: f32) -> Self {
         self.budget = budget_of(percent);
         self
@@ -131,7 +133,7 @@ fn budget_of(percent: f32) -> RetryBudget {
     let percent = if percent.is_nan() {
         5.0
     } else {
-        percent.clamp(0.0, 100.0)
+        percent.clamp(0.0, 100_000.0)
     };
     let config = RetryBudgetConfig {
         ttl: Duration::from_secs(10),

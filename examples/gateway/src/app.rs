@@ -429,9 +429,7 @@ impl RouteConfig {
     pub fn hedge(&self) -> Result<Option<Hedge>, String> {
         let hedge = match (self.hedge_after_ms, self.hedge_after_percentile) {
             (Some(_), Some(_)) => {
-                return Err(
-                    "set hedge_after_ms or hedge_after_percentile, not both".to_owned()
-                );
+                return Err("set hedge_after_ms or hedge_after_percentile, not both".to_owned());
             }
             (Some(ms), None) => Hedge::after(Duration::from_millis(ms)),
             (None, Some(p)) if (1.0..=99.9).contains(&p) => Hedge::percentile(
@@ -439,7 +437,9 @@ impl RouteConfig {
                 Duration::from_millis(self.hedge_after_floor_ms.unwrap_or(250)),
             ),
             (None, Some(p)) => {
-                return Err(format!("hedge_after_percentile must be within 1 and 99.9, got {p}"));
+                return Err(format!(
+                    "hedge_after_percentile must be within 1 and 99.9, got {p}"
+                ));
             }
             (None, None) => {
                 let set = self.hedge_after_floor_ms.is_some()
@@ -448,7 +448,7 @@ impl RouteConfig {
                     || !self.unhedgeable_tools.is_empty();
                 if set {
                     return Err(
-                        "hedge settings need hedge_after_ms or hedge_after_percentile".to_owned()
+                        "hedge settings need hedge_after_ms or hedge_after_percentile".to_owned(),
                     );
                 }
                 return Ok(None);
@@ -458,8 +458,12 @@ impl RouteConfig {
             return Err("hedge_after_floor_ms goes with hedge_after_percentile".to_owned());
         }
         let hedge = match self.hedge_budget_percent {
-            Some(p) if (0.0..=100.0).contains(&p) => hedge.with_budget_percent(p),
-            Some(p) => return Err(format!("hedge_budget_percent must be within 0 and 100, got {p}")),
+            Some(p) if (0.0..=100_000.0).contains(&p) => hedge.with_budget_percent(p),
+            Some(p) => {
+                return Err(format!(
+                    "hedge_budget_percent must be within 0 and 100000, got {p}"
+                ));
+            }
             None => hedge,
         };
         Ok(Some(

@@ -567,7 +567,9 @@ targets = [{{ provider = "primary" }}]
 "#
         );
         let config = app::Config::from_toml(&config).unwrap();
-        let error = app::Gateway::from_config(&config).err().expect(settings);
+        let Err(error) = app::Gateway::from_config(&config) else {
+            panic!("{settings}: accepted");
+        };
         assert!(error.to_string().contains(why), "{settings}: {error}");
     }
 }
