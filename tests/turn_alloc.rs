@@ -1,0 +1,156 @@
+//! Allocations per turn through `Failover`, counted with a counting
+//! allocator: a small non-streaming completion and a 100-token stream,
+//! from an in-process upstream whose own allocations are measured apart
+//! and taken off. No subscriber is installed (the library's spans and log
+//! lines are disabled, as with `RUST_LOG=warn`).
+//!
+//! The figures are printed (`-- --nocapture`); the assertions are
+//! ceilings at today's counts, so a change that adds allocations to the
+//! turn fails here. Issue 29's target is at most 20 per small completion.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tower::ServiceExt;
+use tower_llm_failover::failover::{Failover, Target};
+
+const TURNS: u64 = 200;
+
+const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}"#;
+
+/// A 100-token stream as one body (the upstream read all of it at once).
+fn stream_bytes() -> Bytes {
+    let mut wire = String::from(
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    );
+    for i in 0..100 {
+        wire.push_str(&format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}]}}\n\n"));
+    }
+    wire.push_str("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":100,\"total_tokens\":109}}\n\ndata: [DONE]\n\n");
+    Bytes::from(wire)
+}
+
+fn upstream(
+    stream: bool,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
+> + Clone
++ Send
++ 'static {
+    let (body, kind) = if stream {
+        (stream_bytes(), "text/event-stream")
+    } else {
+        (Bytes::from_static(COMPLETION.as_bytes()), "application/json")
+    };
+    tower::service_fn(move |_req: Request<Full<Bytes>>| {
+        let body = body.clone();
+        async move {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", kind)
+                    .body(Full::new(body))
+                    .unwrap(),
+            )
+        }
+    })
+}
+
+fn request(stream: bool) -> Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"Say hello."}}]}}"#
+    );
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// Runs `future` to its end on this thread: everything here is ready at
+/// once, so polling with a no-op waker never waits.
+fn finish<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+}
+
+/// Allocations per turn of `turn`, after a warm-up (first-use caches).
+fn per_turn<F: Future<Output = usize>>(mut turn: impl FnMut() -> F) -> u64 {
+    for _ in 0..20 {
+        finish(turn());
+    }
+    let counted = allocation_counter::measure(|| {
+        for _ in 0..TURNS {
+            finish(turn());
+        }
+    });
+    counted.count_total / TURNS
+}
+
+async fn through_failover(stream: bool) -> u64 {
+    let failover = Failover::builder()
+        .target(Target::new("primary", upstream(stream)))
+        .build();
+    let requests = std::cell::RefCell::new(Vec::new());
+    let requests_left = || requests.borrow_mut().pop().unwrap();
+    let turns = (TURNS + 20) as usize;
+    requests.borrow_mut().extend((0..turns).map(|_| request(stream)));
+    let whole = per_turn(|| {
+        let request = requests_left();
+        let failover = failover.clone();
+        async move {
+            let response = failover.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.into_body().collect().await.unwrap().to_bytes().len()
+        }
+    });
+    requests.borrow_mut().extend((0..turns).map(|_| request(stream)));
+    let alone = upstream(stream);
+    let upstream_alone = per_turn(|| {
+        let request = requests_left();
+        let upstream = alone.clone();
+        async move {
+            let response = upstream.oneshot(request).await.unwrap();
+            response.into_body().collect().await.unwrap().to_bytes().len()
+        }
+    });
+    println!("stream {stream}: {whole} per turn in all, {upstream_alone} of them the upstream's");
+    whole.saturating_sub(upstream_alone)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn allocations_per_small_completion() {
+    let allocations = through_failover(false).await;
+    println!("allocations per small completion through Failover: {allocations}");
+    assert!(
+        allocations <= CEILING_SMALL,
+        "{allocations} allocations per small completion (ceiling {CEILING_SMALL})"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn allocations_per_100_token_stream() {
+    let allocations = through_failover(true).await;
+    println!("allocations per 100-token stream through Failover: {allocations}");
+    assert!(
+        allocations <= CEILING_STREAM,
+        "{allocations} allocations per 100-token stream (ceiling {CEILING_STREAM})"
+    );
+}
+
+/// Today's counts (a change that adds allocations fails here; lower them
+/// when a change removes some).
+const CEILING_SMALL: u64 = 55;
+const CEILING_STREAM: u64 = 78;
