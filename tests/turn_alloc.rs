@@ -49,7 +49,10 @@ fn upstream(
     let (body, kind) = if stream {
         (stream_bytes(), "text/event-stream")
     } else {
-        (Bytes::from_static(COMPLETION.as_bytes()), "application/json")
+        (
+            Bytes::from_static(COMPLETION.as_bytes()),
+            "application/json",
+        )
     };
     tower::service_fn(move |_req: Request<Full<Bytes>>| {
         let body = body.clone();
@@ -106,24 +109,40 @@ async fn through_failover(stream: bool) -> u64 {
     let requests = std::cell::RefCell::new(Vec::new());
     let requests_left = || requests.borrow_mut().pop().unwrap();
     let turns = (TURNS + 20) as usize;
-    requests.borrow_mut().extend((0..turns).map(|_| request(stream)));
+    requests
+        .borrow_mut()
+        .extend((0..turns).map(|_| request(stream)));
     let whole = per_turn(|| {
         let request = requests_left();
         let failover = failover.clone();
         async move {
             let response = failover.oneshot(request).await.unwrap();
             assert_eq!(response.status(), 200);
-            response.into_body().collect().await.unwrap().to_bytes().len()
+            response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len()
         }
     });
-    requests.borrow_mut().extend((0..turns).map(|_| request(stream)));
+    requests
+        .borrow_mut()
+        .extend((0..turns).map(|_| request(stream)));
     let alone = upstream(stream);
     let upstream_alone = per_turn(|| {
         let request = requests_left();
         let upstream = alone.clone();
         async move {
             let response = upstream.oneshot(request).await.unwrap();
-            response.into_body().collect().await.unwrap().to_bytes().len()
+            response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len()
         }
     });
     println!("stream {stream}: {whole} per turn in all, {upstream_alone} of them the upstream's");

@@ -21,6 +21,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -38,6 +39,11 @@ pub struct TelemetryConfig {
     pub service_name: String,
     /// How often metrics are pushed over OTLP.
     pub otlp_metrics_interval_ms: u64,
+    /// Print the spans a line was written in (`turn{run_id=...}:`) before
+    /// it, in the text format. Off by default: the turn and attempt lines
+    /// carry their run id, and keeping every span's fields formatted for
+    /// the log costs more than the lines themselves.
+    pub log_span_context: bool,
 }
 
 impl Default for TelemetryConfig {
@@ -47,6 +53,7 @@ impl Default for TelemetryConfig {
             otlp_endpoint: None,
             service_name: "llm-gateway".to_owned(),
             otlp_metrics_interval_ms: 10_000,
+            log_span_context: false,
         }
     }
 }
@@ -127,6 +134,13 @@ impl Telemetry {
                 (Some(layer), Some(tracer), Some(meter))
             }
         };
+        // Without span context the log layer is never told of spans: it
+        // neither formats nor keeps their fields, and with no OTLP export
+        // the spans are not made at all.
+        let spans = config.log_span_context;
+        let filter = filter.and(tracing_subscriber::filter::filter_fn(move |meta| {
+            spans || !meta.is_span()
+        }));
         tracing_subscriber::registry()
             .with(fmt.with_filter(filter))
             .with(otel)
