@@ -46,16 +46,34 @@ struct Escaping<'a, 'b> {
 }
 
 impl fmt::Write for Escaping<'_, '_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        for c in s.chars() {
+    fn write_str(&mut self, mut s: &str) -> fmt::Result {
+        while !s.is_empty() {
             if self.left == 0 {
                 self.cut = true;
                 return Ok(());
             }
-            self.left -= 1;
-            for e in c.escape_debug() {
-                self.out.write_char(e)?;
+            // A run of printable ASCII that `escape_debug` leaves alone
+            // goes out in one write (ids and names are all such runs):
+            // char by char cost a log line more than its formatting.
+            let run = s
+                .bytes()
+                .take(self.left)
+                .take_while(|&b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b'\'' | b'"'))
+                .count();
+            if run > 0 {
+                self.out.write_str(&s[..run])?;
+                self.left -= run;
+                s = &s[run..];
+                continue;
             }
+            let mut chars = s.chars();
+            if let Some(c) = chars.next() {
+                self.left -= 1;
+                for e in c.escape_debug() {
+                    self.out.write_char(e)?;
+                }
+            }
+            s = chars.as_str();
         }
         Ok(())
     }
@@ -110,6 +128,26 @@ mod tests {
         assert_eq!(safe, r"evil\nINFO tower_llm_failover: FORGED \u{1b}[31mred");
         assert!(!safe.chars().any(char::is_control));
         assert_eq!(log_safe("gpt-4o-mini").to_string(), "gpt-4o-mini");
+    }
+
+    #[test]
+    fn log_safe_writes_what_escape_debug_writes_run_or_not() {
+        for value in [
+            "plain ascii run",
+            "quotes \" and ' and \\ back",
+            "tab\there, del\u{7f}, nul\0",
+            "ünïcode and \u{301} combining, and 🦀",
+            "",
+        ] {
+            let expected: String = value.chars().flat_map(char::escape_debug).collect();
+            assert_eq!(log_safe(value).to_string(), expected, "{value:?}");
+        }
+        // A cut in the middle of a run, and right after an escaped char.
+        let run = format!("{}\n{}", "a".repeat(LOG_SAFE_MAX_CHARS - 1), "b".repeat(10));
+        assert_eq!(
+            log_safe(&run).to_string(),
+            format!("{}\\n…", "a".repeat(LOG_SAFE_MAX_CHARS - 1))
+        );
     }
 
     #[test]

@@ -86,7 +86,11 @@ pub struct MemoryHealthStore {
 /// The entries, and the least-recently-used order of the client-named ones.
 #[derive(Debug, Default)]
 struct Entries {
-    map: HashMap<HealthKey, Entry>,
+    // foldhash, not SipHash: every turn looks keys up three or four times
+    // (2 µs of a small completion with SipHash); its per-process random
+    // seed still keeps client-named model names from being chosen to
+    // collide, and client-named keys are capped besides.
+    map: HashMap<HealthKey, Entry, foldhash::fast::RandomState>,
     /// Client-named keys by their last write (a tick), oldest first.
     lru: BTreeMap<u64, HealthKey>,
     tick: u64,

@@ -210,8 +210,9 @@ pub(crate) fn terminal_chunk_sent(target: &str, class: &'static str) {
 /// named `chat`). Fields known later are recorded by [`turn_ended`].
 pub(crate) fn turn_span(turn_id: &str, model: Option<&str>) -> tracing::Span {
     // The name and fields are built (escaped, allocated) only when a
-    // subscriber could take an info span: nothing per request otherwise.
-    if !tracing::level_enabled!(tracing::Level::INFO) {
+    // subscriber takes the span (not, say, a log that keeps no span
+    // context): nothing per request otherwise.
+    if !tracing::span_enabled!(target: "tower_llm_failover::turn", tracing::Level::INFO) {
         return tracing::Span::none();
     }
     let model = model.map(|m| crate::util::log_safe(m).to_string());
@@ -244,7 +245,7 @@ pub(crate) fn attempt_span(
     provider: &str,
     upstream_model: &str,
 ) -> tracing::Span {
-    if !tracing::level_enabled!(tracing::Level::INFO) {
+    if !tracing::span_enabled!(target: "tower_llm_failover::attempt", tracing::Level::INFO) {
         return tracing::Span::none();
     }
     let model = crate::util::log_safe(upstream_model).to_string();

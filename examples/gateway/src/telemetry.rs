@@ -138,9 +138,12 @@ impl Telemetry {
         // neither formats nor keeps their fields, and with no OTLP export
         // the spans are not made at all.
         let spans = config.log_span_context;
-        let filter = filter.and(tracing_subscriber::filter::filter_fn(move |meta| {
-            spans || !meta.is_span()
-        }));
+        // The hint keeps the filter's own (a `filter_fn` has none, and an
+        // `and` without a hint makes every callsite's level look enabled).
+        let filter = filter.and(
+            tracing_subscriber::filter::filter_fn(move |meta| spans || !meta.is_span())
+                .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE),
+        );
         tracing_subscriber::registry()
             .with(fmt.with_filter(filter))
             .with(otel)

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Instructions per request, exact on a noisy machine: the gateway
+# (RUST_LOG=warn, and as shipped) and the bare pass-through, each run under
+# valgrind's callgrind against the prepared upstream, for a small
+# completion and a 100-token stream. Each proxy is run twice, for FEW and
+# MANY sequential requests; (instructions(MANY) - instructions(FEW)) /
+# (MANY - FEW) is the cost of a request, with start-up and shutdown
+# cancelled out.
+#
+#   benches/callgrind.sh [FEW MANY]     (default 100 600)
+#
+# Needs valgrind and curl. Takes a few minutes after the release builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FEW=${1:-100}
+MANY=${2:-600}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+for tool in valgrind curl; do
+    command -v "$tool" >/dev/null || { echo "benches/callgrind.sh needs $tool" >&2; exit 1; }
+done
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+cargo build --release --quiet -p tower-llm-gateway \
+    --bin tower-llm-gateway --example prepared_upstream --example passthrough
+BIN="$TARGET_DIR/release/examples"
+GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
+
+wait_for() { # pid log regex
+    for _ in $(seq 600); do
+        if m=$(grep -oE "$3" "$2" | head -1) && [[ -n $m ]]; then echo "$m"; return 0; fi
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$2" >&2
+    echo "process $1 did not get ready" >&2
+    exit 1
+}
+
+"$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
+PIDS+=($!)
+UP_BASE=$(wait_for $! "$WORK/up.log" 'http://127\.0\.0\.1:[0-9]+/v1')
+UP_PORT=${UP_BASE##*:}
+UP_PORT=${UP_PORT%/v1}
+cat >"$WORK/gateway.toml" <<EOF
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "up"
+base_url = "$UP_BASE"
+EOF
+
+SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
+STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+
+# Instructions the proxy ran serving $2 requests of body $3; $1 names it.
+instructions() { # proxy requests body
+    local out="$WORK/cg.out" log="$WORK/proxy.log" pid addr
+    rm -f "$out"
+    case $1 in
+        passthrough)
+            valgrind --tool=callgrind --callgrind-out-file="$out" \
+                "$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
+                >"$log" 2>&1 &
+            pid=$!
+            addr=$(wait_for $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+')
+            addr=${addr##*//} ;;
+        gateway-warn | gateway-shipped)
+            if [[ $1 == gateway-warn ]]; then export RUST_LOG=warn; else unset RUST_LOG; fi
+            valgrind --tool=callgrind --callgrind-out-file="$out" \
+                "$GATEWAY" --config "$WORK/gateway.toml" >"$log" 2>"$WORK/stderr.log" &
+            pid=$!
+            addr=$(wait_for $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+')
+            addr=${addr##*//} ;;
+    esac
+    for _ in $(seq "$2"); do
+        curl -s -o /dev/null -H 'content-type: application/json' -d "$3" \
+            "http://$addr/v1/chat/completions"
+    done
+    kill -INT $pid
+    wait $pid 2>/dev/null || true
+    sed -n 's/^summary: //p' "$out"
+}
+
+printf '%-16s %-18s %14s\n' proxy workload 'instr/request'
+for proxy in passthrough gateway-warn gateway-shipped; do
+    for workload in small stream; do
+        body=$SMALL
+        [[ $workload == stream ]] && body=$STREAM
+        few=$(instructions $proxy "$FEW" "$body")
+        many=$(instructions $proxy "$MANY" "$body")
+        per=$(( (many - few) / (MANY - FEW) ))
+        printf '%-16s %-18s %14s\n' "$proxy" "$workload" "$per"
+    done
+done
