@@ -77,10 +77,12 @@ instructions() { # proxy requests body
             addr=$(wait_for $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+')
             addr=${addr##*//} ;;
     esac
-    for _ in $(seq "$2"); do
-        curl -s -o /dev/null -H 'content-type: application/json' -d "$3" \
-            "http://$addr/v1/chat/completions"
-    done
+    # One curl, one kept-alive connection, the requests one after another
+    # (a curl per request would leave the proxy idle most of the time, and
+    # its timers' work would count).
+    local urls=()
+    for _ in $(seq "$2"); do urls+=("http://$addr/v1/chat/completions"); done
+    curl -s -H 'content-type: application/json' -d "$3" "${urls[@]}" >/dev/null
     kill -INT $pid
     wait $pid 2>/dev/null || true
     sed -n 's/^summary: //p' "$out"

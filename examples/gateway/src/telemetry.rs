@@ -144,11 +144,14 @@ impl Telemetry {
             tracing_subscriber::filter::filter_fn(move |meta| spans || !meta.is_span())
                 .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE),
         );
-        tracing_subscriber::registry()
-            .with(fmt.with_filter(filter))
-            .with(otel)
-            .try_init()
-            .map_err(|e| format!("telemetry: {e}"))?;
+        let logs = tracing_subscriber::registry().with(fmt.with_filter(filter));
+        // Not `.with(otel)` with `None`: an absent layer says it wants
+        // every callsite, and every span would be made for nobody.
+        match otel {
+            Some(otel) => logs.with(otel).try_init(),
+            None => logs.try_init(),
+        }
+        .map_err(|e| format!("telemetry: {e}"))?;
 
         let prometheus = PrometheusBuilder::new().build_recorder();
         let handle = prometheus.handle();
