@@ -20,9 +20,7 @@ pub(super) fn finish<B, D: Dialect>(
     run: &TurnRecord,
     budget: &TurnBudget,
 ) -> Response<FailoverBody<B, D>> {
-    for (name, value) in run.summary_headers() {
-        response.headers_mut().insert(name, value);
-    }
+    run.write_summary_headers(response.headers_mut());
     // A stream's turn is concluded when the stream ends.
     if !response.body().is_stream() {
         run.conclude();

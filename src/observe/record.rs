@@ -386,23 +386,39 @@ impl TurnRecord {
         );
     }
 
-    /// The summary headers: attempt count, winning target, turn id.
-    pub(crate) fn summary_headers(&self) -> Vec<(&'static str, HeaderValue)> {
+    /// Writes the summary headers into `headers`: attempt count, winning
+    /// target and attempt, turn id. Names are `HeaderName`s made at
+    /// compile time and small counts static values (a `&str` name and a
+    /// number's value are each copied into a new allocation).
+    pub(crate) fn write_summary_headers(&self, headers: &mut http::HeaderMap) {
+        use http::HeaderName;
+        const ATTEMPTS: HeaderName = HeaderName::from_static(ATTEMPTS_HEADER);
+        const TARGET: HeaderName = HeaderName::from_static(TARGET_HEADER);
+        const SERVED: HeaderName = HeaderName::from_static(SERVED_ATTEMPT_HEADER);
+        const TURN_ID: HeaderName = HeaderName::from_static(TURN_ID_HEADER);
         let inner = self.lock();
         let count = inner.attempts.len() + usize::from(inner.held.is_some());
-        let mut headers = vec![(ATTEMPTS_HEADER, HeaderValue::from(count))];
+        headers.insert(ATTEMPTS, count_value(count));
         if let Some(winner) = &inner.winner
             && let Ok(value) = HeaderValue::from_str(winner)
         {
-            headers.push((TARGET_HEADER, value));
+            headers.insert(TARGET, value);
         }
         if let Some(served) = inner.served {
-            headers.push((SERVED_ATTEMPT_HEADER, HeaderValue::from(served)));
+            headers.insert(SERVED, count_value(served as usize));
         }
         if let Ok(value) = HeaderValue::from_str(self.turn_id.as_str()) {
-            headers.push((TURN_ID_HEADER, value));
+            headers.insert(TURN_ID, value);
         }
-        headers
+    }
+}
+
+/// A count as a header value: static for the counts a turn has.
+fn count_value(count: usize) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(count) {
+        Some(digits) => HeaderValue::from_static(digits),
+        None => HeaderValue::from(count),
     }
 }
 
