@@ -16,7 +16,7 @@ use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::ServiceExt;
-use tower_llm_failover::dialect::{AnthropicMessages, Dialect, OpenAiChat};
+use tower_llm_failover::dialect::{AnthropicMessages, Dialect, OpenAiChat, OpenAiResponses};
 use tower_llm_failover::failover::{BoxUpstream, Failover, Target};
 
 /// Two stream lengths: the difference of their turn times is the cost
@@ -221,9 +221,65 @@ fn pieces() {
     );
 }
 
+/// `TURNS` turns of `failover`, each answer read whole.
+async fn run_turns<D: Dialect>(failover: Failover<BoxUpstream, D>, url: &str, body: &'static str) {
+    for _ in 0..TURNS {
+        let request = Request::post(url)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap_or_default();
+        let Ok(response) = failover.clone().oneshot(request).await;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        // A refusal or a failed stream would measure the wrong path.
+        assert!(
+            status == 200 && bytes.windows(7).any(|w| w == b"token0 "),
+            "{status}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        black_box(bytes);
+    }
+}
+
+/// A Responses stream of `tokens` text deltas, one frame per event: the
+/// lifecycle of `src/dialect/responses/fixtures/text.sse` around them,
+/// its sequence numbers continued.
+fn responses_stream(tokens: usize) -> Vec<Bytes> {
+    let fixture = include_str!("../src/dialect/responses/fixtures/text.sse");
+    let events: Vec<&str> = fixture.split_inclusive("\n\n").collect();
+    let deltas = events
+        .iter()
+        .filter(|e| e.starts_with("event: response.output_text.delta"))
+        .count();
+    let mut frames: Vec<Bytes> = events[..4]
+        .iter()
+        .map(|e| Bytes::copy_from_slice(e.as_bytes()))
+        .collect();
+    for i in 0..tokens {
+        frames.push(Bytes::from(format!(
+            "event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"sequence_number\":{},\"item_id\":\"msg_68a1\",\"output_index\":0,\"content_index\":0,\"delta\":\"token{i} \",\"logprobs\":[],\"obfuscation\":\"x\"}}\n\n",
+            4 + i
+        )));
+    }
+    for (n, event) in events[4 + deltas..].iter().enumerate() {
+        let was = format!("\"sequence_number\":{}", 4 + deltas + n);
+        let now = format!("\"sequence_number\":{}", 4 + tokens + n);
+        frames.push(Bytes::from(event.replace(&was, &now)));
+    }
+    frames
+}
+
+const RESPONSES_REQUEST: &str =
+    r#"{"model":"m","stream":true,"max_output_tokens":256,"input":"hi"}"#;
+
 /// `TRANSLATE_PATH=i TRANSLATE_TOKENS=n`: only path `i` (0 chat native,
-/// 1 chat from Messages, 2 Messages native, 3 Messages from chat), `TURNS`
-/// turns of `n`-token streams, once: for an instruction counter
+/// 1 chat from Messages, 2 Messages native, 3 Messages from chat, 4
+/// Responses native, 5 Responses from chat, 6 chat from Responses),
+/// `TURNS` turns of `n`-token streams, once: for an instruction counter
 /// (`valgrind --tool=callgrind`), exact where timings are noisy.
 fn one_path(path: usize, tokens: usize) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -231,75 +287,54 @@ fn one_path(path: usize, tokens: usize) {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let (chat, messages) = (chat_stream(tokens), messages_stream(tokens));
-        let (url, body) = if path < 2 {
-            ("/v1/chat/completions", CHAT_REQUEST)
-        } else {
-            ("/v1/messages", MESSAGES_REQUEST)
-        };
-        let run = |failover: Failover<BoxUpstream, _>| async move {
-            for _ in 0..TURNS {
-                let request = Request::post(url)
-                    .body(Full::new(Bytes::from_static(body.as_bytes())))
-                    .unwrap_or_default();
-                let Ok(response) = failover.clone().oneshot(request).await;
-                black_box(
-                    response
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|c| c.to_bytes())
-                        .ok(),
-                );
-            }
-        };
+        let chat = chat_stream(tokens);
+        let messages = messages_stream(tokens);
+        let responses = responses_stream(tokens);
+        let (chats, claude, openai) = ("/v1/chat/completions", "/v1/messages", "/v1/responses");
         match path {
-            0 => run(Failover::builder().target(target("gpt", chat)).build()).await,
+            0 => {
+                let f = Failover::builder().target(target("gpt", chat)).build();
+                run_turns(f, chats, CHAT_REQUEST).await;
+            }
             1 => {
-                run(Failover::builder()
+                let f = Failover::builder()
                     .target(target("claude", messages).dialect(AnthropicMessages))
-                    .build())
-                .await;
+                    .build();
+                run_turns(f, chats, CHAT_REQUEST).await;
             }
             2 => {
                 let f = Failover::builder()
                     .dialect(AnthropicMessages)
                     .target(target("claude", messages))
                     .build();
-                for _ in 0..TURNS {
-                    let request = Request::post(url)
-                        .body(Full::new(Bytes::from_static(body.as_bytes())))
-                        .unwrap_or_default();
-                    let Ok(response) = f.clone().oneshot(request).await;
-                    black_box(
-                        response
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|c| c.to_bytes())
-                            .ok(),
-                    );
-                }
+                run_turns(f, claude, MESSAGES_REQUEST).await;
             }
-            _ => {
+            3 => {
                 let f = Failover::builder()
                     .dialect(AnthropicMessages)
                     .target(target("gpt", chat).dialect(OpenAiChat))
                     .build();
-                for _ in 0..TURNS {
-                    let request = Request::post(url)
-                        .body(Full::new(Bytes::from_static(body.as_bytes())))
-                        .unwrap_or_default();
-                    let Ok(response) = f.clone().oneshot(request).await;
-                    black_box(
-                        response
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|c| c.to_bytes())
-                            .ok(),
-                    );
-                }
+                run_turns(f, claude, MESSAGES_REQUEST).await;
+            }
+            4 => {
+                let f = Failover::builder()
+                    .dialect(OpenAiResponses)
+                    .target(target("gpt", responses))
+                    .build();
+                run_turns(f, openai, RESPONSES_REQUEST).await;
+            }
+            5 => {
+                let f = Failover::builder()
+                    .dialect(OpenAiResponses)
+                    .target(target("gpt", chat).dialect(OpenAiChat))
+                    .build();
+                run_turns(f, openai, RESPONSES_REQUEST).await;
+            }
+            _ => {
+                let f = Failover::builder()
+                    .target(target("gpt", responses).dialect(OpenAiResponses))
+                    .build();
+                run_turns(f, chats, CHAT_REQUEST).await;
             }
         }
     });
