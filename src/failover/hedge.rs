@@ -202,7 +202,11 @@ impl Hedging {
     /// Whether `request` may be hedged: not when it returns the result of
     /// a tool the route marked as not idempotent (or when it cannot be
     /// read for tools, and any are marked).
-    pub(crate) fn allows_tools(&self, request: impl FnOnce() -> Option<NeutralRequest>) -> bool {
+    /// `request` is asked for only when some tool is marked.
+    pub(crate) fn allows_tools<'r>(
+        &self,
+        request: impl FnOnce() -> Option<&'r NeutralRequest>,
+    ) -> bool {
         let tools = &self.policy.unhedgeable_tools;
         if tools.is_empty() {
             return true;
@@ -210,7 +214,7 @@ impl Hedging {
         let Some(request) = request() else {
             return false;
         };
-        !tool_results(&request).any(|name| tools.iter().any(|t| t == name))
+        !tool_results(request).any(|name| tools.iter().any(|t| t == name))
     }
 }
 
@@ -374,11 +378,19 @@ mod tests {
             Hedge::after(ms(1)).with_unhedgeable_tools(["charge_card"]),
             1,
         );
-        assert!(!hedging.allows_tools(|| Some(with_tool_result("charge_card"))));
-        assert!(hedging.allows_tools(|| Some(with_tool_result("get_weather"))));
-        assert!(hedging.allows_tools(|| Some(NeutralRequest::default())));
+        let (paying, asking) = (
+            with_tool_result("charge_card"),
+            with_tool_result("get_weather"),
+        );
+        assert!(!hedging.allows_tools(|| Some(&paying)));
+        assert!(hedging.allows_tools(|| Some(&asking)));
+        let none = NeutralRequest::default();
+        assert!(hedging.allows_tools(|| Some(&none)));
         assert!(!hedging.allows_tools(|| None), "unreadable: not hedged");
         let open = Hedging::new(Hedge::after(ms(1)), 1);
-        assert!(open.allows_tools(|| None), "no tools marked: not read");
+        assert!(
+            open.allows_tools(|| panic!("no tools marked: the request is not read")),
+            "no tools marked"
+        );
     }
 }

@@ -278,7 +278,12 @@ where
             match race::race(&mut running, hedge_at).await {
                 Raced::HedgeDue => {
                     let latest = running.last().map(|r| r.start.number);
-                    let hedge = match self.hedge_target(&running) {
+                    let target = if self.tools_allow_hedge() {
+                        self.hedge_target(&running)
+                    } else {
+                        None
+                    };
+                    let hedge = match target {
                         Some((at, admitted)) => {
                             let reserved = Running::reserved(&running);
                             self.begin_hedge(at, admitted, reserved).await
@@ -412,9 +417,10 @@ where
 
     /// How many hedges this turn may start: none without a policy, and
     /// none for a request whose repeat could have an effect (a provider-
-    /// hosted tool, provider-held state, the result of a tool the route
-    /// marked as not idempotent).
-    fn hedges_allowed(&mut self) -> u32 {
+    /// hosted tool, provider-held state; the result of a tool the route
+    /// marked as not idempotent is checked when a hedge is first due:
+    /// [`tools_allow_hedge`](Self::tools_allow_hedge)).
+    fn hedges_allowed(&self) -> u32 {
         let Some(hedging) = self.shared.hedging.as_ref() else {
             return 0;
         };
@@ -422,11 +428,30 @@ where
         if !requirements.hosted_tools.is_empty() || requirements.provider_state.is_some() {
             return 0;
         }
-        let (dialect, request) = (&self.shared.dialect, &self.request);
-        if !hedging.allows_tools(|| dialect.to_neutral(request).ok()) {
-            return 0;
-        }
         hedging.policy.max_hedges()
+    }
+
+    /// Whether the request carries no result of a tool the route marked
+    /// as not idempotent. Read from the neutral request the translations
+    /// share (made now if no target of another dialect needed it), and
+    /// only when a hedge is due and some tool is marked: not on every
+    /// turn. When it does carry one, the turn makes no hedge.
+    fn tools_allow_hedge(&mut self) -> bool {
+        let Some(hedging) = self.shared.hedging.as_ref() else {
+            return false;
+        };
+        let (dialect, request) = (&self.shared.dialect, &self.request);
+        let neutral = &mut self.translations.neutral;
+        let allowed = hedging.allows_tools(|| {
+            neutral
+                .get_or_insert_with(|| dialect.to_neutral(request))
+                .as_ref()
+                .ok()
+        });
+        if !allowed {
+            self.hedges_left = 0;
+        }
+        allowed
     }
 
     /// When the next hedge is due: the latest attempt's hedge wait after
