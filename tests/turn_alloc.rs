@@ -89,9 +89,33 @@ fn finish<F: Future>(future: F) -> F::Output {
     }
 }
 
-/// Allocations per turn of `turn`, after a warm-up (first-use caches).
-fn per_turn<F: Future<Output = usize>>(mut turn: impl FnMut() -> F) -> u64 {
-    for _ in 0..20 {
+const WARM_UP: u64 = 20;
+
+/// Allocations per turn through `service`, after a warm-up (first-use
+/// caches). The requests are made before counting.
+fn per_turn<S, B>(service: &S, stream: bool) -> u64
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible> + Clone,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let mut requests: Vec<_> = (0..TURNS + WARM_UP).map(|_| request(stream)).collect();
+    let mut turn = || {
+        let request = requests.pop().unwrap();
+        let service = service.clone();
+        async move {
+            let response = service.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .len()
+        }
+    };
+    for _ in 0..WARM_UP {
         finish(turn());
     }
     let counted = allocation_counter::measure(|| {
@@ -102,56 +126,20 @@ fn per_turn<F: Future<Output = usize>>(mut turn: impl FnMut() -> F) -> u64 {
     counted.count_total / TURNS
 }
 
-async fn through_failover(stream: bool) -> u64 {
+/// Allocations per turn the failover layer adds to its upstream's own.
+fn through_failover(stream: bool) -> u64 {
     let failover = Failover::builder()
         .target(Target::new("primary", upstream(stream)))
         .build();
-    let requests = std::cell::RefCell::new(Vec::new());
-    let requests_left = || requests.borrow_mut().pop().unwrap();
-    let turns = (TURNS + 20) as usize;
-    requests
-        .borrow_mut()
-        .extend((0..turns).map(|_| request(stream)));
-    let whole = per_turn(|| {
-        let request = requests_left();
-        let failover = failover.clone();
-        async move {
-            let response = failover.oneshot(request).await.unwrap();
-            assert_eq!(response.status(), 200);
-            response
-                .into_body()
-                .collect()
-                .await
-                .unwrap()
-                .to_bytes()
-                .len()
-        }
-    });
-    requests
-        .borrow_mut()
-        .extend((0..turns).map(|_| request(stream)));
-    let alone = upstream(stream);
-    let upstream_alone = per_turn(|| {
-        let request = requests_left();
-        let upstream = alone.clone();
-        async move {
-            let response = upstream.oneshot(request).await.unwrap();
-            response
-                .into_body()
-                .collect()
-                .await
-                .unwrap()
-                .to_bytes()
-                .len()
-        }
-    });
+    let whole = per_turn(&failover, stream);
+    let upstream_alone = per_turn(&upstream(stream), stream);
     println!("stream {stream}: {whole} per turn in all, {upstream_alone} of them the upstream's");
     whole.saturating_sub(upstream_alone)
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn allocations_per_small_completion() {
-    let allocations = through_failover(false).await;
+    let allocations = through_failover(false);
     println!("allocations per small completion through Failover: {allocations}");
     assert!(
         allocations <= CEILING_SMALL,
@@ -161,7 +149,7 @@ async fn allocations_per_small_completion() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn allocations_per_100_token_stream() {
-    let allocations = through_failover(true).await;
+    let allocations = through_failover(true);
     println!("allocations per 100-token stream through Failover: {allocations}");
     assert!(
         allocations <= CEILING_STREAM,
