@@ -99,33 +99,19 @@ const CHAT_REQUEST: &str =
 const MESSAGES_REQUEST: &str =
     r#"{"model":"m","stream":true,"max_tokens":256,"messages":[{"role":"user","content":"hi"}]}"#;
 
-/// Best-of-5 time for `TURNS` turns of `failover`, and the bytes of one
-/// answer.
+/// Best-of-5 time for `TURNS` turns of `failover`.
 async fn time<D: Dialect>(
     failover: &Failover<BoxUpstream, D>,
     path: &str,
     body: &'static str,
-) -> (Duration, usize) {
+) -> Duration {
     let mut best = Duration::MAX;
-    let mut size = 0;
     for _ in 0..5 {
         let start = Instant::now();
-        for _ in 0..TURNS {
-            let request = Request::post(path)
-                .body(Full::new(Bytes::from_static(body.as_bytes())))
-                .unwrap_or_default();
-            let Ok(response) = failover.clone().oneshot(request).await;
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            size = black_box(bytes.len());
-        }
+        run_turns(failover.clone(), path, body).await;
         best = best.min(start.elapsed());
     }
-    (best, size)
+    best
 }
 
 /// The four paths for streams of `tokens` tokens: chat native, chat from
@@ -150,14 +136,10 @@ async fn four(tokens: usize) -> [Duration; 4] {
         .build();
     let (chat_path, messages_path) = ("/v1/chat/completions", "/v1/messages");
     [
-        time(&chat_native, chat_path, CHAT_REQUEST).await.0,
-        time(&chat_from_messages, chat_path, CHAT_REQUEST).await.0,
-        time(&messages_native, messages_path, MESSAGES_REQUEST)
-            .await
-            .0,
-        time(&messages_from_chat, messages_path, MESSAGES_REQUEST)
-            .await
-            .0,
+        time(&chat_native, chat_path, CHAT_REQUEST).await,
+        time(&chat_from_messages, chat_path, CHAT_REQUEST).await,
+        time(&messages_native, messages_path, MESSAGES_REQUEST).await,
+        time(&messages_from_chat, messages_path, MESSAGES_REQUEST).await,
     ]
 }
 
