@@ -30,20 +30,12 @@ cargo build --release --quiet -p tower-llm-gateway \
 BIN="$TARGET_DIR/release/examples"
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
 
-wait_for() { # pid log regex
-    for _ in $(seq 600); do
-        if m=$(grep -oE "$3" "$2" | head -1) && [[ -n $m ]]; then echo "$m"; return 0; fi
-        kill -0 "$1" 2>/dev/null || break
-        sleep 0.1
-    done
-    cat "$2" >&2
-    echo "process $1 did not get ready" >&2
-    exit 1
-}
+# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s)
+source benches/wait_ready.sh
 
 "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
-UP_BASE=$(wait_for $! "$WORK/up.log" 'http://127\.0\.0\.1:[0-9]+/v1')
+UP_BASE=$(wait_ready $! "$WORK/up.log" 'http://127\.0\.0\.1:[0-9]+/v1')
 UP_PORT=${UP_BASE##*:}
 UP_PORT=${UP_PORT%/v1}
 cat >"$WORK/gateway.toml" <<EOF
@@ -67,14 +59,14 @@ instructions() { # proxy requests body
                 "$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
                 >"$log" 2>&1 &
             pid=$!
-            addr=$(wait_for $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+')
+            addr=$(wait_ready $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+' 60)
             addr=${addr##*//} ;;
         gateway-warn | gateway-shipped)
             if [[ $1 == gateway-warn ]]; then export RUST_LOG=warn; else unset RUST_LOG; fi
             valgrind --tool=callgrind --callgrind-out-file="$out" \
                 "$GATEWAY" --config "$WORK/gateway.toml" >"$log" 2>"$WORK/stderr.log" &
             pid=$!
-            addr=$(wait_for $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+')
+            addr=$(wait_ready $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+' 60)
             addr=${addr##*//} ;;
     esac
     # One curl, one kept-alive connection, the requests one after another

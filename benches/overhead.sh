@@ -134,18 +134,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# wait_ready PID LOG REGEX: prints the first match of REGEX in LOG (10 s max).
-wait_ready() {
-    local deadline=$((SECONDS + 10)) match
-    while ((SECONDS < deadline)); do
-        match=$(grep -oE "$3" "$2" | head -1 || true)
-        [[ -n $match ]] && { echo "$match"; return 0; }
-        kill -0 "$1" 2>/dev/null || break
-        sleep 0.1
-    done
-    cat "$2" >&2
-    die "process $1 did not get ready (log above)"
-}
+# wait_ready PID LOG REGEX
+source benches/wait_ready.sh
 
 if ((FAKE_UPSTREAM)); then
     "$BIN/fake_upstream" --port 0 --name up --tokens 8 --pace-ms 0 >"$WORK/upstream.log" 2>&1 &
