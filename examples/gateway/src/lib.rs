@@ -34,6 +34,8 @@
 
 pub mod app;
 pub mod keys;
+pub mod log_line;
+pub mod log_writer;
 pub mod messages;
 pub mod serve;
 pub mod state;

@@ -78,10 +78,14 @@ impl Telemetry {
         let filter = EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| "info,tower_llm_failover=info".into());
         let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let fmt = match config.log_format.as_str() {
-            "text" => fmt
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .boxed(),
+            // A file or a pipe: the lean line format (no colours, no span
+            // context), a third of the default format's instructions.
+            "text" if !terminal && !config.log_span_context => {
+                fmt.event_format(crate::log_line::LineFormat).boxed()
+            }
+            "text" => fmt.with_ansi(terminal).boxed(),
             // One JSON object per line; the event's fields under
             // "fields" (an attempt's `target` field would clash with the
             // line's own `target` if flattened).

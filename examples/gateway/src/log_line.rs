@@ -1,0 +1,363 @@
+//! The text log's line format, written for what a line costs: the same
+//! line as `tracing-subscriber`'s default (`Full`) format without colours
+//! or span context,
+//!
+//! ```text
+//! 2026-12-03T10:10:53.123456Z  INFO tower_llm_failover::turn: turn run_id=7f3a attempts=1 outcome="first_try" duration_ms=2
+//! ```
+//!
+//! with the timestamp's date and time of day formatted once per second
+//! per thread, numbers written without `core::fmt`'s padding machinery,
+//! and plain strings quoted without an escaping pass. The gateway uses it
+//! for text logs that go to a file or a pipe; a terminal, or
+//! `log_span_context = true`, gets `tracing-subscriber`'s format.
+//!
+//! Control characters are escaped wherever they appear in a line (the
+//! default format escapes them in the message only): a line is one line.
+
+use std::cell::Cell;
+use std::fmt::{self, Write as _};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The lean text format (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LineFormat;
+
+impl<S, N> FormatEvent<S, N> for LineFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write_timestamp(&mut writer, SystemTime::now())?;
+        let meta = event.metadata();
+        writer.write_str(level_column(*meta.level()))?;
+        writer.write_str(meta.target())?;
+        writer.write_str(":")?;
+        let mut fields = Fields {
+            out: Sanitized(&mut writer),
+            result: Ok(()),
+        };
+        event.record(&mut fields);
+        fields.result?;
+        writer.write_char('\n')
+    }
+}
+
+/// The level right-aligned in five columns between single spaces, as the
+/// default format writes it.
+fn level_column(level: Level) -> &'static str {
+    match level {
+        Level::TRACE => " TRACE ",
+        Level::DEBUG => " DEBUG ",
+        Level::INFO => "  INFO ",
+        Level::WARN => "  WARN ",
+        Level::ERROR => " ERROR ",
+    }
+}
+
+thread_local! {
+    /// The second last formatted on this thread and its
+    /// `YYYY-MM-DDTHH:MM:SS`.
+    static SECOND: Cell<(u64, [u8; 19])> = const { Cell::new((u64::MAX, [0; 19])) };
+}
+
+/// `2026-12-03T10:10:53.123456Z`, UTC with microseconds.
+fn write_timestamp(writer: &mut impl fmt::Write, now: SystemTime) -> fmt::Result {
+    // A clock before 1970 is written as 1970: the line still goes out.
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let date_time = SECOND.with(|cached| {
+        let (second, text) = cached.get();
+        if second == secs {
+            return text;
+        }
+        let text = date_time(secs);
+        cached.set((secs, text));
+        text
+    });
+    let mut micros = [b'.', b'0', b'0', b'0', b'0', b'0', b'0', b'Z'];
+    let mut n = since.subsec_micros();
+    for digit in micros[1..7].iter_mut().rev() {
+        *digit = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    // Both arrays are ASCII digits and separators.
+    writer.write_str(std::str::from_utf8(&date_time).map_err(|_| fmt::Error)?)?;
+    writer.write_str(std::str::from_utf8(&micros).map_err(|_| fmt::Error)?)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix second (UTC, proleptic Gregorian).
+fn date_time(secs: u64) -> [u8; 19] {
+    let (days, of_day) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    let mut text = *b"0000-00-00T00:00:00";
+    let mut put = |at: usize, width: usize, mut n: u64| {
+        for i in (at..at + width).rev() {
+            text[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year % 10_000);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, of_day / 3600);
+    put(14, 2, of_day % 3600 / 60);
+    put(17, 2, of_day % 60);
+    text
+}
+
+/// Year, month and day of a count of days since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Writes what it is given with control characters escaped (`\n`,
+/// `\u{1b}`), so that no value can end the line or colour a terminal.
+struct Sanitized<'a, 'w>(&'a mut Writer<'w>);
+
+impl fmt::Write for Sanitized<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut rest = s;
+        while let Some(at) = rest.bytes().position(|b| b < 0x20 || b == 0x7f) {
+            self.0.write_str(&rest[..at])?;
+            // A control character is one byte (ASCII).
+            let control = char::from(rest.as_bytes()[at]);
+            for escaped in control.escape_debug() {
+                self.0.write_char(escaped)?;
+            }
+            rest = &rest[at + 1..];
+        }
+        self.0.write_str(rest)
+    }
+}
+
+/// The event's fields in the order recorded: the message bare, the others
+/// as `name=value`, each after a space; strings quoted as `Debug` quotes
+/// them.
+struct Fields<'a, 'w> {
+    out: Sanitized<'a, 'w>,
+    result: fmt::Result,
+}
+
+impl Fields<'_, '_> {
+    /// ` name=` (` ` alone for the message).
+    fn name(&mut self, field: &Field) -> fmt::Result {
+        let name = field.name();
+        self.out.0.write_char(' ')?;
+        if name == "message" {
+            return Ok(());
+        }
+        self.out
+            .0
+            .write_str(name.strip_prefix("r#").unwrap_or(name))?;
+        self.out.0.write_char('=')
+    }
+
+    fn put(&mut self, field: &Field, value: impl FnOnce(&mut Self) -> fmt::Result) {
+        if self.result.is_ok() {
+            self.result = self.name(field).and_then(|()| value(self));
+        }
+    }
+}
+
+impl Visit for Fields<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let message = field.name() == "message";
+        self.put(field, |f| {
+            if message {
+                f.out.write_str(value)
+            } else if value
+                .bytes()
+                .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+            {
+                // What `Debug` writes for a plain string, without its
+                // per-character escaping pass.
+                f.out.0.write_char('"')?;
+                f.out.0.write_str(value)?;
+                f.out.0.write_char('"')
+            } else {
+                write!(f.out, "{value:?}")
+            }
+        });
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, |f| {
+            f.out.0.write_str(itoa::Buffer::new().format(value))
+        });
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, |f| {
+            f.out.0.write_str(itoa::Buffer::new().format(value))
+        });
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, |f| {
+            f.out.0.write_str(if value { "true" } else { "false" })
+        });
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.put(field, |f| write!(f.out, "{value:?}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tracing_subscriber::fmt::MakeWriter;
+
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Kept {
+        type Writer = Kept;
+        fn make_writer(&'a self) -> Kept {
+            self.clone()
+        }
+    }
+
+    impl Kept {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// The events a gateway writes, and values that test the fast paths.
+    fn events() {
+        let client = "a\"quoted\\ model";
+        tracing::info!(
+            target: "tower_llm_failover::turn",
+            run_id = %"7f3a-01",
+            attempts = 2u64,
+            outcome = "after_hop",
+            stop_reason = Option::<&str>::None,
+            target = %"backup",
+            duration_ms = 12u64,
+            "turn"
+        );
+        tracing::warn!(
+            target: "tower_llm_failover::attempt",
+            delta = -3i64,
+            estimated = true,
+            model = client,
+            cost = 0.25f64,
+            listed = ?["a", "b"],
+            r#type = "x",
+            "attempt {} of {}",
+            1,
+            2
+        );
+        tracing::error!("plain");
+    }
+
+    /// A line without its timestamp (everything up to the first space).
+    fn untimed(line: &str) -> &str {
+        line.split_once(' ').unwrap().1
+    }
+
+    #[test]
+    fn lines_are_the_default_formats_lines() {
+        let ours = Kept::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(ours.clone())
+            .with_max_level(Level::TRACE)
+            .event_format(LineFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, events);
+        let theirs = Kept::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(theirs.clone())
+            .with_max_level(Level::TRACE)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, events);
+        let (ours, theirs) = (ours.text(), theirs.text());
+        assert_eq!(ours.lines().count(), 3, "{ours}");
+        for (a, b) in ours.lines().zip(theirs.lines()) {
+            assert_eq!(untimed(a), untimed(b));
+            assert_eq!(a.split_once(' ').unwrap().0.len(), 27, "{a}");
+        }
+        assert!(ours.contains(r#"model="a\"quoted\\ model""#), "{ours}");
+    }
+
+    #[test]
+    fn a_control_character_cannot_end_a_line_or_colour_a_terminal() {
+        let kept = Kept::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(kept.clone())
+            .event_format(LineFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(model = %"x\ny\u{1b}[31m", "two\nlines");
+        });
+        let text = kept.text();
+        assert_eq!(
+            untimed(&text),
+            " INFO tower_llm_gateway::log_line::tests: two\\nlines model=x\\ny\\u{1b}[31m\n"
+        );
+    }
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates_with_microseconds() {
+        let at = |secs: u64, micros: u32| {
+            let mut text = String::new();
+            write_timestamp(
+                &mut text,
+                UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros.into()),
+            )
+            .unwrap();
+            text
+        };
+        assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(at(951_782_400, 7), "2000-02-29T00:00:00.000007Z");
+        assert_eq!(at(1_796_292_653, 123_456), "2026-12-03T10:10:53.123456Z");
+        assert_eq!(at(4_107_542_399, 999_999), "2100-02-28T23:59:59.999999Z");
+        assert_eq!(at(4_107_542_400, 0), "2100-03-01T00:00:00.000000Z");
+        // The per-second cache gives way to the next second.
+        assert_eq!(at(1_796_292_654, 0), "2026-12-03T10:10:54.000000Z");
+    }
+}
