@@ -18,7 +18,7 @@ pub(super) struct AttemptStart {
     pub(super) number: u32,
     pub(super) target: Arc<str>,
     pub(super) provider: Arc<str>,
-    pub(super) upstream_model: String,
+    pub(super) upstream_model: Arc<str>,
     /// The target's dialect's name.
     pub(super) dialect: &'static str,
     pub(super) wall: SystemTime,
@@ -33,7 +33,7 @@ impl AttemptStart {
             attempt: self.number,
             target: Arc::clone(&self.target),
             provider: Arc::clone(&self.provider),
-            upstream_model: self.upstream_model.clone(),
+            upstream_model: Arc::clone(&self.upstream_model),
             dialect: self.dialect,
             response_model: None,
             response_id: None,

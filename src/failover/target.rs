@@ -164,7 +164,8 @@ pub type BoxUpstream =
 pub struct Target<S> {
     pub(crate) name: Arc<str>,
     pub(crate) provider: Arc<str>,
-    pub(crate) model: Option<String>,
+    /// An `Arc` so that a health key shares it rather than copy it.
+    pub(crate) model: Option<Arc<str>>,
     pub(crate) capabilities: Capabilities,
     pub(crate) pricing: Option<Pricing>,
     /// How long a stream may take to its first output here; `None`: the
@@ -227,7 +228,7 @@ impl<S> Target<S> {
 
     /// The model name sent upstream instead of the client's.
     pub fn model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
+        self.model = Some(Arc::from(model.into()));
         self
     }
 
@@ -296,14 +297,19 @@ impl<S> Target<S> {
         self.model.as_deref().unwrap_or(client_model)
     }
 
+    /// The model this target sends for a client's `model`, shared.
+    pub(crate) fn upstream_model_shared(&self, client_model: &Arc<str>) -> Arc<str> {
+        Arc::clone(self.model.as_ref().unwrap_or(client_model))
+    }
+
     /// The health key of this target for a client's `model`: its provider
     /// and the model it sends upstream (marked as client-named for a
     /// pass-through target).
-    pub(crate) fn health_key(&self, client_model: &str) -> crate::health::HealthKey {
+    pub(crate) fn health_key(&self, client_model: &Arc<str>) -> crate::health::HealthKey {
         let provider = Arc::clone(&self.provider);
         match &self.model {
-            Some(model) => crate::health::HealthKey::model(provider, model.as_str()),
-            None => crate::health::HealthKey::client_model(provider, client_model),
+            Some(model) => crate::health::HealthKey::model(provider, Arc::clone(model)),
+            None => crate::health::HealthKey::client_model(provider, Arc::clone(client_model)),
         }
     }
 
@@ -345,10 +351,10 @@ mod tests {
     fn a_pass_through_targets_health_keys_are_client_named() {
         let primary = Target::new("primary", ());
         let backup = Target::new("backup", ()).model("backup-model");
-        assert!(primary.health_key("anything").is_client_named());
-        assert!(!backup.health_key("anything").is_client_named());
+        assert!(primary.health_key(&Arc::from("anything")).is_client_named());
+        assert!(!backup.health_key(&Arc::from("anything")).is_client_named());
         assert_eq!(
-            backup.health_key("anything"),
+            backup.health_key(&Arc::from("anything")),
             crate::health::HealthKey::model("backup", "backup-model")
         );
     }

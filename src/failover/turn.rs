@@ -127,6 +127,7 @@ where
                 output_tokens: requirements
                     .max_output_tokens
                     .unwrap_or(shared.default_output_tokens),
+                client_model: Arc::from(requirements.model.as_str()),
                 requirements,
                 request,
                 queue: VecDeque::new(),
@@ -205,6 +206,9 @@ struct Turn<'a, S, D: Dialect> {
     budget: &'a TurnBudget,
     run: &'a TurnRecord,
     requirements: Requirements,
+    /// The client's `model`, shared by the turn's health keys and attempt
+    /// records (one allocation per turn, not one per use).
+    client_model: Arc<str>,
     request: D::Request,
     /// Output tokens assumed for spend checks.
     output_tokens: u64,
@@ -355,7 +359,7 @@ where
             number,
             target: Arc::clone(&target.name),
             provider: Arc::clone(&target.provider),
-            upstream_model: target.upstream_model(&self.requirements.model).to_owned(),
+            upstream_model: target.upstream_model_shared(&self.client_model),
             dialect: target.dialect_name(shared.dialect.name()),
             wall: SystemTime::now(),
             clock: tokio::time::Instant::now(),
@@ -482,7 +486,7 @@ where
             if running.iter().any(|r| r.index == index) {
                 return None;
             }
-            let key = shared.targets[index].health_key(&self.requirements.model);
+            let key = shared.targets[index].health_key(&self.client_model);
             Admitted::new(&shared.health, key, false)
                 .ok()
                 .filter(|admitted| !admitted.is_probe())
@@ -573,7 +577,7 @@ where
                             .estimate(self.requirements.input_tokens, self.output_tokens),
                         time_to_first_output: shared
                             .health
-                            .time_to_first_output(&target.health_key(&self.requirements.model)),
+                            .time_to_first_output(&target.health_key(&self.client_model)),
                     }),
                     Err(why) => self.excluded.push(why),
                 }
@@ -587,7 +591,7 @@ where
                         .estimate(self.requirements.input_tokens, self.output_tokens),
                     time_to_first_output: shared
                         .health
-                        .time_to_first_output(&target.health_key(&self.requirements.model)),
+                        .time_to_first_output(&target.health_key(&self.client_model)),
                 });
             } else {
                 self.excluded
@@ -737,7 +741,7 @@ where
                     self.resting.only_probes_tried(),
                 )));
             };
-            let key = shared.targets[index].health_key(&self.requirements.model);
+            let key = shared.targets[index].health_key(&self.client_model);
             // Healthy, or admitted as the probe after a cooldown.
             match Admitted::new(&shared.health, key, self.resting.is_forced(index)) {
                 Ok(admitted) => return Ok((index, admitted)),

@@ -33,7 +33,7 @@ pub struct AttemptRecord {
     /// Provider name.
     pub provider: Arc<str>,
     /// The model name sent upstream.
-    pub upstream_model: String,
+    pub upstream_model: Arc<str>,
     /// The wire dialect the target speaks ([`Dialect::name`](crate::dialect::Dialect::name)):
     /// the client's own, or the one its request was translated into.
     pub dialect: &'static str,
