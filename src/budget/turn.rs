@@ -621,6 +621,12 @@ mod tests {
         let mut r1 = fastrand::Rng::with_seed(3);
         let mut r2 = fastrand::Rng::with_seed(3);
         assert_eq!(TurnId::from_rng(&mut r1), TurnId::from_rng(&mut r2));
+        // The id is the generator's next u64 in zero-padded lowercase hex.
+        for seed in [0, 3, 99] {
+            let expected = format!("{:016x}", fastrand::Rng::with_seed(seed).u64(..));
+            let id = TurnId::from_rng(&mut fastrand::Rng::with_seed(seed));
+            assert_eq!(id.as_str(), expected);
+        }
         assert_eq!(TurnId::from("req-7").to_string(), "req-7");
     }
 

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use std::fmt;
 
+use bytes::Bytes;
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
@@ -102,17 +103,51 @@ pub(crate) fn non_empty_array(raw: Option<&RawValue>) -> bool {
         .is_some_and(|a| !a.is_empty())
 }
 
-/// The body with each range replaced by its text; ranges are spans read
-/// from this body and must not overlap.
-pub(crate) fn splice(
+/// The edit that puts `model` in place of the `model` value at `range`
+/// (quotes included), or `None` when the body already says exactly that:
+/// a pass-through target sends the client's own bytes. A model that JSON
+/// needs no escapes for replaces what is between the quotes, borrowed;
+/// only one that does is serialized.
+pub(crate) fn model_edit<'m>(
     body: &[u8],
-    mut edits: Vec<(Range<usize>, std::borrow::Cow<'_, str>)>,
-) -> Vec<u8> {
-    edits.sort_by_key(|(range, _)| range.start);
+    range: &Range<usize>,
+    model: &'m str,
+) -> Option<(Range<usize>, std::borrow::Cow<'m, str>)> {
+    let plain = model.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\');
+    let raw = body.get(range.clone()).unwrap_or_default();
+    if plain && raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+        let inner = range.start + 1..range.end - 1;
+        if &raw[1..raw.len() - 1] == model.as_bytes() {
+            return None;
+        }
+        return Some((inner, std::borrow::Cow::Borrowed(model)));
+    }
+    let json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
+    Some((range.clone(), std::borrow::Cow::Owned(json)))
+}
+
+/// The body with each range replaced by its text; ranges are spans read
+/// from this body and must not overlap. No edits: the body itself, shared.
+/// The new body is allocated once, at its exact length (a `Vec` with room
+/// to spare would cost `Bytes` a second allocation).
+pub(crate) fn splice(
+    body: &Bytes,
+    edits: &mut [(Range<usize>, std::borrow::Cow<'_, str>)],
+) -> Bytes {
+    if edits.is_empty() {
+        return body.clone();
+    }
+    // Unstable: never allocates, and ranges do not tie.
+    edits.sort_unstable_by_key(|(range, _)| range.start);
     let added: usize = edits.iter().map(|(_, text)| text.len()).sum();
-    let mut out = Vec::with_capacity(body.len() + added);
+    let removed: usize = edits
+        .iter()
+        .filter(|(range, _)| range.start <= range.end && range.end <= body.len())
+        .map(|(range, _)| range.len())
+        .sum();
+    let mut out = Vec::with_capacity((body.len() + added).saturating_sub(removed));
     let mut at = 0;
-    for (range, text) in &edits {
+    for (range, text) in edits.iter() {
         if range.start < at || range.end > body.len() {
             continue; // cannot happen for spans read from this body
         }
@@ -121,7 +156,7 @@ pub(crate) fn splice(
         at = range.end;
     }
     out.extend_from_slice(&body[at..]);
-    out
+    Bytes::from(out)
 }
 
 /// The leading byte of a body that is not whitespace.
@@ -213,6 +248,49 @@ pub(crate) fn not_an_object(body: &[u8], what: &str) -> Option<(super::BodyFault
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The body with its `model` replaced as an upstream body does it.
+    fn with_model(body: &'static str, model: &str) -> (Bytes, bool) {
+        let body = Bytes::from_static(body.as_bytes());
+        let top: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&body).unwrap();
+        assert!(top.contains_key("model"));
+        #[derive(serde::Deserialize)]
+        struct Top<'a> {
+            #[serde(borrow)]
+            model: &'a RawValue,
+        }
+        let top: Top<'_> = serde_json::from_slice(&body).unwrap();
+        let range = span(&body, top.model);
+        match model_edit(&body, &range, model) {
+            None => (body.clone(), false),
+            Some(edit) => (splice(&body, &mut [edit]), true),
+        }
+    }
+
+    #[test]
+    fn the_model_is_spliced_only_where_it_differs() {
+        // The client's own model: the body is sent as it came, shared.
+        let (body, edited) = with_model(r#"{"model":"gpt-4o","x":1}"#, "gpt-4o");
+        assert!(!edited);
+        assert_eq!(body, r#"{"model":"gpt-4o","x":1}"#);
+        // Another plain model: between the quotes.
+        let (body, edited) = with_model(r#"{"model" : "gpt-4o", "x":1}"#, "backup-model");
+        assert!(edited);
+        assert_eq!(body, r#"{"model" : "backup-model", "x":1}"#);
+        // A model JSON must escape, and a client's escaped spelling.
+        let (body, _) = with_model(r#"{"model":"m","x":1}"#, "a\"b\\c\n");
+        assert_eq!(body, r#"{"model":"a\"b\\c\n","x":1}"#);
+        let (body, edited) = with_model(r#"{"model":"gpt\u002d4","x":1}"#, "gpt-4");
+        assert!(edited, "the same model spelled otherwise is rewritten");
+        assert_eq!(body, r#"{"model":"gpt-4","x":1}"#);
+        // Not a string (refused before this by the dialects; still JSON).
+        let (body, _) = with_model(r#"{"model":7,"x":1}"#, "m");
+        assert_eq!(body, r#"{"model":"m","x":1}"#);
+        // Non-ASCII needs no escape.
+        let (body, _) = with_model(r#"{"model":"m"}"#, "modèle");
+        assert_eq!(body, r#"{"model":"modèle"}"#);
+    }
 
     #[test]
     fn elements_are_visited_in_order_borrowed_from_the_array() {

@@ -25,7 +25,9 @@ pub(super) fn request<D: Dialect>(
     model: &str,
     translated: Option<(&ForeignDialect, &Bytes)>,
 ) -> Request<Full<Bytes>> {
-    let mut headers = HeaderMap::with_capacity(parts.headers.len());
+    // Room for what is added below (content type and length, a dialect's
+    // own): a map that grows reallocates.
+    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 4);
     policy.copy_request(&parts.headers, &mut headers);
     let (body, path) = match translated {
         None => {
@@ -46,10 +48,18 @@ pub(super) fn request<D: Dialect>(
     *upstream.method_mut() = parts.method.clone();
     // The path only: a client's query string may carry its own credential
     // (`?key=...`), which never goes upstream.
-    *upstream.uri_mut() = path
-        .unwrap_or_else(|| parts.uri.path())
-        .parse()
-        .unwrap_or_else(|_| http::Uri::from_static("/"));
+    *upstream.uri_mut() = match path {
+        // Not `from_static`, which panics on a dialect's bad path.
+        Some(path) => http::Uri::from_maybe_shared(Bytes::from_static(path.as_bytes()))
+            .unwrap_or_else(|_| http::Uri::from_static("/")),
+        // A client's path alone is its URI, shared rather than parsed again.
+        None if parts.uri.query().is_none() && parts.uri.authority().is_none() => parts.uri.clone(),
+        None => parts
+            .uri
+            .path()
+            .parse()
+            .unwrap_or_else(|_| http::Uri::from_static("/")),
+    };
     *upstream.headers_mut() = headers;
     upstream
 }

@@ -27,7 +27,15 @@ impl TurnId {
 
     /// A random id from the given generator (seed it for reproducible ids).
     pub(crate) fn from_rng(rng: &mut fastrand::Rng) -> Self {
-        TurnId(format!("{:016x}", rng.u64(..)).into())
+        // Written in place: `format!` then `Arc<str>` would allocate twice.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut n = rng.u64(..);
+        let mut text = [b'0'; 16];
+        for digit in text.iter_mut().rev() {
+            *digit = HEX[(n & 0xf) as usize];
+            n >>= 4;
+        }
+        TurnId(Arc::from(std::str::from_utf8(&text).unwrap_or_default()))
     }
 
     /// The id as text.

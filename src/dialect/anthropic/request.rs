@@ -26,8 +26,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, non_empty_array, request_object, span, splice, strict_bool,
-    strict_str, strict_u64, walk_content,
+    first_byte, for_each_element, model_edit, non_empty_array, request_object, span, splice,
+    strict_bool, strict_str, strict_u64, walk_content,
 };
 use crate::dialect::{RequestError, Requirements};
 
@@ -216,9 +216,10 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
 /// The body one target receives: the client's bytes with `model` spliced
 /// in. A Messages stream reports usage unasked, so nothing else changes.
 pub(super) fn upstream_body(request: &MessagesRequest, model: &str) -> Bytes {
-    let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
-    let edits = vec![(request.model.clone(), Cow::Owned(model_json))];
-    Bytes::from(splice(&request.body, edits))
+    match model_edit(&request.body, &request.model, model) {
+        None => request.body.clone(),
+        Some(edit) => splice(&request.body, &mut [edit]),
+    }
 }
 
 /// `anthropic-version` when the header policy forwarded none (the

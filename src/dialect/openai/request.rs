@@ -32,7 +32,7 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, non_empty_array, present, span, splice, strict_bool,
+    first_byte, for_each_element, model_edit, non_empty_array, present, span, splice, strict_bool,
     strict_object, strict_str, strict_u64,
 };
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
@@ -264,9 +264,16 @@ fn prompt_bytes(messages: &RawValue) -> Result<(u64, bool), RequestError> {
 /// `stream_options.include_usage` turned on, whatever the client sent.
 pub(super) fn upstream_body(request: &ChatRequest, model: &str) -> Bytes {
     let body = &request.body;
-    let mut edits: Vec<(Range<usize>, Cow<'_, str>)> = Vec::with_capacity(2);
-    let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
-    edits.push((request.model.clone(), Cow::Owned(model_json)));
+    // At most two edits, kept on the stack.
+    let mut edits: [(Range<usize>, Cow<'_, str>); 2] = Default::default();
+    let mut count = 0;
+    let mut push = |edit| {
+        edits[count] = edit;
+        count += 1;
+    };
+    if let Some(edit) = model_edit(body, &request.model, model) {
+        push(edit);
+    }
     if request.stream {
         match &request.stream_options {
             Some(range) => {
@@ -281,15 +288,15 @@ pub(super) fn upstream_body(request: &ChatRequest, model: &str) -> Bytes {
                 options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
                 let json = serde_json::to_string(&options)
                     .unwrap_or_else(|_| r#"{"include_usage":true}"#.to_owned());
-                edits.push((range.clone(), Cow::Owned(json)));
+                push((range.clone(), Cow::Owned(json)));
             }
-            None => edits.push((
+            None => push((
                 request.close..request.close,
                 Cow::Borrowed(r#","stream_options":{"include_usage":true}"#),
             )),
         }
     }
-    Bytes::from(splice(body, edits))
+    splice(body, &mut edits[..count])
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, request_object, span, splice, strict_bool, strict_str,
-    strict_u64, walk_content,
+    first_byte, for_each_element, model_edit, request_object, span, splice, strict_bool,
+    strict_str, strict_u64, walk_content,
 };
 use crate::dialect::{ProviderState, RequestError, Requirements, ResponseFormat};
 
@@ -271,7 +271,8 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ResponsesRequest), Requ
 /// The body one target receives: the client's bytes with `model` spliced
 /// in; a Responses stream reports usage unasked, so nothing else changes.
 pub(super) fn upstream_body(request: &ResponsesRequest, model: &str) -> Bytes {
-    let model_json = serde_json::to_string(model).unwrap_or_else(|_| "\"\"".to_owned());
-    let edits = vec![(request.model.clone(), Cow::Owned(model_json))];
-    Bytes::from(splice(&request.body, edits))
+    match model_edit(&request.body, &request.model, model) {
+        None => request.body.clone(),
+        Some(edit) => splice(&request.body, &mut [edit]),
+    }
 }
