@@ -68,6 +68,52 @@ pub struct Telemetry {
     meter: Option<SdkMeterProvider>,
 }
 
+/// The log layer as the gateway installs it: `[telemetry]`'s format
+/// (the lean line format for text to a file or pipe, `tracing-subscriber`'s
+/// with colours on a `terminal` or with span context), writing to
+/// `writer`, behind `filter`. Spans reach it only with `log_span_context`.
+pub fn log_layer<S, W>(
+    config: &TelemetryConfig,
+    writer: W,
+    filter: EnvFilter,
+    terminal: bool,
+) -> Result<Box<dyn Layer<S> + Send + Sync>, String>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let fmt = match config.log_format.as_str() {
+        // A file or a pipe: the lean line format (no colours, no span
+        // context), about a third of the default format's instructions.
+        "text" if !terminal && !config.log_span_context => {
+            fmt.event_format(crate::log_line::LineFormat).boxed()
+        }
+        "text" => fmt.with_ansi(terminal).boxed(),
+        // One JSON object per line; the event's fields under
+        // "fields" (an attempt's `target` field would clash with the
+        // line's own `target` if flattened).
+        "json" => fmt
+            .json()
+            .flatten_event(false)
+            .with_current_span(false)
+            .with_span_list(false)
+            .boxed(),
+        other => return Err(format!("telemetry.log_format: unknown {other}")),
+    };
+    // Without span context the log layer is never told of spans: it
+    // neither formats nor keeps their fields, and with no OTLP export
+    // the spans are not made at all.
+    let spans = config.log_span_context;
+    // The hint keeps the filter's own (a `filter_fn` has none, and an
+    // `and` without a hint makes every callsite's level look enabled).
+    let filter = filter.and(
+        tracing_subscriber::filter::filter_fn(move |meta| spans || !meta.is_span())
+            .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE),
+    );
+    Ok(fmt.with_filter(filter).boxed())
+}
+
 impl Telemetry {
     /// Installs the process-wide subscriber and metrics recorder. Logs go
     /// to `writer` (stderr in the gateway).
@@ -77,26 +123,8 @@ impl Telemetry {
     {
         let filter = EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| "info,tower_llm_failover=info".into());
-        let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
         let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let fmt = match config.log_format.as_str() {
-            // A file or a pipe: the lean line format (no colours, no span
-            // context), a third of the default format's instructions.
-            "text" if !terminal && !config.log_span_context => {
-                fmt.event_format(crate::log_line::LineFormat).boxed()
-            }
-            "text" => fmt.with_ansi(terminal).boxed(),
-            // One JSON object per line; the event's fields under
-            // "fields" (an attempt's `target` field would clash with the
-            // line's own `target` if flattened).
-            "json" => fmt
-                .json()
-                .flatten_event(false)
-                .with_current_span(false)
-                .with_span_list(false)
-                .boxed(),
-            other => return Err(format!("telemetry.log_format: unknown {other}")),
-        };
+        let logs = log_layer(config, writer, filter, terminal)?;
         let resource = Resource::builder()
             .with_service_name(config.service_name.clone())
             .build();
@@ -138,17 +166,7 @@ impl Telemetry {
                 (Some(layer), Some(tracer), Some(meter))
             }
         };
-        // Without span context the log layer is never told of spans: it
-        // neither formats nor keeps their fields, and with no OTLP export
-        // the spans are not made at all.
-        let spans = config.log_span_context;
-        // The hint keeps the filter's own (a `filter_fn` has none, and an
-        // `and` without a hint makes every callsite's level look enabled).
-        let filter = filter.and(
-            tracing_subscriber::filter::filter_fn(move |meta| spans || !meta.is_span())
-                .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE),
-        );
-        let logs = tracing_subscriber::registry().with(fmt.with_filter(filter));
+        let logs = tracing_subscriber::registry().with(logs);
         // Not `.with(otel)` with `None`: an absent layer says it wants
         // every callsite, and every span would be made for nobody.
         match otel {
