@@ -106,12 +106,18 @@ fn run<S: tracing::Subscriber + Send + Sync + 'static>(
     (process_cpu() - start) / turns
 }
 
-fn warn(turns: u32) -> Duration {
-    let (writer, guard) = BatchedWriter::new(std::io::sink(), Duration::from_millis(20)).unwrap();
+const DEFAULT_FILTER: &str = "info,tower_llm_failover=info";
+
+/// Turns under the gateway's log layer behind `filter`, writing through
+/// `writer`; dropping `guard` ends the writer (counted).
+fn gateway_layer<W, G>(turns: u32, (writer, guard): (W, G), filter: &str) -> Duration
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let layer = log_layer(
         &TelemetryConfig::default(),
         writer,
-        EnvFilter::new("warn"),
+        EnvFilter::new(filter),
         false,
     )
     .unwrap();
@@ -120,59 +126,40 @@ fn warn(turns: u32) -> Duration {
     })
 }
 
-fn shipped(turns: u32) -> Duration {
-    let (writer, guard) = BatchedWriter::new(std::io::sink(), Duration::from_millis(20)).unwrap();
-    let layer = log_layer(
-        &TelemetryConfig::default(),
-        writer,
-        EnvFilter::new("info,tower_llm_failover=info"),
-        false,
-    )
-    .unwrap();
-    run(turns, tracing_subscriber::registry().with(layer), || {
-        drop(guard)
-    })
+/// The gateway's writer, as `main` starts it, over a sink.
+fn batched() -> (
+    BatchedWriter<std::io::Sink>,
+    tower_llm_gateway::log_writer::FlushGuard<std::io::Sink>,
+) {
+    BatchedWriter::new(std::io::sink(), Duration::from_millis(20)).unwrap()
 }
 
-fn before(turns: u32) -> Duration {
-    use tracing_subscriber::Layer as _;
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+/// The writer the gateway used before, as it was set up, over a sink.
+fn appender() -> (
+    tracing_appender::non_blocking::NonBlocking,
+    tracing_appender::non_blocking::WorkerGuard,
+) {
+    tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .finish(std::io::BufWriter::with_capacity(
             64 * 1024,
             std::io::sink(),
-        ));
-    // The default format without colours, spans filtered out as the
-    // gateway does.
+        ))
+}
+
+/// What shipped before: the default format without colours through the
+/// appender's writer, spans filtered out as the gateway does.
+fn before(turns: u32) -> Duration {
+    use tracing_subscriber::Layer as _;
+    let (writer, guard) = appender();
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(false)
         .with_filter(tracing_subscriber::filter::FilterExt::and(
-            EnvFilter::new("info,tower_llm_failover=info"),
+            EnvFilter::new(DEFAULT_FILTER),
             tracing_subscriber::filter::filter_fn(|meta| !meta.is_span())
                 .with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE),
         ));
-    run(turns, tracing_subscriber::registry().with(layer), || {
-        drop(guard)
-    })
-}
-
-/// The lean line through `tracing-appender`'s writer: the format's and
-/// the writer's shares apart.
-fn lean_appender(turns: u32) -> Duration {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::sink(),
-        ));
-    let layer = log_layer(
-        &TelemetryConfig::default(),
-        writer,
-        EnvFilter::new("info,tower_llm_failover=info"),
-        false,
-    )
-    .unwrap();
     run(turns, tracing_subscriber::registry().with(layer), || {
         drop(guard)
     })
@@ -195,12 +182,14 @@ fn main() {
         .build()
         .unwrap();
     let _entered = runtime.enter();
-    shipped(turns / 10);
+    gateway_layer(turns / 10, batched(), DEFAULT_FILTER);
     let (mut w, mut s, mut l, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        w.push(warn(turns));
-        s.push(shipped(turns));
-        l.push(lean_appender(turns));
+        w.push(gateway_layer(turns, batched(), "warn"));
+        s.push(gateway_layer(turns, batched(), DEFAULT_FILTER));
+        // The lean line through the appender: the format's and the
+        // writer's shares apart.
+        l.push(gateway_layer(turns, appender(), DEFAULT_FILTER));
         b.push(before(turns));
     }
     let (w, s, l, b) = (median(w), median(s), median(l), median(b));
