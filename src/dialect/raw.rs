@@ -190,6 +190,67 @@ pub(crate) fn for_each_element<'a>(
     deserializer.end()
 }
 
+/// What reads a request's list (`messages`) one element at a time, as
+/// [`read_elements`] walks it.
+pub(crate) trait ReadsElements: Default {
+    /// Takes one element (any JSON value).
+    fn element(&mut self, raw: &RawValue);
+}
+
+/// `deserialize_with` for a request's list, read element by element while
+/// the body is read: the list is walked once there, not skipped as a raw
+/// value and walked again after. `None` when the value is not an array.
+/// No list of elements is built (see [`for_each_element`]). A value of any
+/// other type is read only to be passed over; one number fails where a raw
+/// skip did not, one too large for `f64` (`1e400`): the body is then
+/// refused as not JSON rather than for that field.
+pub(crate) fn read_elements<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: ReadsElements,
+{
+    struct List<T>(std::marker::PhantomData<T>);
+    impl<'de, T: ReadsElements> Visitor<'de> for List<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<T>, A::Error> {
+            let mut elements = T::default();
+            while let Some(element) = seq.next_element::<&'de RawValue>()? {
+                elements.element(element);
+            }
+            Ok(Some(elements))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Option<T>, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(List(std::marker::PhantomData))
+}
+
 /// A request body's top-level object: not JSON, or JSON but not an
 /// object, is refused as such.
 pub(crate) fn request_object<'a, T: Deserialize<'a>>(

@@ -26,8 +26,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, model_edit, non_empty_array, request_object, span, splice,
-    strict_bool, strict_str, strict_u64, walk_content,
+    ReadsElements, first_byte, model_edit, non_empty_array, read_elements, request_object, span,
+    splice, strict_bool, strict_str, strict_u64, walk_content,
 };
 use crate::dialect::{RequestError, Requirements};
 
@@ -55,8 +55,9 @@ impl MessagesRequest {
 struct Top<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
+    /// Tallied as the body is read (the prompt is walked once there).
+    #[serde(default, deserialize_with = "read_elements")]
+    messages: Option<Tally>,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -135,13 +136,26 @@ impl Tally {
     }
 }
 
+impl ReadsElements for Tally {
+    /// Adds one message: framing, and its content (objects only).
+    fn element(&mut self, message: &RawValue) {
+        if first_byte(message) != b'{' {
+            return;
+        }
+        self.text_bytes += 16; // role and framing
+        if let Ok(Message {
+            content: Some(content),
+        }) = serde_json::from_str::<Message<'_>>(message.get())
+        {
+            self.content(content, 0);
+        }
+    }
+}
+
 /// Reads a Messages request.
 pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), RequestError> {
     let top: Top<'_> = request_object(&body)?;
-    let messages = top
-        .messages
-        .filter(|m| first_byte(m) == b'[')
-        .ok_or(RequestError::MissingMessages)?;
+    let mut tally = top.messages.ok_or(RequestError::MissingMessages)?;
     let model_raw = top
         .model
         .filter(|m| m.get() != "null")
@@ -150,21 +164,6 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, MessagesRequest), Reque
     let max_tokens = strict_u64(top.max_tokens, "max_tokens", 0)?;
     let stream = strict_bool(top.stream, "stream")?.unwrap_or(false);
 
-    let mut tally = Tally::default();
-    // Read one message at a time, never collected (see `for_each_element`).
-    for_each_element(messages, |message| {
-        if first_byte(message) != b'{' {
-            return;
-        }
-        tally.text_bytes += 16; // role and framing
-        if let Ok(Message {
-            content: Some(content),
-        }) = serde_json::from_str::<Message<'_>>(message.get())
-        {
-            tally.content(content, 0);
-        }
-    })
-    .map_err(|_| RequestError::MissingMessages)?;
     if let Some(system) = top.system {
         tally.content(system, 0);
     }
@@ -242,6 +241,38 @@ mod tests {
         value: serde_json::Value,
     ) -> Result<(Requirements, MessagesRequest), RequestError> {
         read(Bytes::from(value.to_string()))
+    }
+
+    /// Each object message counts its framing (16) and its content's text;
+    /// other elements count nothing; `messages` of another type is missing.
+    #[test]
+    fn the_messages_are_tallied_as_the_body_is_read() {
+        let input = |messages: &str| {
+            read(Bytes::from(format!(
+                r#"{{"model":"m","max_tokens":5,"messages":{messages}}}"#
+            )))
+            .map(|(r, _)| (r.input_tokens, r.image_input))
+            .map_err(|e| e.to_string())
+        };
+        // 16 + 4 = 20: 5 tokens; then 16 + 4 ("abcd" in a text block)
+        // with an image block beside it, and elements that are no message.
+        assert_eq!(
+            input(r#"[{"role":"user","content":"abcd"}]"#),
+            Ok((5, false))
+        );
+        assert_eq!(
+            input(
+                r#"[1e400,"x",{"content":[{"type":"text","text":"abcd"},{"type":"image","source":{}}]}]"#
+            ),
+            Ok((5, true))
+        );
+        for messages in ["{}", "null", "7", r#""x""#, "false"] {
+            assert_eq!(
+                input(messages),
+                Err(RequestError::MissingMessages.to_string()),
+                "{messages}"
+            );
+        }
     }
 
     #[test]

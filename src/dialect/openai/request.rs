@@ -32,8 +32,8 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    first_byte, for_each_element, model_edit, non_empty_array, present, span, splice, strict_bool,
-    strict_object, strict_str, strict_u64,
+    ReadsElements, first_byte, for_each_element, model_edit, non_empty_array, present,
+    read_elements, span, splice, strict_bool, strict_object, strict_str, strict_u64,
 };
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
 
@@ -62,8 +62,10 @@ impl ChatRequest {
 struct Top<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
+    /// Tallied as the body is read: the prompt is walked once here, not
+    /// skipped here and walked again after.
+    #[serde(default, deserialize_with = "read_elements")]
+    messages: Option<Tally>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -158,10 +160,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())
         .unwrap_or(0);
-    let messages = top
-        .messages
-        .filter(|m| first_byte(m) == b'[')
-        .ok_or(RequestError::MissingMessages)?;
+    let messages = top.messages.ok_or(RequestError::MissingMessages)?;
     let model_raw = top
         .model
         .filter(|m| m.get() != "null")
@@ -180,7 +179,10 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
     let max_completion_tokens = strict_u64(top.max_completion_tokens, "max_completion_tokens", 0)?;
     let max_tokens = strict_u64(top.max_tokens, "max_tokens", 0)?;
     let parallel_tool_calls = strict_bool(top.parallel_tool_calls, "parallel_tool_calls")?;
-    let (text_bytes, image_input) = prompt_bytes(messages)?;
+    let Tally {
+        text_bytes,
+        image_input,
+    } = messages;
     let text_bytes = text_bytes + top.tools.map_or(0, |t| t.get().len() as u64);
     let tools = non_empty_array(top.tools) || non_empty_array(top.functions);
     let response_format = top
@@ -217,15 +219,18 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
     Ok((requirements, request))
 }
 
-/// Text bytes of the messages (plus some framing per message), and whether
-/// any has an image part. Messages and parts are read one at a time, never
-/// collected: a list would cost 16 bytes per element of a hostile
-/// `[0,0,…]`, far over the request's memory bound.
-fn prompt_bytes(messages: &RawValue) -> Result<(u64, bool), RequestError> {
-    let mut text_bytes = 0u64;
-    let mut image_input = false;
-    for_each_element(messages, |message| {
-        text_bytes += 16; // role and framing
+/// What the estimate needs of `messages`: text bytes (plus some framing
+/// per message) and whether any message has an image part.
+#[derive(Debug, Default)]
+struct Tally {
+    text_bytes: u64,
+    image_input: bool,
+}
+
+impl ReadsElements for Tally {
+    /// Adds one message (any JSON value; only objects carry text).
+    fn element(&mut self, message: &RawValue) {
+        self.text_bytes += 16; // role and framing
         if first_byte(message) != b'{' {
             return;
         }
@@ -233,7 +238,7 @@ fn prompt_bytes(messages: &RawValue) -> Result<(u64, bool), RequestError> {
             return;
         };
         match message.content.map(|c| (first_byte(c), c)) {
-            Some((b'"', text)) => text_bytes += text.get().len().saturating_sub(2) as u64,
+            Some((b'"', text)) => self.text_bytes += text.get().len().saturating_sub(2) as u64,
             Some((b'[', parts)) => {
                 let _ = for_each_element(parts, |part| {
                     if first_byte(part) != b'{' {
@@ -243,21 +248,19 @@ fn prompt_bytes(messages: &RawValue) -> Result<(u64, bool), RequestError> {
                         return;
                     };
                     if let Some("image_url" | "input_image" | "image") = part.kind.as_deref() {
-                        image_input = true;
+                        self.image_input = true;
                     }
                     if let Some(text) = part.text.filter(|t| first_byte(t) == b'"') {
-                        text_bytes += text.get().len().saturating_sub(2) as u64;
+                        self.text_bytes += text.get().len().saturating_sub(2) as u64;
                     }
                 });
             }
             _ => {}
         }
         if let Some(calls) = message.tool_calls {
-            text_bytes += calls.get().len() as u64;
+            self.text_bytes += calls.get().len() as u64;
         }
-    })
-    .map_err(|_| RequestError::MissingMessages)?;
-    Ok((text_bytes, image_input))
+    }
 }
 
 /// The body one target receives: `model` spliced in, and for a stream
@@ -360,6 +363,65 @@ mod tests {
         assert_eq!(r.response_format, Some(ResponseFormat::JsonSchema));
         assert_eq!(r.max_output_tokens, Some(100));
         assert!(r.input_tokens > 10);
+    }
+
+    /// The estimate counts each message's framing (16), string content
+    /// and text parts without their quotes, and `tool_calls` raw; anything
+    /// else in `messages` is framing only; the tools' text is added.
+    #[test]
+    fn the_prompt_is_tallied_exactly_as_the_body_is_read() {
+        let input = |body: &str| {
+            read(Bytes::from(body.to_owned()))
+                .map(|(r, _)| (r.input_tokens, r.image_input))
+                .map_err(|e| e.to_string())
+        };
+        // 16 + 4 ("abcd") = 20 bytes: 5 tokens.
+        assert_eq!(
+            input(r#"{"model":"m","messages":[{"role":"user","content":"abcd"}]}"#),
+            Ok((5, false))
+        );
+        // Escapes count as written: "a\nb" is 4 bytes between the quotes.
+        assert_eq!(
+            input(r#"{"model":"m","messages":[{"content":"a\nb","role":"user"}]}"#),
+            Ok((5, false))
+        );
+        // 16 + 8 (two parts' text) + 16 + 18 (tool_calls raw) = 58: 15.
+        assert_eq!(
+            input(
+                r#"{"model":"m","messages":[{"content":[{"type":"text","text":"abcd"},{"type":"image_url","text":"efgh"},7]},{"tool_calls":[{"id":"c","x":1}]}]}"#
+            ),
+            Ok((15, true))
+        );
+        // Elements that are no message, and messages that do not read
+        // (a duplicate `content`), are framing only: 4 × 16 = 64: 16.
+        assert_eq!(
+            input(
+                r#"{"model":"m","messages":[1e400,"x",[{"content":"abcd"}],{"content":"ab","content":"cd"}]}"#
+            ),
+            Ok((16, false))
+        );
+        // `messages` of any other type is no array.
+        for messages in [
+            "{}",
+            r#"{"a":[1]}"#,
+            "null",
+            "true",
+            "3",
+            "-2",
+            "2.5",
+            r#""x""#,
+        ] {
+            assert_eq!(
+                input(&format!(r#"{{"model":"m","messages":{messages}}}"#)),
+                Err(RequestError::MissingMessages.to_string()),
+                "{messages}"
+            );
+        }
+        // The one value that no longer skips: a number past `f64`.
+        assert!(
+            input(r#"{"model":"m","messages":1e400}"#)
+                .is_err_and(|e| e.contains("number out of range"))
+        );
     }
 
     #[test]
