@@ -2,7 +2,8 @@
 # Instructions per request, exact on a noisy machine: the gateway
 # (RUST_LOG=warn, and as shipped) and the bare pass-through, each run under
 # valgrind's callgrind against the prepared upstream, for a small
-# completion and a 100-token stream. Each proxy is run twice, for FEW and
+# completion, a 100-token stream, and a small completion asked with a
+# 64 KB prompt (`large-request`, a fifth of the requests). Each proxy is run twice, for FEW and
 # MANY sequential requests; (instructions(MANY) - instructions(FEW)) /
 # (MANY - FEW) is the cost of a request, with start-up and shutdown
 # cancelled out.
@@ -48,6 +49,17 @@ EOF
 
 SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
 STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+# A 64 KB prompt (20 messages of about 3.2 KB, with quotes, newlines and
+# a non-ASCII letter escaped as JSON writes them) for a small completion:
+# the request's reading is what grows with it.
+SENTENCE='Lorem ipsum dolor sit amet, \"quoted\" text with a newline\n and unicode \u00e9. '
+TEXT=$(for _ in $(seq 40); do printf '%s' "$SENTENCE"; done)
+LARGE='{"model":"bench","messages":['
+for i in $(seq 20); do
+    ((i > 1)) && LARGE+=','
+    LARGE+="{\"role\":\"user\",\"content\":\"$TEXT\"}"
+done
+LARGE+=']}'
 
 # Instructions the proxy ran serving $2 requests of body $3; $1 names it.
 instructions() { # proxy requests body
@@ -82,12 +94,14 @@ instructions() { # proxy requests body
 
 printf '%-16s %-18s %14s\n' proxy workload 'instr/request'
 for proxy in passthrough gateway-warn gateway-shipped; do
-    for workload in small stream; do
-        body=$SMALL
+    for workload in small stream large-request; do
+        body=$SMALL few_n=$FEW many_n=$MANY
         [[ $workload == stream ]] && body=$STREAM
-        few=$(instructions $proxy "$FEW" "$body")
-        many=$(instructions $proxy "$MANY" "$body")
-        per=$(( (many - few) / (MANY - FEW) ))
+        # A fifth of the requests: each costs about ten small ones.
+        [[ $workload == large-request ]] && body=$LARGE few_n=$((FEW / 5 + 1)) many_n=$((MANY / 5 + 1))
+        few=$(instructions $proxy "$few_n" "$body")
+        many=$(instructions $proxy "$many_n" "$body")
+        per=$(( (many - few) / (many_n - few_n) ))
         printf '%-16s %-18s %14s\n' "$proxy" "$workload" "$per"
     done
 done
