@@ -190,6 +190,31 @@ pub(crate) fn for_each_element<'a>(
     deserializer.end()
 }
 
+/// A visitor's arms for JSON scalars (and null), all read as `$value`.
+macro_rules! scalars_read_as {
+    ($value:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+pub(crate) use scalars_read_as;
+
 /// What reads a request's list (`messages`) one element at a time, as
 /// [`read_elements`] walks it.
 pub(crate) trait ReadsElements: Default {
@@ -229,24 +254,7 @@ where
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             Ok(None)
         }
-        fn visit_bool<E>(self, _: bool) -> Result<Option<T>, E> {
-            Ok(None)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Option<T>, E> {
-            Ok(None)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Option<T>, E> {
-            Ok(None)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Option<T>, E> {
-            Ok(None)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Option<T>, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Option<T>, E> {
-            Ok(None)
-        }
+        scalars_read_as!(None);
     }
     d.deserialize_any(List(std::marker::PhantomData))
 }

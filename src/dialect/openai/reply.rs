@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use std::fmt;
 
 use crate::FailureClass;
+use crate::dialect::raw::scalars_read_as;
 use crate::{
     Usage, dialect::AnswerFacts, dialect::BodyCheck, dialect::BodyFault, dialect::ErrorReply,
 };
@@ -179,30 +180,6 @@ enum Choices {
     Empty,
     First { finish_reason: Option<String> },
     NotAList,
-}
-
-/// A visitor's arms for JSON scalars (and null), all read as `$value`.
-macro_rules! scalars_read_as {
-    ($value:expr) => {
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-    };
 }
 
 impl<'de> Deserialize<'de> for Choices {

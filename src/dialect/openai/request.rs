@@ -24,16 +24,17 @@
 //! Other fields pass to the provider untouched and unjudged.
 
 use std::borrow::Cow;
+use std::fmt;
 use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use crate::dialect::raw::{
-    ReadsElements, first_byte, for_each_element, model_edit, non_empty_array, present,
-    read_elements, span, splice, strict_bool, strict_object, strict_str, strict_u64,
+    first_byte, for_each_element, model_edit, non_empty_array, present, scalars_read_as, span,
+    splice, strict_bool, strict_object, strict_str, strict_u64,
 };
 use crate::dialect::{RequestError, Requirements, ResponseFormat};
 
@@ -64,7 +65,7 @@ struct Top<'a> {
     model: Option<&'a RawValue>,
     /// Tallied as the body is read: the prompt is walked once here, not
     /// skipped here and walked again after.
-    #[serde(default, deserialize_with = "read_elements")]
+    #[serde(default, deserialize_with = "tally_messages")]
     messages: Option<Tally>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
@@ -100,14 +101,6 @@ struct Reasoning<'a> {
     effort: Option<Cow<'a, str>>,
     #[serde(default)]
     enabled: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -227,17 +220,118 @@ struct Tally {
     image_input: bool,
 }
 
-impl ReadsElements for Tally {
-    /// Adds one message (any JSON value; only objects carry text).
-    fn element(&mut self, message: &RawValue) {
-        self.text_bytes += 16; // role and framing
-        if first_byte(message) != b'{' {
-            return;
+/// `deserialize_with` for `messages`: each message is read once, as the
+/// body is read (its `content` and `tool_calls` borrowed as they stand),
+/// and tallied. `None` when `messages` is not an array. No list is built:
+/// a list would cost 16 bytes per element of a hostile `[0,0,…]`, far over
+/// the request's memory bound.
+///
+/// A message is read as the derived `Message` read it when it was parsed
+/// on its own: keys other than `content` and `tool_calls` are skipped, a
+/// repeated one leaves the message counted as framing only, and elements
+/// that are not objects count as framing. Read in place, two inputs now
+/// fail the request as not JSON where they only went uncounted: a number
+/// too large for `f64` (`1e400`) as a message (or as `messages`), and a
+/// key of a message with a lone surrogate escape (`"\ud800"`).
+fn tally_messages<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Tally>, D::Error> {
+    d.deserialize_any(Messages)
+}
+
+/// The `messages` value: an array, or anything else (read as no array).
+struct Messages;
+
+impl<'de> Visitor<'de> for Messages {
+    type Value = Option<Tally>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the messages")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Tally>, A::Error> {
+        let mut tally = Tally::default();
+        while seq.next_element_seed(MessageSeed(&mut tally))?.is_some() {}
+        Ok(Some(tally))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<Tally>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    scalars_read_as!(None);
+}
+
+/// One message, tallied into the turn's [`Tally`].
+struct MessageSeed<'t>(&'t mut Tally);
+
+impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.0.text_bytes += 16; // role and framing
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a message")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let (mut content, mut tool_calls): (Option<&'de RawValue>, Option<&'de RawValue>) =
+            (None, None);
+        let mut repeated = false;
+        while let Some(key) = map.next_key::<MessageKey>()? {
+            let slot = match key {
+                MessageKey::Content => &mut content,
+                MessageKey::ToolCalls => &mut tool_calls,
+                MessageKey::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            let value = map.next_value::<&'de RawValue>()?;
+            repeated |= slot.replace(value).is_some();
         }
-        let Ok(message) = serde_json::from_str::<Message<'_>>(message.get()) else {
-            return;
-        };
-        match message.content.map(|c| (first_byte(c), c)) {
+        if !repeated {
+            self.0.message(content, tool_calls);
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+    scalars_read_as!(());
+}
+
+/// A message's key: the two the tally reads, or another.
+enum MessageKey {
+    Content,
+    ToolCalls,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for MessageKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = MessageKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<MessageKey, E> {
+                Ok(match key {
+                    "content" => MessageKey::Content,
+                    "tool_calls" => MessageKey::ToolCalls,
+                    _ => MessageKey::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(Key)
+    }
+}
+
+impl Tally {
+    /// Adds a message's `content` and `tool_calls`.
+    fn message(&mut self, content: Option<&RawValue>, tool_calls: Option<&RawValue>) {
+        match content.map(|c| (first_byte(c), c)) {
             Some((b'"', text)) => self.text_bytes += text.get().len().saturating_sub(2) as u64,
             Some((b'[', parts)) => {
                 let _ = for_each_element(parts, |part| {
@@ -257,7 +351,7 @@ impl ReadsElements for Tally {
             }
             _ => {}
         }
-        if let Some(calls) = message.tool_calls {
+        if let Some(calls) = tool_calls {
             self.text_bytes += calls.get().len() as u64;
         }
     }
@@ -392,13 +486,21 @@ mod tests {
             ),
             Ok((15, true))
         );
-        // Elements that are no message, and messages that do not read
-        // (a duplicate `content`), are framing only: 4 × 16 = 64: 16.
+        // Elements that are no message, and a message with a repeated
+        // `content`, are framing only: 4 × 16 = 64: 16.
         assert_eq!(
             input(
-                r#"{"model":"m","messages":[1e400,"x",[{"content":"abcd"}],{"content":"ab","content":"cd"}]}"#
+                r#"{"model":"m","messages":[7,"x",[{"content":"abcd"}],{"content":"ab","content":"cd"}]}"#
             ),
             Ok((16, false))
+        );
+        // Other keys are skipped whatever they hold; an escaped key is read
+        // decoded: 16 + 4 = 20: 5.
+        assert_eq!(
+            input(
+                r#"{"model":"m","messages":[{"name":{"a":[1e400,{"b":null}]},"cont\u0065nt":"abcd"}]}"#
+            ),
+            Ok((5, false))
         );
         // `messages` of any other type is no array.
         for messages in [
@@ -417,11 +519,19 @@ mod tests {
                 "{messages}"
             );
         }
-        // The one value that no longer skips: a number past `f64`.
-        assert!(
-            input(r#"{"model":"m","messages":1e400}"#)
-                .is_err_and(|e| e.contains("number out of range"))
-        );
+        // What no longer passes uncounted, read in place: a number past
+        // `f64` as `messages` or as a message, and a lone surrogate in a
+        // message's key.
+        for body in [
+            r#"{"model":"m","messages":1e400}"#,
+            r#"{"model":"m","messages":[1e400]}"#,
+            r#"{"model":"m","messages":[{"\ud800":1}]}"#,
+        ] {
+            assert!(
+                input(body).is_err_and(|e| e.contains("not valid JSON")),
+                "{body}"
+            );
+        }
     }
 
     #[test]
