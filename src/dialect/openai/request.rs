@@ -231,8 +231,9 @@ struct Tally {
 /// repeated one leaves the message counted as framing only, and elements
 /// that are not objects count as framing. Read in place, two inputs now
 /// fail the request as not JSON where they only went uncounted: a number
-/// too large for `f64` (`1e400`) as a message (or as `messages`), and a
-/// key of a message with a lone surrogate escape (`"\ud800"`).
+/// too large for `f64` (`1e400`) or a string with a lone surrogate escape
+/// (`"\ud800"`) as a message (or as `messages`), and such a string as a
+/// message's key.
 fn tally_messages<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Tally>, D::Error> {
     d.deserialize_any(Messages)
 }
@@ -502,6 +503,12 @@ mod tests {
             ),
             Ok((5, false))
         );
+        // A lone surrogate inside a value is skipped or borrowed as it
+        // stands: 16 + 6 = 22: 6.
+        assert_eq!(
+            input(r#"{"model":"m","messages":[{"content":"\ud800","x":"\udc00"}]}"#),
+            Ok((6, false))
+        );
         // `messages` of any other type is no array.
         for messages in [
             "{}",
@@ -520,11 +527,14 @@ mod tests {
             );
         }
         // What no longer passes uncounted, read in place: a number past
-        // `f64` as `messages` or as a message, and a lone surrogate in a
-        // message's key.
+        // `f64` or a string with a lone surrogate escape as `messages` or
+        // as a message, and a lone surrogate in a message's key. (Inside a
+        // message's values, skipped or borrowed, both still pass.)
         for body in [
             r#"{"model":"m","messages":1e400}"#,
             r#"{"model":"m","messages":[1e400]}"#,
+            r#"{"model":"m","messages":"\ud800"}"#,
+            r#"{"model":"m","messages":["\ud800"]}"#,
             r#"{"model":"m","messages":[{"\ud800":1}]}"#,
         ] {
             assert!(
