@@ -628,6 +628,13 @@ mod tests {
             assert_eq!(id.as_str(), expected);
         }
         assert_eq!(TurnId::from("req-7").to_string(), "req-7");
+        // A random id (kept inline) and the same text adopted are one id.
+        let adopted = TurnId::from(a.as_str().to_owned());
+        assert_eq!(adopted, a);
+        assert_eq!(adopted.cmp(&a), std::cmp::Ordering::Equal);
+        let ids: std::collections::HashSet<TurnId> = [a.clone(), adopted].into();
+        assert_eq!(ids.len(), 1);
+        assert_eq!(format!("{a:?}"), format!("TurnId({:?})", a.as_str()));
     }
 
     #[tokio::test(start_paused = true)]

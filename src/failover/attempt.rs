@@ -5,9 +5,9 @@ use crate::classify::Note;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::Instant;
@@ -15,9 +15,11 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::FailoverBody;
+use super::headers::content_length;
 use super::later;
 use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
+use super::whole::Gathered;
 use crate::BoxError;
 use crate::Decision;
 use crate::budget::TurnBudget;
@@ -38,8 +40,9 @@ use crate::{
 pub(crate) enum Outcome<B, D: Dialect> {
     /// The answer was released to the client.
     Committed {
-        // Boxed: a response is far larger than a failure.
-        response: Box<Response<FailoverBody<B, D>>>,
+        // Not boxed: an outcome lives in the attempt's own (boxed) future,
+        // and a box here cost an allocation per turn.
+        response: Response<FailoverBody<B, D>>,
         /// The whole answer is in hand (not a stream still running).
         whole: bool,
         /// Time from the attempt's start to its first output.
@@ -65,8 +68,8 @@ pub(crate) struct AttemptPlan {
     /// The client a failure is counted for ([`FailureReport::witness`]).
     pub(crate) witness: Option<Arc<str>>,
     /// The stream's state, shared with the turn (the output seen if the
-    /// turn is dropped mid-attempt).
-    pub(crate) state: StreamState,
+    /// turn is dropped mid-attempt); none for a whole answer.
+    pub(crate) state: Option<StreamState>,
     /// The target's dialect when it is not the client's.
     pub(crate) foreign: Option<ForeignDialect>,
     /// What a committed answer teaches the state owners, when it may.
@@ -214,7 +217,7 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = std::pin::pin!(Limited::new(body, limit));
-    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut gathered = Gathered::default();
     loop {
         let gap_ends = later(Instant::now(), idle);
         let frame = tokio::time::timeout_at(gap_ends.min(deadline), body.frame()).await;
@@ -225,22 +228,13 @@ where
             Ok(Some(Err(error))) => return Err(NotReceived::Failed(error)),
             Ok(Some(Ok(frame))) => {
                 // Trailers carry nothing a whole answer needs.
-                if let Ok(data) = frame.into_data()
-                    && !data.is_empty()
-                {
-                    chunks.push(data);
+                if let Ok(data) = frame.into_data() {
+                    gathered.push(data);
                 }
             }
         }
     }
-    if chunks.len() == 1 {
-        return Ok(chunks.swap_remove(0));
-    }
-    let mut whole = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-    for chunk in &chunks {
-        whole.extend_from_slice(chunk);
-    }
-    Ok(whole.freeze())
+    Ok(gathered.into_bytes())
 }
 
 /// A whole body: received with a cap, a deadline and an idle limit,
@@ -347,12 +341,11 @@ where
     record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     charge.fill(&mut record);
     run.push(record);
+    let length = content_length(parts.headers.get(CONTENT_LENGTH), bytes.len());
     shared.headers.filter_response(&mut parts.headers);
-    parts
-        .headers
-        .insert(CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    parts.headers.insert(CONTENT_LENGTH, length);
     Outcome::Committed {
-        response: Box::new(Response::from_parts(parts, FailoverBody::full(bytes))),
+        response: Response::from_parts(parts, FailoverBody::full(bytes)),
         whole: true,
         ttft: Some(plan.start.clock.elapsed()),
     }
@@ -381,7 +374,8 @@ where
 {
     let target = &shared.targets[plan.index];
     let (mut parts, body) = response.into_parts();
-    let state = plan.state.clone();
+    // Always given for a stream; a fresh one would only go unread.
+    let state = plan.state.clone().unwrap_or_else(StreamState::new);
     let hold = Hold {
         window: shared.commit,
         first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),
@@ -427,7 +421,7 @@ where
         .extensions
         .insert(crate::time::EndsItselfAt(budget.deadline()));
     Outcome::Committed {
-        response: Box::new(Response::from_parts(parts, FailoverBody::stream(body))),
+        response: Response::from_parts(parts, FailoverBody::stream(body)),
         whole: false,
         ttft,
     }

@@ -4,6 +4,7 @@
 
 use http::header::CONNECTION;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 /// Client request headers that reach the provider by default.
 ///
@@ -264,7 +265,10 @@ impl HeaderPolicy {
     /// Drops the provider's headers this policy does not forward.
     pub(crate) fn filter_response(&self, headers: &mut HeaderMap) {
         let named = named_by_connection(headers);
-        let dropped: Vec<HeaderName> = headers
+        // Inline: a provider's answer always carries a few framing headers
+        // to drop (`content-length`, `connection`), and a list on the heap
+        // would cost an allocation per turn.
+        let dropped: SmallVec<[HeaderName; 6]> = headers
             .keys()
             .filter(|name| !passes(&self.response, name, &named))
             .cloned()
@@ -272,6 +276,18 @@ impl HeaderPolicy {
         for name in dropped {
             headers.remove(name);
         }
+    }
+}
+
+/// The `content-length` for a body of `length` bytes: the value `stated`
+/// (the client's or the provider's) when it says the same, shared rather
+/// than written again, else a new one.
+pub(crate) fn content_length(stated: Option<&HeaderValue>, length: usize) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    let text = digits.format(length);
+    match stated {
+        Some(value) if value.as_bytes() == text.as_bytes() => value.clone(),
+        _ => HeaderValue::from(length),
     }
 }
 

@@ -77,8 +77,9 @@ pub(super) struct Unfinished<'a> {
     /// Output assumed for an answer cut before it came (a whole answer's
     /// `max_tokens`; zero for a stream, whose output is counted).
     pub(super) output_if_cut: u64,
-    /// The attempt's stream, for the output seen so far.
-    pub(super) state: StreamState,
+    /// The attempt's stream, for the output seen so far (none for a whole
+    /// answer, which has no output until it is received).
+    pub(super) state: Option<StreamState>,
 }
 
 impl<'a> InFlight<'a> {
@@ -117,7 +118,7 @@ impl Unfinished<'_> {
     /// The record of an attempt that did not end by itself, with its
     /// estimated charge.
     fn record(&self, start: &AttemptStart, decision: Decision) -> AttemptRecord {
-        let output_events = self.state.output_events();
+        let output_events = self.state.as_ref().map_or(0, StreamState::output_events);
         // Whether the request got out is not known here: a cancelled
         // attempt is assumed to have reached the provider.
         let estimate = Usage::new(self.input_tokens, output_events.max(self.output_if_cut));

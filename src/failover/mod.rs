@@ -150,6 +150,7 @@ mod target;
 mod translate;
 mod turn;
 mod upstream;
+mod whole;
 
 pub use body::FailoverBody;
 

@@ -1,7 +1,6 @@
 //! One turn: read the request once, pick eligible targets, and run attempts
 //! until one commits or every option is spent.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -26,6 +25,7 @@ use super::shared::Shared;
 use super::target::Target;
 use super::translate::{self, Translations};
 use super::upstream;
+use super::whole::Gathered;
 use crate::BoxError;
 use crate::classify::Classify;
 use crate::health::{Admitted, FailureReport, Scope};
@@ -38,6 +38,7 @@ use crate::{StopReason, observe::TurnRecord, util::log_safe};
 use crate::{
     Usage, dialect::Dialect, dialect::ErrorReply, dialect::ParsedRequest, dialect::Requirements,
 };
+use smallvec::SmallVec;
 
 pub(crate) async fn run<S, D, ReqBody, ResBody>(
     shared: Arc<Shared<S, D>>,
@@ -130,7 +131,7 @@ where
                 client_model: Arc::from(requirements.model.as_str()),
                 requirements,
                 request,
-                queue: VecDeque::new(),
+                queue: Queue::default(),
                 excluded: Vec::new(),
                 first_failure: None,
                 resting: Resting::new(shared.refuse_when_cooling),
@@ -163,6 +164,21 @@ where
     }
 }
 
+/// A whole request body; trailers are dropped, as `collect` would.
+async fn gather<B>(body: B) -> Result<Bytes, B::Error>
+where
+    B: Body,
+{
+    let mut body = std::pin::pin!(body);
+    let mut gathered = Gathered::default();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            gathered.push(data);
+        }
+    }
+    Ok(gathered.into_bytes())
+}
+
 /// Reads the request body once, with a cap, and has the dialect parse it
 /// once.
 async fn read<S, D, ReqBody, ResBody>(shared: &Shared<S, D>, body: ReqBody) -> Read<D, ResBody>
@@ -172,8 +188,8 @@ where
     ReqBody::Error: Into<BoxError>,
 {
     let dialect = &shared.dialect;
-    let bytes = match Limited::new(body, shared.max_request_bytes).collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let bytes = match gather(Limited::new(body, shared.max_request_bytes)).await {
+        Ok(bytes) => bytes,
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             return Err(reply::client_error(
                 dialect,
@@ -213,7 +229,7 @@ struct Turn<'a, S, D: Dialect> {
     /// Output tokens assumed for spend checks.
     output_tokens: u64,
     /// Eligible targets still to try, in order.
-    queue: VecDeque<usize>,
+    queue: Queue,
     /// Why ineligible targets were left out.
     excluded: Vec<String>,
     first_failure: Option<(Arc<str>, Classification)>,
@@ -236,6 +252,48 @@ type Begun = (usize, u32, Admitted, Cost);
 
 /// An answer that ends the turn early (boxed: it is the rare path).
 type Early<B, D> = Box<Response<FailoverBody<B, D>>>;
+
+/// The attempts of a turn still running, in start order.
+type Racing<'a, F> = SmallVec<[Running<'a, F>; 1]>;
+
+/// The targets a turn may still try, in order: kept inline, since a
+/// route names a few (a list on the heap cost an allocation per turn).
+#[derive(Default)]
+struct Queue(SmallVec<[usize; 8]>);
+
+impl Queue {
+    fn front(&self) -> Option<&usize> {
+        self.0.first()
+    }
+
+    fn pop_front(&mut self) -> Option<usize> {
+        (!self.0.is_empty()).then(|| self.0.remove(0))
+    }
+
+    fn push_back(&mut self, index: usize) {
+        self.0.push(index);
+    }
+
+    fn get(&self, at: usize) -> Option<&usize> {
+        self.0.get(at)
+    }
+
+    fn remove(&mut self, at: usize) -> Option<usize> {
+        (at < self.0.len()).then(|| self.0.remove(at))
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&usize) -> bool) {
+        self.0.retain(|index| keep(index));
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, usize> {
+        self.0.iter()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// What a failed attempt leads to.
 enum Next<R> {
@@ -261,7 +319,8 @@ where
             return *response;
         }
         self.hedges_left = self.hedges_allowed();
-        let mut running = Vec::new();
+        // Inline: one attempt runs at a time unless a hedge races it.
+        let mut running: Racing<'_, _> = SmallVec::new();
         let mut retry_wait = None;
         loop {
             if running.is_empty() {
@@ -317,7 +376,7 @@ where
                                 ended.admitted.committed(ttft);
                             }
                             self.end_race(ended.index, ended.hedged, ended.start, running);
-                            return *response;
+                            return response;
                         }
                         Outcome::Failed {
                             failure,
@@ -373,7 +432,9 @@ where
             &start.upstream_model,
             foreign.as_ref().zip(self.translations.body(index)),
         );
-        let state = StreamState::new();
+        // A whole answer has no stream state: one per attempt would cost an
+        // allocation for nothing.
+        let state = self.requirements.stream.then(StreamState::new);
         let plan = AttemptPlan {
             index,
             start: start.clone(),
@@ -531,13 +592,7 @@ where
     /// Another attempt committed: the ones still running lose the race
     /// (dropped, which closes their upstream connections), and what each
     /// took is learned for the hedge percentile.
-    fn end_race<F>(
-        &self,
-        index: usize,
-        hedged: bool,
-        start: AttemptStart,
-        running: Vec<Running<'_, F>>,
-    ) {
+    fn end_race<F>(&self, index: usize, hedged: bool, start: AttemptStart, running: Racing<'_, F>) {
         let Some(hedging) = self.shared.hedging.as_ref() else {
             return;
         };
@@ -562,7 +617,8 @@ where
     /// Eligible targets, ordered by the strategy.
     fn pick_candidates(&mut self) -> Result<(), Early<ResBody, D>> {
         let shared = self.shared;
-        let mut candidates: Vec<Candidate> = Vec::new();
+        // Inline: a route names a few targets.
+        let mut candidates: SmallVec<[Candidate; 8]> = SmallVec::new();
         let bound = self.bound_provider();
         for (index, target) in shared.targets.iter().enumerate() {
             if let Err(why) = self.binding_allows(target, bound.as_deref()) {
@@ -611,7 +667,7 @@ where
             )));
         }
         shared.strategy.order(&mut candidates);
-        self.queue = candidates.iter().map(|c| c.index).collect();
+        self.queue = Queue(candidates.iter().map(|c| c.index).collect());
         Ok(())
     }
 

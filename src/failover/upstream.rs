@@ -7,7 +7,7 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::Full;
 
-use super::headers::HeaderPolicy;
+use super::headers::{HeaderPolicy, content_length};
 use crate::dialect::Dialect;
 use crate::dialect::foreign::ForeignDialect;
 
@@ -43,7 +43,8 @@ pub(super) fn request<D: Dialect>(
         }
     };
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let length = content_length(parts.headers.get(CONTENT_LENGTH), body.len());
+    headers.insert(CONTENT_LENGTH, length);
     let mut upstream = Request::new(Full::new(body));
     *upstream.method_mut() = parts.method.clone();
     // The path only: a client's query string may carry its own credential

@@ -16,8 +16,16 @@ use tokio::time::Instant;
 /// A turn the library starts gets 16 lowercase hex characters (64 random bits, not
 /// a secret); [`From<String>`] adopts an id chosen elsewhere (a request id
 /// header, say). Cloning is cheap.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TurnId(Arc<str>);
+#[derive(Clone)]
+pub struct TurnId(Repr);
+
+/// A random id is kept inline (no allocation per turn); an adopted one is
+/// shared text.
+#[derive(Clone)]
+enum Repr {
+    Hex([u8; 16]),
+    Text(Arc<str>),
+}
 
 impl TurnId {
     /// A fresh random id from fastrand's thread-local generator.
@@ -27,7 +35,6 @@ impl TurnId {
 
     /// A random id from the given generator (seed it for reproducible ids).
     pub(crate) fn from_rng(rng: &mut fastrand::Rng) -> Self {
-        // Written in place: `format!` then `Arc<str>` would allocate twice.
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut n = rng.u64(..);
         let mut text = [b'0'; 16];
@@ -35,36 +42,73 @@ impl TurnId {
             *digit = HEX[(n & 0xf) as usize];
             n >>= 4;
         }
-        TurnId(Arc::from(std::str::from_utf8(&text).unwrap_or_default()))
+        TurnId(Repr::Hex(text))
     }
 
     /// The id as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Always ASCII hex digits: the fallback is never taken.
+            Repr::Hex(text) => std::str::from_utf8(text).unwrap_or_default(),
+            Repr::Text(text) => text,
+        }
+    }
+}
+
+// Compared, hashed and shown as the text, whichever way it is kept.
+impl PartialEq for TurnId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for TurnId {}
+
+impl std::hash::Hash for TurnId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialOrd for TurnId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TurnId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl fmt::Debug for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TurnId").field(&self.as_str()).finish()
     }
 }
 
 impl fmt::Display for TurnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl From<&str> for TurnId {
     fn from(id: &str) -> Self {
-        TurnId(id.into())
+        TurnId(Repr::Text(id.into()))
     }
 }
 
 impl AsRef<str> for TurnId {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl From<String> for TurnId {
     fn from(id: String) -> Self {
-        TurnId(id.into())
+        TurnId(Repr::Text(id.into()))
     }
 }
 
