@@ -2,6 +2,7 @@
 
 use http::HeaderMap;
 use http::header::{self, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1, plus the legacy `keep-alive` and
 /// `proxy-connection`): they describe the client's connection, not ours.
@@ -56,13 +57,23 @@ pub(crate) fn prepare(
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP.iter().chain(&CREDENTIALS).chain(extra) {
+    // One pass over the few headers present, then a removal for each one
+    // dropped: removing every listed name (eighteen lookups, each hashing
+    // the name) cost more than the rest of preparing the request.
+    let dropped: SmallVec<[HeaderName; 4]> = headers
+        .keys()
+        .filter(|name| {
+            HOP_BY_HOP.contains(name)
+                || CREDENTIALS.contains(name)
+                || extra.contains(name)
+                || *name == header::HOST
+                || *name == header::ACCEPT_ENCODING
+                || (body_length_known && *name == header::CONTENT_LENGTH)
+        })
+        .cloned()
+        .collect();
+    for name in dropped {
         headers.remove(name);
-    }
-    headers.remove(header::HOST);
-    headers.remove(header::ACCEPT_ENCODING);
-    if body_length_known {
-        headers.remove(header::CONTENT_LENGTH);
     }
     if let Some((name, value)) = credential {
         headers.insert(name.clone(), value.clone());
