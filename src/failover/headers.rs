@@ -362,6 +362,21 @@ impl HeaderPolicy {
 mod tests {
     use super::*;
 
+    #[test]
+    fn content_length_is_the_stated_value_only_when_it_says_the_same() {
+        let stated = HeaderValue::from_static("12");
+        assert_eq!(content_length(Some(&stated), 12), "12");
+        assert_eq!(content_length(Some(&stated), 13), "13");
+        // Same number, other spelling: written again.
+        let padded = HeaderValue::from_static("012");
+        assert_eq!(content_length(Some(&padded), 12), "12");
+        assert_eq!(content_length(None, 0), "0");
+        assert_eq!(
+            content_length(None, usize::MAX),
+            usize::MAX.to_string().as_str()
+        );
+    }
+
     /// What the type docs' example configures.
     #[test]
     fn named_and_prefixed_headers_pass_on_top_of_the_defaults() {

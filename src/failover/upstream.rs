@@ -64,3 +64,47 @@ pub(super) fn request<D: Dialect>(
     *upstream.headers_mut() = headers;
     upstream
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::dialect::OpenAiChat;
+    use http_body::Body as _;
+
+    /// The client's stated length goes on when the body is its own bytes;
+    /// a body the target's model made longer gets its own length.
+    #[test]
+    fn content_length_is_the_clients_for_its_own_body_and_new_for_an_edited_one() {
+        let body =
+            Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+        let (_, parsed) = OpenAiChat.read_request(body.clone()).unwrap();
+        let (parts, ()) = Request::post("/v1/chat/completions")
+            .header("content-length", body.len())
+            .body(())
+            .unwrap()
+            .into_parts();
+        let policy = HeaderPolicy::new();
+
+        let same = request(&OpenAiChat, &policy, &parts, &parsed, "m", None);
+        assert_eq!(same.body().size_hint().exact(), Some(body.len() as u64));
+        assert_eq!(same.headers()[CONTENT_LENGTH], body.len().to_string());
+
+        let edited = request(
+            &OpenAiChat,
+            &policy,
+            &parts,
+            &parsed,
+            "a-longer-model",
+            None,
+        );
+        let length = edited.body().size_hint().exact().unwrap();
+        assert_eq!(
+            length,
+            body.len() as u64 + "a-longer-model".len() as u64 - 1
+        );
+        assert_eq!(edited.headers()[CONTENT_LENGTH], length.to_string());
+        assert_eq!(edited.headers().get_all(CONTENT_LENGTH).iter().count(), 1);
+    }
+}
