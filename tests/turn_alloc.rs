@@ -11,14 +11,13 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_llm_failover::failover::{Failover, Target};
+use tower_llm_testing::run_ready;
 
 const TURNS: u64 = 200;
 
@@ -108,18 +107,6 @@ fn read_buffer(parts: &[&str]) -> Vec<Bytes> {
         .collect()
 }
 
-/// Runs `future` to its end on this thread: everything here is ready at
-/// once, so polling with a no-op waker never waits.
-fn finish<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-    }
-}
-
 const WARM_UP: u64 = 20;
 
 /// Allocations per turn through `service`, after a warm-up (first-use
@@ -147,11 +134,11 @@ where
         }
     };
     for _ in 0..WARM_UP {
-        finish(turn());
+        run_ready(turn());
     }
     let counted = allocation_counter::measure(|| {
         for _ in 0..TURNS {
-            finish(turn());
+            run_ready(turn());
         }
     });
     counted.count_total / TURNS

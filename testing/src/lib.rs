@@ -78,6 +78,25 @@ use http::Response;
 use http_body::{Body, Frame};
 use tokio::time::Sleep;
 
+/// Runs `future` to its end on this thread, polling it with a no-op
+/// waker: for a future that never waits (a stack over in-process fakes
+/// whose answers are ready at once), where a runtime's scheduling would
+/// blur what an allocation count or a CPU bench measures. A future that
+/// does wait is polled again at once, in a busy loop.
+///
+/// ```
+/// assert_eq!(tower_llm_testing::run_ready(async { 1 + 1 }), 2);
+/// ```
+pub fn run_ready<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+}
+
 /// One step of a scripted body.
 #[derive(Debug, Clone)]
 pub enum Step {

@@ -25,9 +25,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,6 +34,7 @@ use tower::ServiceExt;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_gateway::log_writer::BatchedWriter;
 use tower_llm_gateway::telemetry::{TelemetryConfig, log_layer};
+use tower_llm_testing::run_ready;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -45,18 +43,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}"#;
 const REQUEST: &str = r#"{"model":"m","messages":[{"role":"user","content":"Say hello."}]}"#;
-
-/// Runs `future` to its end on this thread (everything here is ready at
-/// once).
-fn finish<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-    }
-}
 
 /// User + system CPU time of the whole process.
 fn process_cpu() -> Duration {
@@ -95,7 +81,7 @@ fn run<S: tracing::Subscriber + Send + Sync + 'static>(
                 .body(Full::new(Bytes::from_static(REQUEST.as_bytes())))
                 .unwrap();
             let failover = failover.clone();
-            let bytes = finish(async move {
+            let bytes = run_ready(async move {
                 let response = failover.oneshot(request).await.unwrap();
                 response.into_body().collect().await.unwrap().to_bytes()
             });
