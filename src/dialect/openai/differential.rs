@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
 use super::skim::{ChoiceSet, ChunkPrefix};
-use super::{oracle, stream as openai};
+use super::{oracle, reply, stream as openai};
 use crate::dialect::Chunk;
 
 fn borrowed(cow: Option<&Cow<'_, str>>) -> Option<bool> {
@@ -471,6 +471,155 @@ fn chunk() -> impl Strategy<Value = String> {
     (ws(), body, ws()).prop_map(|(a, body, b)| format!("{a}{body}{b}"))
 }
 
+/// A whole answer's choice: a message where a chunk has a delta.
+fn whole_choice() -> impl Strategy<Value = String> {
+    let finish = || {
+        prop_oneof![
+            3 => prop::sample::select(vec!["stop", "length", "tool_calls", "content_filter"])
+                .prop_map(|reason| format!("\"{reason}\"")),
+            3 => string(),
+            2 => Just("null".to_owned()),
+            1 => value(),
+        ]
+    };
+    let message = || {
+        prop_oneof![
+            4 => (string(), string()).prop_map(|(role, content)| format!(r#"{{"role":{role},"content":{content}}}"#)),
+            1 => value(),
+        ]
+    };
+    record(
+        vec![
+            entry("index", number()),
+            entry("message", message()),
+            entry("finish_reason", finish()),
+            entry("logprobs", Just("null".to_owned())),
+            (key(), value()).boxed(),
+        ],
+        prop_oneof![message(), finish()],
+    )
+}
+
+/// A JSON text close to a real answer: a non-empty `choices` of choices
+/// with messages, often an id, a model and a usage, rarely an error, and
+/// noise, in any order.
+fn answer_like() -> impl Strategy<Value = String> {
+    let text = || prop_oneof![6 => string(), 1 => Just("null".to_owned()), 1 => value()];
+    let count = || prop_oneof![8 => any::<u32>().prop_map(|n| n.to_string()), 1 => number()];
+    let usage = (count(), count(), 0..3u8).prop_map(|(p, c, how)| match how {
+        0 => format!(r#"{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":3}}"#),
+        1 => format!(r#"{{"completion_tokens":{c},"prompt_tokens_details":{{"cached_tokens":0}},"prompt_tokens":{p}}}"#),
+        _ => format!(r#"{{"prompt_tokens":{p}}}"#),
+    });
+    let choices = prop::collection::vec(whole_choice(), 1..3)
+        .prop_map(|choices| format!("[{}]", choices.join(",")));
+    let optional = |name: &'static str, values: BoxedStrategy<String>| {
+        prop::option::weighted(0.7, values.prop_map(move |v| (format!("\"{name}\""), v)))
+    };
+    (
+        choices,
+        optional("id", text().boxed()),
+        optional("model", text().boxed()),
+        optional("usage", usage.boxed()),
+        optional(
+            "error",
+            prop_oneof![9 => Just("null".to_owned()), 1 => error()].boxed(),
+        ),
+        prop::collection::vec((key(), value()), 0..3),
+        ws(),
+    )
+        .prop_flat_map(|(choices, id, model, usage, error, noise, ws)| {
+            let mut entries = vec![("\"choices\"".to_owned(), choices)];
+            entries.extend([id, model, usage, error].into_iter().flatten());
+            entries.extend(noise);
+            Just(entries).prop_shuffle().prop_map(move |entries| {
+                let entries: Vec<String> = entries
+                    .into_iter()
+                    .map(|(k, v)| format!("{ws}{k}:{ws}{v}"))
+                    .collect();
+                format!("{{{}}}", entries.join(","))
+            })
+        })
+}
+
+/// A whole-answer-shaped JSON text (`chat.completion`): close to a real
+/// answer, or any mix of its fields.
+fn completion() -> impl Strategy<Value = String> {
+    prop_oneof![1 => answer_like(), 1 => any_completion()]
+}
+
+/// Any mix of a completion's fields, each of any shape.
+fn any_completion() -> impl Strategy<Value = String> {
+    let text = || prop_oneof![4 => string(), 1 => Just("null".to_owned()), 1 => value()];
+    let usage = || prop_oneof![4 => usage(), 1 => Just("null".to_owned()), 1 => value()];
+    let choices = || {
+        prop_oneof![
+            6 => array(whole_choice()),
+            1 => Just("null".to_owned()),
+            1 => value(),
+        ]
+    };
+    let body = record(
+        vec![
+            entry("id", text()),
+            entry("model", text()),
+            entry("created", number()),
+            entry("error", error()),
+            entry("usage", usage()),
+            entry("choices", choices()),
+            entry("choices", choices()),
+            entry("object", Just("\"chat.completion\"".to_owned())),
+            (key(), value()).boxed(),
+        ],
+        prop_oneof![text(), usage(), choices(), error()],
+    );
+    (ws(), body, ws()).prop_map(|(a, body, b)| format!("{a}{body}{b}"))
+}
+
+/// The answer check (the skimmer first) against serde's reading alone.
+fn compare_answer(body: &[u8]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        reply::check_answer(body),
+        reply::check_answer_in_full(body),
+        "{:?}",
+        String::from_utf8_lossy(body)
+    );
+    Ok(())
+}
+
+/// Whole answers from the dialect's tests, the provider contracts and the
+/// bench's prepared upstream.
+const ANSWERS: &[&str] = &[
+    r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+    r#"{"choices":[{"finish_reason":"stop","index":0,"message":{"content":"up-tok0 up-tok1 up-tok2 up-tok3 up-tok4 up-tok5 up-tok6 up-tok7 ","role":"assistant"}}],"created":1,"id":"chatcmpl-test","model":"bench","object":"chat.completion","usage":{"completion_tokens":8,"prompt_tokens":2,"total_tokens":10}}"#,
+    r#"{"id":"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT","object":"chat.completion","created":1741569952,"model":"gpt-4.1-2025-04-14","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I assist you today?","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default"}"#,
+    r#"{"id":"chatcmpl-tool","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":30,"completion_tokens":12,"total_tokens":42}}"#,
+    r#"{"id":"x","choices":[{"finish_reason":"length"},{"finish_reason":"stop"}],"error":null,"usage":null,"model":null}"#,
+    r#"{"id":7,"choices":[{"message":{"finish_reason":"no"}}]}"#,
+];
+
+#[test]
+fn fixture_answers_read_the_same() {
+    for answer in ANSWERS {
+        for body in [answer.to_string(), format!(" \n{answer}\t\r\n")] {
+            if let Err(failure) = compare_answer(body.as_bytes()) {
+                panic!("{failure}");
+            }
+            // The usual shapes take the skimmer's way: the check is not
+            // serde's under another name.
+            assert!(
+                super::skim::skim_completion(body.as_bytes()).is_some(),
+                "{body}"
+            );
+        }
+    }
+    for body in FIXTURES {
+        if let Err(failure) = compare_answer(body.as_bytes()) {
+            panic!("{failure}");
+        }
+    }
+}
+
 /// Bytes that make or break JSON when dropped into it.
 const MUTANTS: &[u8] = b"{}[]\",:\\0123456789-+.eEntrufals \n\t\x01\x1fxu";
 
@@ -576,6 +725,67 @@ proptest! {
             compare(mutated.as_bytes())?;
         }
     }
+}
+
+proptest! {
+    #![proptest_config(config(3000))]
+
+    #[test]
+    fn generated_answers_check_the_same(text in completion()) {
+        compare_answer(text.as_bytes())?;
+    }
+
+    #[test]
+    fn mutated_answers_check_the_same(
+        text in prop_oneof![completion(), prop::sample::select(ANSWERS).prop_map(str::to_owned)],
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        if let Some(mutated) = mutate(&text, &mutations) {
+            compare_answer(mutated.as_bytes())?;
+        }
+    }
+
+    #[test]
+    fn answers_that_are_not_utf8_check_the_same(
+        answer in prop::sample::select(ANSWERS),
+        at in any::<prop::sample::Index>(),
+        byte in 0x80u8..=0xff,
+    ) {
+        let mut body = answer.as_bytes().to_vec();
+        let at = at.index(body.len());
+        body[at] = byte;
+        compare_answer(&body)?;
+    }
+}
+
+/// Generated answers take both ways, skimmer and serde, and reach every
+/// kind of outcome, so the agreement above is not vacuous.
+#[test]
+fn generated_answers_cover_both_readings() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    use crate::dialect::BodyCheck;
+
+    let mut runner = TestRunner::deterministic();
+    let strategy = completion();
+    let (mut skimmed, mut valid, mut invalid, mut reason, mut usage) = (0, 0, 0, 0, 0);
+    for _ in 0..3000 {
+        let text = strategy.new_tree(&mut runner).unwrap().current();
+        if let Some(answer) = super::skim::skim_completion(text.as_bytes()) {
+            skimmed += 1;
+            reason += usize::from(answer.finish_reason.is_some());
+            usage += usize::from(answer.usage.is_some());
+        }
+        match reply::check_answer_in_full(text.as_bytes()).0 {
+            BodyCheck::Valid { .. } => valid += 1,
+            BodyCheck::Invalid { .. } => invalid += 1,
+        }
+    }
+    assert!(
+        skimmed >= 300 && valid > skimmed && invalid >= 300 && reason >= 50 && usage >= 100,
+        "skimmed={skimmed} valid={valid} invalid={invalid} reason={reason} usage={usage}"
+    );
 }
 
 /// The generators reach every outcome, so agreement is not vacuous.

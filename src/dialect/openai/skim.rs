@@ -373,6 +373,197 @@ impl Fields for DeltaFields {
     }
 }
 
+/// What a whole `chat.completion` says, as the answer check keeps it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct CompletionSkim<'a> {
+    /// Top-level `id`, when it is a string.
+    pub(crate) id: Option<&'a str>,
+    /// Top-level `model`.
+    pub(crate) model: Option<&'a str>,
+    /// Top-level `usage`.
+    pub(crate) usage: Option<Usage>,
+    /// The first choice's `finish_reason`.
+    pub(crate) finish_reason: Option<&'a str>,
+}
+
+/// Reads a whole completion of the shape providers write, or says `None`
+/// for anything else: text that is not UTF-8, not JSON or not an answer, and
+/// JSON whose reading takes serde's exact rules (a kept string with
+/// escapes, a repeated or array-form field, a `choices` that does not start
+/// with an object, a `finish_reason` or token count of another type). The
+/// caller then reads the body with serde, so an answer read here is one
+/// serde accepts with the same facts, and every other body is judged by
+/// serde alone (`differential` checks both on generated and mutated
+/// completions).
+pub(crate) fn skim_completion(text: &[u8]) -> Option<CompletionSkim<'_>> {
+    // With the whole text valid UTF-8, no key or skipped value can fail
+    // serde's reading on that account.
+    std::str::from_utf8(text).ok()?;
+    Skimmer { text, pos: 0 }.completion().ok()
+}
+
+struct CompletionFields;
+
+impl CompletionFields {
+    const ID: usize = 0;
+    const MODEL: usize = 1;
+    const ERROR: usize = 2;
+    const USAGE: usize = 3;
+}
+
+impl Fields for CompletionFields {
+    const COUNT: usize = 5;
+
+    fn named(key: &[u8]) -> Option<usize> {
+        short_named::<Self>(key)
+    }
+
+    #[inline]
+    fn short(key: u64) -> Option<usize> {
+        const ID: u64 = word(b"id");
+        const MODEL: u64 = word(b"model");
+        const ERROR: u64 = word(b"error");
+        const USAGE: u64 = word(b"usage");
+        const CHOICES: u64 = word(b"choices");
+        match key {
+            ID => Some(Self::ID),
+            MODEL => Some(Self::MODEL),
+            ERROR => Some(Self::ERROR),
+            USAGE => Some(Self::USAGE),
+            CHOICES => Some(4),
+            _ => None,
+        }
+    }
+}
+
+/// A whole answer's first choice: only its `finish_reason` is read.
+struct FirstChoiceFields;
+
+impl Fields for FirstChoiceFields {
+    const COUNT: usize = 1;
+
+    fn named(key: &[u8]) -> Option<usize> {
+        (key == b"finish_reason").then_some(0)
+    }
+
+    #[inline]
+    fn short(_: u64) -> Option<usize> {
+        None
+    }
+}
+
+impl<'a> Skimmer<'a> {
+    /// A whole completion; see [`skim_completion`].
+    fn completion(&mut self) -> Result<CompletionSkim<'a>> {
+        let mut out = CompletionSkim::default();
+        let mut answered = false;
+        let mut fields = self.open::<CompletionFields>()?;
+        if !fields.object {
+            return Err(Invalid);
+        }
+        while let Some(index) = fields.next(self)? {
+            match index {
+                CompletionFields::ID => {
+                    // Any value is allowed; only a string names the answer.
+                    out.id = match self.ws() {
+                        Some(b'"') => Some(self.plain_str()?),
+                        _ => {
+                            self.skip_value()?;
+                            None
+                        }
+                    };
+                }
+                CompletionFields::MODEL => {
+                    out.model = if self.null()? {
+                        None
+                    } else {
+                        Some(self.plain_str()?)
+                    };
+                }
+                // Any error but `null` makes this no answer: serde's to say.
+                CompletionFields::ERROR if !self.null()? => return Err(Invalid),
+                CompletionFields::ERROR => {}
+                CompletionFields::USAGE => out.usage = self.whole_usage()?,
+                _ => {
+                    out.finish_reason = self.first_reason()?;
+                    answered = true;
+                }
+            }
+        }
+        match self.ws() {
+            None if answered => Ok(out),
+            _ => Err(Invalid),
+        }
+    }
+
+    /// A string the check keeps: borrowed, so one without escapes.
+    #[inline(always)]
+    fn plain_str(&mut self) -> Result<&'a str> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        if self.string(true)? {
+            return Err(Invalid);
+        }
+        let raw = self.text.get(start..self.pos - 1).ok_or(Invalid)?;
+        std::str::from_utf8(raw).map_err(|_| Invalid)
+    }
+
+    /// A whole answer's `usage`: null, or an object of plain counts.
+    fn whole_usage(&mut self) -> Result<Option<Usage>> {
+        if self.null()? {
+            return Ok(None);
+        }
+        let mut fields = self.open::<UsageFields>()?;
+        if !fields.object {
+            return Err(Invalid);
+        }
+        let (mut input, mut output) = (0, 0);
+        while let Some(index) = fields.next(self)? {
+            let count = match self.integer()? {
+                (false, count) => count,
+                (true, _) => return Err(Invalid),
+            };
+            if index == UsageFields::PROMPT_TOKENS {
+                input = count;
+            } else {
+                output = count;
+            }
+        }
+        Ok(Some(Usage::new(input, output)))
+    }
+
+    /// `choices`: a list that starts with an object, whose `finish_reason`
+    /// is read; the other choices are only skipped.
+    fn first_reason(&mut self) -> Result<Option<&'a str>> {
+        self.expect(b'[')?;
+        let mut fields = self.open::<FirstChoiceFields>()?;
+        if !fields.object {
+            return Err(Invalid);
+        }
+        let mut reason = None;
+        while fields.next(self)?.is_some() {
+            reason = if self.null()? {
+                None
+            } else {
+                Some(self.plain_str()?)
+            };
+        }
+        loop {
+            match self.ws() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_value()?;
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(reason);
+                }
+                _ => return Err(Invalid),
+            }
+        }
+    }
+}
+
 /// A position in one JSON text. Everything on the common path is inlined
 /// into [`skim`] and the out-of-line helpers take and return the position by
 /// value, so the position lives in a register rather than memory.
