@@ -75,6 +75,58 @@ fn compare_next(first: &[u8], second: &[u8]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A stream's chunks read in turn with one memo (its prefix and template)
+/// against each read with a fresh memo: the same kind, finish reason and
+/// usage, the same choices seen and finished so far; an identity field
+/// reads `None` only where the stream already has the chunk's value.
+fn compare_stream(chunks: &[String]) -> Result<(), TestCaseError> {
+    for error_event in [false, true] {
+        let mut had = crate::dialect::ChunkIdentity::default();
+        let mut prefix = ChunkPrefix::default();
+        let (mut choices, mut alone_choices) = (ChoiceSet::default(), ChoiceSet::default());
+        for chunk in chunks {
+            let data = chunk.as_bytes();
+            let next = openai::read_chunk_next(error_event, data, &mut prefix, &mut choices);
+            let alone = openai::read_chunk_next(
+                error_event,
+                data,
+                &mut ChunkPrefix::default(),
+                &mut alone_choices,
+            );
+            prop_assert_eq!(&alone, &openai::read_chunk(error_event, data));
+            let shown = format!("{chunk} after {chunks:?}");
+            prop_assert_eq!(next.kind, alone.kind, "{}", shown);
+            prop_assert_eq!(&next.finish_reason, &alone.finish_reason, "{}", shown);
+            prop_assert_eq!(next.usage, alone.usage, "{}", shown);
+            prop_assert_eq!(choices, alone_choices, "{}", shown);
+            let (got, want) = (&next.identity, &alone.identity);
+            prop_assert!(
+                got.id == want.id || (got.id.is_none() && want.id == had.id),
+                "{}",
+                shown
+            );
+            prop_assert!(
+                got.model == want.model || (got.model.is_none() && want.model == had.model),
+                "{}",
+                shown
+            );
+            prop_assert!(
+                got.created == want.created
+                    || (got.created.is_none() && want.created == had.created),
+                "{}",
+                shown
+            );
+            // What a stream keeps: the last value each field was given.
+            if next.kind != crate::dialect::ChunkKind::Malformed {
+                had.id = next.identity.id.clone().or(had.id);
+                had.model = next.identity.model.clone().or(had.model);
+                had.created = next.identity.created.or(had.created);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `text` cut to at most `at` bytes, on a character boundary.
 fn cut(text: &str, mut at: usize) -> &str {
     at = at.min(text.len());
@@ -471,6 +523,57 @@ fn chunk() -> impl Strategy<Value = String> {
     (ws(), body, ws()).prop_map(|(a, body, b)| format!("{a}{body}{b}"))
 }
 
+/// A chunk as a stream sends most of them: the same text around one
+/// string (`content` or another output field) that changes, sometimes a
+/// finish reason or usage after it.
+fn streamed_chunk() -> impl Strategy<Value = String> {
+    let field = prop::sample::select(vec!["content", "refusal", "reasoning_content"]);
+    let text = prop_oneof![
+        6 => "[a-z0-9 ]{1,12}".prop_map(|t| format!("\"{t}\"")),
+        1 => Just("\"\"".to_owned()),
+        3 => string(),
+        1 => value(),
+    ];
+    let after = prop::sample::select(vec![
+        r#""finish_reason":null}]}"#,
+        r#""finish_reason":"stop"}]}"#,
+        r#""finish_reason":null,"index":1}]}"#,
+        r#""finish_reason":null}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        r#""finish_reason":null}],"id":"other"}"#,
+        r#""finish_reason":null}],"error":{"message":"x"}}"#,
+        r#""finish_reason":null}]} "#,
+        r#""finish_reason":null},{"index":1,"delta":{"content":"y"}}]}"#,
+    ]);
+    // Most providers write the identity first; some after `choices`.
+    let identity_last = prop::sample::select(vec!["", r#","id":"a""#, r#","id":"b","model":"n""#]);
+    (
+        field,
+        text,
+        ws(),
+        prop::bool::weighted(0.6),
+        after,
+        prop::bool::weighted(0.2),
+        identity_last,
+    )
+        .prop_map(|(field, text, ws, plain, after, last, identity)| {
+            let after = if plain {
+                r#""finish_reason":null}]}"#
+            } else {
+                after
+            };
+            if last {
+                let finish = if plain { "null" } else { r#""stop""# };
+                format!(
+                    r#"{{"choices":[{{"index":0,"delta":{{"{field}":{ws}{text}{ws}}},"finish_reason":{finish}}}]{identity}}}"#
+                )
+            } else {
+                format!(
+                    r#"{{"id":"chatcmpl-s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"{field}":{ws}{text}{ws}}},{after}"#
+                )
+            }
+        })
+}
+
 /// A whole answer's choice: a message where a chunk has a delta.
 fn whole_choice() -> impl Strategy<Value = String> {
     let finish = || {
@@ -717,6 +820,27 @@ proptest! {
     }
 
     #[test]
+    fn streams_read_the_same_chunk_after_chunk(
+        chunks in prop::collection::vec(
+            prop_oneof![
+                8 => streamed_chunk(),
+                1 => chunk(),
+                1 => prop::sample::select(FIXTURES).prop_map(str::to_owned),
+            ],
+            1..8,
+        ),
+        mutations in prop::collection::vec(mutation(), 1..4),
+        mutate_at in any::<prop::sample::Index>(),
+    ) {
+        let mut chunks = chunks;
+        let at = mutate_at.index(chunks.len());
+        if let Some(mutated) = mutate(&chunks[at], &mutations) {
+            chunks.insert(at, mutated);
+        }
+        compare_stream(&chunks)?;
+    }
+
+    #[test]
     fn mutated_fixtures_read_the_same(
         fixture in prop::sample::select(FIXTURES),
         mutations in prop::collection::vec(mutation(), 1..4),
@@ -755,6 +879,98 @@ proptest! {
         let at = at.index(body.len());
         body[at] = byte;
         compare_answer(&body)?;
+    }
+}
+
+/// A stream of usual chunks keeps a template after its second chunk, and
+/// chunks that differ from it only in their output string read through it
+/// as they read alone; one whose string is empty, or whose text around it
+/// differs, does not fit it.
+#[test]
+fn chunks_that_differ_in_their_output_string_read_through_the_template() {
+    let chunk = |text: &str, after: &str| {
+        format!(
+            r#"{{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"content":{text}}},"finish_reason":{after}}}]}}"#
+        )
+    };
+    let mut prefix = ChunkPrefix::default();
+    let mut choices = ChoiceSet::default();
+    let first = chunk(r#""a""#, "null");
+    openai::read_chunk_next(false, first.as_bytes(), &mut prefix, &mut choices);
+    assert!(
+        !prefix.has_template(),
+        "the first chunk sets the prefix only"
+    );
+    let second = chunk(r#""b""#, "null");
+    openai::read_chunk_next(false, second.as_bytes(), &mut prefix, &mut choices);
+    assert!(prefix.has_template());
+    for after in ["null", r#""stop""#] {
+        for text in [
+            r#""token 7""#,
+            r#""\"quoted\" \u00e9""#,
+            r#""""#,
+            r#""\ud800""#,
+            "\"x\u{1}\"",
+            r#""unterminated"#,
+            "null",
+            r#"["x"]"#,
+        ] {
+            let data = chunk(text, after);
+            let mut alone_choices = choices;
+            let next = openai::read_chunk_next(false, data.as_bytes(), &mut prefix, &mut choices);
+            let alone = openai::read_chunk_next(
+                false,
+                data.as_bytes(),
+                &mut ChunkPrefix::default(),
+                &mut alone_choices,
+            );
+            assert_eq!(
+                (next.kind, &next.finish_reason, next.usage),
+                (alone.kind, &alone.finish_reason, alone.usage),
+                "{data}"
+            );
+            assert_eq!(choices, alone_choices, "{data}");
+        }
+    }
+}
+
+/// A template taken from a chunk whose identity follows its `choices`
+/// would hide that identity: such chunks are read in full.
+#[test]
+fn an_identity_after_the_choices_is_read_from_every_chunk() {
+    let chunk = |text: &str, finish: &str, id: &str| {
+        format!(
+            r#"{{"choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{finish}}}],"id":"{id}"}}"#
+        )
+    };
+    let stream = [
+        chunk("x", "null", "a"),
+        chunk("y", "null", "a"),
+        chunk("z", r#""stop""#, "b"),
+        chunk("w", "null", "a"),
+    ];
+    if let Err(failure) = compare_stream(&stream) {
+        panic!("{failure}");
+    }
+}
+
+/// A valid chunk that keeps no prefix (here the array form) gives the
+/// stream its identity: the next chunk is read whole, not as one with the
+/// older prefix's identity.
+#[test]
+fn a_valid_chunk_without_a_prefix_drops_the_older_one() {
+    let usual = |text: &str| {
+        format!(
+            r#"{{"id":"chatcmpl-s","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}]}}"#
+        )
+    };
+    let stream = [
+        usual("a"),
+        r#"["c",null,5,null,[1,2],[[{"content":"x"},"stop"]]]"#.to_owned(),
+        usual("b"),
+    ];
+    if let Err(failure) = compare_stream(&stream) {
+        panic!("{failure}");
     }
 }
 

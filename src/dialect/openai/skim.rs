@@ -113,7 +113,7 @@ impl ChoiceSet {
 /// reference the tests compare them with.
 #[cfg(test)]
 pub(crate) fn skim(text: &[u8]) -> Result<Skim<'_>> {
-    let mut skimmer = Skimmer { text, pos: 0 };
+    let mut skimmer = Skimmer::new(text, 0);
     let mut out = Skim::default();
     let mut fields = skimmer.open::<ChunkFields>()?;
     skimmer.chunk_fields(&mut fields, &mut out, &mut None)?;
@@ -135,14 +135,117 @@ const MAX_PREFIX_LEN: usize = 512;
 /// walked again, and nothing it accepts or rejects changes.
 #[derive(Debug, Default)]
 pub(crate) struct ChunkPrefix {
-    /// Empty until a chunk was read whole (then at most `MAX_PREFIX_LEN`).
+    /// The prefix (empty until a chunk was read whole, then at most
+    /// `MAX_PREFIX_LEN`), then the template's bytes: one allocation per
+    /// stream for both.
     text: Vec<u8>,
+    /// The prefix's length in `text`.
+    len: usize,
     /// The top-level fields seen in `text` (`choices` among them).
     seen: u32,
     /// Whether `text` set a truthy `error`.
     error: bool,
     /// The `usage` `text` gave, if any.
     usage: Option<Usage>,
+    /// The last chunk after the prefix, but for the string that carried
+    /// its output.
+    template: Template,
+}
+
+/// The longest head plus tail a [`Template`] keeps.
+const MAX_TEMPLATE_LEN: usize = 256;
+
+/// A stream's chunks after their shared prefix mostly differ only in the
+/// text of one string: `[{"index":0,"delta":{"content":"` and
+/// `"},"finish_reason":null}]}` stay, the token between them changes. The
+/// walk is a function of the bytes read, and a valid skipped string leaves
+/// it where it was whatever the string says; so a chunk made of the same
+/// head, any valid non-empty string and the same tail reads as the chunk
+/// the template was taken from. Its output is the same (a non-empty
+/// string is output); a template is only taken from a chunk whose read
+/// kept no text of its own (no finish reason, no identity after the
+/// prefix), so nothing read borrows from the template's chunk.
+#[derive(Debug, Default)]
+struct Template {
+    /// The head's length, up to and with the string's opening quote; the
+    /// tail (from its closing quote to the end of the chunk) follows it.
+    /// Both are kept in [`ChunkPrefix::text`] after the prefix; no tail
+    /// means no template.
+    head_len: usize,
+    tail_len: usize,
+    /// The read of the chunk it was taken from.
+    error: bool,
+    usage: Option<Usage>,
+    choices: ChoiceSet,
+}
+
+impl Template {
+    /// The read of `text` (whose prefix ends at `from`) when it fits the
+    /// template kept in `bytes`.
+    #[inline]
+    fn read<'t>(&self, bytes: &[u8], text: &'t [u8], from: usize) -> Option<Skim<'t>> {
+        if self.tail_len == 0 {
+            return None;
+        }
+        let head = bytes.get(..self.head_len)?;
+        let tail = bytes.get(self.head_len..self.head_len + self.tail_len)?;
+        if !text.get(from..)?.starts_with(head) {
+            return None;
+        }
+        let open = from + head.len();
+        let mut skimmer = Skimmer::new(text, open);
+        skimmer.string(false).ok()?;
+        // The closing quote is the tail's first byte; an empty string
+        // carries no output.
+        let closing = skimmer.pos - 1;
+        if closing == open || text.get(closing..)? != tail {
+            return None;
+        }
+        Some(Skim {
+            error: self.error,
+            usage: self.usage,
+            output: true,
+            choices: self.choices,
+            ..Skim::default()
+        })
+    }
+}
+
+impl ChunkPrefix {
+    /// Whether a template is kept.
+    #[cfg(test)]
+    pub(crate) fn has_template(&self) -> bool {
+        self.template.tail_len > 0
+    }
+
+    /// Takes `text` as the template when its read (`out`, resumed after
+    /// the prefix) qualifies; `at` is where its output string lies.
+    fn keep_template(&mut self, text: &[u8], out: &Skim<'_>, at: Option<(usize, usize)>) {
+        let Some((open, end)) = at else {
+            return;
+        };
+        let qualifies = out.output
+            && out.finish_reason.is_none()
+            && out.id.is_none()
+            && out.model.is_none()
+            && out.created.is_none();
+        let (Some(head), Some(tail)) = (text.get(self.len..=open), text.get(end - 1..)) else {
+            return;
+        };
+        if !qualifies || head.len() + tail.len() > MAX_TEMPLATE_LEN {
+            return;
+        }
+        self.text.truncate(self.len);
+        self.text.extend_from_slice(head);
+        self.text.extend_from_slice(tail);
+        self.template = Template {
+            head_len: head.len(),
+            tail_len: tail.len(),
+            error: out.error,
+            usage: out.usage,
+            choices: out.choices,
+        };
+    }
 }
 
 /// Where a chunk's `choices` value starts, and what came before it.
@@ -160,11 +263,12 @@ struct Mark {
 /// its `id`, `model` and `created` are those of that chunk and read as
 /// `None` here (the caller already has them).
 pub(crate) fn skim_next<'t>(text: &'t [u8], prefix: &mut ChunkPrefix) -> Result<Skim<'t>> {
-    if !prefix.text.is_empty() && text.starts_with(&prefix.text) {
-        let mut skimmer = Skimmer {
-            text,
-            pos: prefix.text.len(),
-        };
+    let (kept, template) = prefix.text.split_at(prefix.len.min(prefix.text.len()));
+    if !kept.is_empty() && text.starts_with(kept) {
+        if let Some(out) = prefix.template.read(template, text, prefix.len) {
+            return Ok(out);
+        }
+        let mut skimmer = Skimmer::new(text, prefix.len);
         let mut out = Skim {
             error: prefix.error,
             usage: prefix.usage,
@@ -180,9 +284,11 @@ pub(crate) fn skim_next<'t>(text: &'t [u8], prefix: &mut ChunkPrefix) -> Result<
         };
         skimmer.choices(&mut out)?;
         skimmer.chunk_fields(&mut fields, &mut out, &mut None)?;
-        return skimmer.end(out);
+        let out = skimmer.end(out)?;
+        prefix.keep_template(text, &out, skimmer.output_at);
+        return Ok(out);
     }
-    let mut skimmer = Skimmer { text, pos: 0 };
+    let mut skimmer = Skimmer::new(text, 0);
     let mut out = Skim::default();
     let mut mark = None;
     let mut fields = skimmer.open::<ChunkFields>()?;
@@ -193,10 +299,21 @@ pub(crate) fn skim_next<'t>(text: &'t [u8], prefix: &mut ChunkPrefix) -> Result<
         && let Some(kept) = text.get(..mark.at)
     {
         prefix.text.clear();
+        // Room for a template too, in the same allocation.
+        prefix.text.reserve(kept.len() + MAX_TEMPLATE_LEN);
         prefix.text.extend_from_slice(kept);
+        prefix.len = kept.len();
+        prefix.template = Template::default();
         prefix.seen = mark.seen;
         prefix.error = mark.error;
         prefix.usage = mark.usage;
+    } else {
+        // A valid chunk with no prefix to keep (no `choices`, or one far
+        // in, or the array form) gave the caller its identity: the next
+        // chunk must not read as having the older prefix's.
+        prefix.text.clear();
+        prefix.len = 0;
+        prefix.template = Template::default();
     }
     Ok(out)
 }
@@ -399,7 +516,7 @@ pub(crate) fn skim_completion(text: &[u8]) -> Option<CompletionSkim<'_>> {
     // With the whole text valid UTF-8, no key or skipped value can fail
     // serde's reading on that account.
     std::str::from_utf8(text).ok()?;
-    Skimmer { text, pos: 0 }.completion().ok()
+    Skimmer::new(text, 0).completion().ok()
 }
 
 struct CompletionFields;
@@ -570,9 +687,21 @@ impl<'a> Skimmer<'a> {
 struct Skimmer<'a> {
     text: &'a [u8],
     pos: usize,
+    /// Where the first string that carried output lies (from its opening
+    /// quote to past its closing one): what a [`Template`] varies.
+    output_at: Option<(usize, usize)>,
 }
 
 impl<'a> Skimmer<'a> {
+    #[inline(always)]
+    fn new(text: &'a [u8], pos: usize) -> Self {
+        Self {
+            text,
+            pos,
+            output_at: None,
+        }
+    }
+
     /// Skips JSON whitespace and peeks at the next byte.
     #[inline(always)]
     fn ws(&mut self) -> Option<u8> {
@@ -722,7 +851,11 @@ impl<'a> Skimmer<'a> {
                             // Raw text, as the serde reading compared it:
                             // `" "` or `[ ]` carry output, `""` and `[]` not.
                             let raw = self.raw_value()?;
-                            out.output |= !matches!(raw, b"\"\"" | b"[]");
+                            let carries = !matches!(raw, b"\"\"" | b"[]");
+                            if carries && self.output_at.is_none() && raw.first() == Some(&b'"') {
+                                self.output_at = Some((self.pos - raw.len(), self.pos));
+                            }
+                            out.output |= carries;
                         }
                     }
                 }
@@ -1032,7 +1165,7 @@ fn decoded<'a>(raw: &[u8]) -> Result<Cow<'a, str>> {
 /// position past it. Arrays and objects are walked iteratively, so no input
 /// can exhaust the call stack.
 fn skip_value(text: &[u8], pos: usize) -> Result<usize> {
-    let mut s = Skimmer { text, pos };
+    let mut s = Skimmer::new(text, pos);
     let mut open = Nesting::default();
     loop {
         // A value is expected here.
