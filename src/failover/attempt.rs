@@ -19,13 +19,13 @@ use super::headers::content_length;
 use super::later;
 use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
-use super::whole::Gathered;
 use crate::BoxError;
 use crate::Decision;
 use crate::budget::TurnBudget;
 use crate::dialect::ErrorSource;
 use crate::dialect::foreign::ForeignDialect;
 use crate::health::{FailureReport, SuccessReport};
+use crate::limit::Gathered;
 use crate::observe::TurnRecord;
 use crate::{
     FailureClass, Phase, classify::Classification, classify::Classify, classify::RateLimitHeaders,

@@ -150,7 +150,6 @@ mod target;
 mod translate;
 mod turn;
 mod upstream;
-mod whole;
 
 pub use body::FailoverBody;
 

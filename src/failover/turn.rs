@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -25,7 +25,6 @@ use super::shared::Shared;
 use super::target::Target;
 use super::translate::{self, Translations};
 use super::upstream;
-use super::whole::Gathered;
 use crate::BoxError;
 use crate::classify::Classify;
 use crate::health::{Admitted, FailureReport, Scope};
@@ -164,21 +163,6 @@ where
     }
 }
 
-/// A whole request body; trailers are dropped, as `collect` would.
-async fn gather<B>(body: B) -> Result<Bytes, B::Error>
-where
-    B: Body,
-{
-    let mut body = std::pin::pin!(body);
-    let mut gathered = Gathered::default();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            gathered.push(data);
-        }
-    }
-    Ok(gathered.into_bytes())
-}
-
 /// Reads the request body once, with a cap, and has the dialect parse it
 /// once.
 async fn read<S, D, ReqBody, ResBody>(shared: &Shared<S, D>, body: ReqBody) -> Read<D, ResBody>
@@ -188,7 +172,7 @@ where
     ReqBody::Error: Into<BoxError>,
 {
     let dialect = &shared.dialect;
-    let bytes = match gather(Limited::new(body, shared.max_request_bytes)).await {
+    let bytes = match crate::limit::read_whole(body, shared.max_request_bytes).await {
         Ok(bytes) => bytes,
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             return Err(reply::client_error(

@@ -26,6 +26,9 @@
 //! head is sent, long before its last byte. Here the slot is held by the
 //! response body.
 //!
+//! [`read_whole`] reads a request body within a size limit, a small one
+//! without a copy: for a handler that reads the body before the stack does.
+//!
 //! Header-read timeouts and connection caps belong to the server that
 //! accepts connections (hyper's `header_read_timeout` with a timer, and a
 //! semaphore around accept); the gateway example shows both, answering the
@@ -34,6 +37,7 @@
 mod body;
 mod layer;
 mod rate;
+mod read;
 mod service;
 mod write_stall;
 
@@ -43,6 +47,8 @@ pub use rate::{
     MemoryRateLimits, PerMinute, RateDecision, RateFuture, RateLimitError, RateLimitStore,
     retry_after_seconds,
 };
+pub(crate) use read::Gathered;
+pub use read::read_whole;
 pub use service::{InFlightFuture, InFlightLimit, ReadLimit};
 pub use write_stall::{WriteStallLimit, WriteStalled};
 

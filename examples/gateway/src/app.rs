@@ -1090,10 +1090,12 @@ pub(crate) async fn read_turn<D: Dialect>(
     body: Body,
     answer: state::ErrorAnswer,
 ) -> Result<ReadTurn<D::Request>, Response> {
-    let bytes = match axum::body::to_bytes(body, max_request_bytes).await {
+    // Not `axum::body::to_bytes`: a one-frame body is kept as its `Bytes`,
+    // with no list of frames on the heap.
+    let bytes = match tower_llm_failover::limit::read_whole(body, max_request_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => {
-            if let Some(limit) = ReadLimitError::find_in(&error) {
+            if let Some(limit) = ReadLimitError::find_in(&*error) {
                 return Err(answer(
                     StatusCode::REQUEST_TIMEOUT,
                     FailureClass::Timeout,
@@ -1101,7 +1103,7 @@ pub(crate) async fn read_turn<D: Dialect>(
                     "request_body_timeout",
                 ));
             }
-            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
             let mut too_large = false;
             while let Some(e) = source {
                 too_large |= e.is::<http_body_util::LengthLimitError>();

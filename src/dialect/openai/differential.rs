@@ -934,6 +934,36 @@ fn chunks_that_differ_in_their_output_string_read_through_the_template() {
     }
 }
 
+/// Chunks that differ in a second string (OpenAI's per-chunk
+/// `obfuscation`) never fit a template: after a few misses the stream
+/// stops keeping one, and every chunk reads as it reads alone.
+#[test]
+fn a_stream_whose_chunks_never_fit_stops_keeping_templates() {
+    let stream: Vec<String> = (0..12)
+        .map(|n| {
+            format!(
+                r#"{{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"content":"t{n}"}},"finish_reason":null}}],"obfuscation":"{}"}}"#,
+                "x".repeat(n + 1)
+            )
+        })
+        .collect();
+    if let Err(failure) = compare_stream(&stream) {
+        panic!("{failure}");
+    }
+    let mut prefix = ChunkPrefix::default();
+    let mut choices = ChoiceSet::default();
+    let mut kept = Vec::new();
+    for chunk in &stream {
+        openai::read_chunk_next(false, chunk.as_bytes(), &mut prefix, &mut choices);
+        kept.push(prefix.has_template());
+    }
+    assert!(kept[1] && kept[8], "kept while it might fit: {kept:?}");
+    assert!(
+        !kept[9] && !kept[11],
+        "given up after eight misses: {kept:?}"
+    );
+}
+
 /// A template taken from a chunk whose identity follows its `choices`
 /// would hide that identity: such chunks are read in full.
 #[test]

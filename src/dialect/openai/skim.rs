@@ -152,8 +152,14 @@ pub(crate) struct ChunkPrefix {
     template: Template,
 }
 
-/// The longest head plus tail a [`Template`] keeps.
-const MAX_TEMPLATE_LEN: usize = 256;
+/// The longest head plus tail a [`Template`] keeps (a usual chunk's are
+/// 60 to 100 bytes).
+const MAX_TEMPLATE_LEN: usize = 160;
+
+/// Templates missed in a row after which a stream stops keeping them: its
+/// chunks differ in more than one string (a per-chunk `obfuscation`
+/// field, say), and keeping each would only cost.
+const TEMPLATE_MISSES: u8 = 8;
 
 /// A stream's chunks after their shared prefix mostly differ only in the
 /// text of one string: `[{"index":0,"delta":{"content":"` and
@@ -177,6 +183,8 @@ struct Template {
     error: bool,
     usage: Option<Usage>,
     choices: ChoiceSet,
+    /// Chunks in a row that did not fit.
+    misses: u8,
 }
 
 impl Template {
@@ -184,9 +192,6 @@ impl Template {
     /// template kept in `bytes`.
     #[inline]
     fn read<'t>(&self, bytes: &[u8], text: &'t [u8], from: usize) -> Option<Skim<'t>> {
-        if self.tail_len == 0 {
-            return None;
-        }
         let head = bytes.get(..self.head_len)?;
         let tail = bytes.get(self.head_len..self.head_len + self.tail_len)?;
         if !text.get(from..)?.starts_with(head) {
@@ -232,7 +237,10 @@ impl ChunkPrefix {
         let (Some(head), Some(tail)) = (text.get(self.len..=open), text.get(end - 1..)) else {
             return;
         };
-        if !qualifies || head.len() + tail.len() > MAX_TEMPLATE_LEN {
+        if !qualifies
+            || head.len() + tail.len() > MAX_TEMPLATE_LEN
+            || self.template.misses >= TEMPLATE_MISSES
+        {
             return;
         }
         self.text.truncate(self.len);
@@ -244,6 +252,7 @@ impl ChunkPrefix {
             error: out.error,
             usage: out.usage,
             choices: out.choices,
+            misses: self.template.misses,
         };
     }
 }
@@ -265,8 +274,15 @@ struct Mark {
 pub(crate) fn skim_next<'t>(text: &'t [u8], prefix: &mut ChunkPrefix) -> Result<Skim<'t>> {
     let (kept, template) = prefix.text.split_at(prefix.len.min(prefix.text.len()));
     if !kept.is_empty() && text.starts_with(kept) {
-        if let Some(out) = prefix.template.read(template, text, prefix.len) {
-            return Ok(out);
+        if prefix.template.tail_len > 0 {
+            if let Some(out) = prefix.template.read(template, text, prefix.len) {
+                prefix.template.misses = 0;
+                return Ok(out);
+            }
+            prefix.template.misses += 1;
+            if prefix.template.misses >= TEMPLATE_MISSES {
+                prefix.template.tail_len = 0;
+            }
         }
         let mut skimmer = Skimmer::new(text, prefix.len);
         let mut out = Skim {
