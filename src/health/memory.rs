@@ -111,14 +111,15 @@ impl Entries {
 
     /// Marks `key`'s entry as just written, in the order of client-named
     /// keys; a key the operator configured leaves that order for good.
-    fn touch(&mut self, key: &HealthKey) {
+    /// Says whether there is an entry.
+    fn touch(&mut self, key: &HealthKey) -> bool {
+        let Some(entry) = self.map.get_mut(key) else {
+            return false;
+        };
         self.tick += 1;
         let tick = self.tick;
-        let Some(entry) = self.map.get_mut(key) else {
-            return;
-        };
         let Some(old) = entry.lru else {
-            return;
+            return true;
         };
         let stored = self.lru.remove(&old);
         if key.client_named {
@@ -127,6 +128,7 @@ impl Entries {
         } else {
             entry.lru = None;
         }
+        true
     }
 }
 
@@ -173,8 +175,9 @@ impl MemoryHealthStore {
     /// The entry of `key`, created if there is room, and marked as just
     /// written.
     fn entry<'a>(&self, entries: &'a mut Entries, key: &HealthKey) -> Option<&'a mut Entry> {
-        if entries.contains_key(key) {
-            entries.touch(key);
+        // One lookup to find and mark it, one to lend it (the borrow
+        // checker does not let the first one's reference out on this path).
+        if entries.touch(key) {
             return entries.get_mut(key);
         }
         if key.client_named {
