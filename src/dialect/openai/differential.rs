@@ -40,41 +40,6 @@ fn compare(data: &[u8]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// `second` read after `first` with the stream's prefix memo, against
-/// `second` read alone: the same kind, finish reason and usage; an identity
-/// field reads `None` only where the memo already had it from `first`.
-fn compare_next(first: &[u8], second: &[u8]) -> Result<(), TestCaseError> {
-    for error_event in [false, true] {
-        let mut prefix = ChunkPrefix::default();
-        let mut choices = ChoiceSet::default();
-        let first_read = openai::read_chunk_next(error_event, first, &mut prefix, &mut choices);
-        prop_assert_eq!(&first_read, &openai::read_chunk(error_event, first));
-        let next = openai::read_chunk_next(error_event, second, &mut prefix, &mut choices);
-        let alone = openai::read_chunk(error_event, second);
-        let shown = String::from_utf8_lossy(second);
-        prop_assert_eq!(next.kind, alone.kind, "{}", shown);
-        prop_assert_eq!(&next.finish_reason, &alone.finish_reason, "{}", shown);
-        prop_assert_eq!(next.usage, alone.usage, "{}", shown);
-        let (got, want, had) = (&next.identity, &alone.identity, &first_read.identity);
-        prop_assert!(
-            got.id == want.id || (got.id.is_none() && want.id == had.id),
-            "{}",
-            shown
-        );
-        prop_assert!(
-            got.model == want.model || (got.model.is_none() && want.model == had.model),
-            "{}",
-            shown
-        );
-        prop_assert!(
-            got.created == want.created || (got.created.is_none() && want.created == had.created),
-            "{}",
-            shown
-        );
-    }
-    Ok(())
-}
-
 /// A stream's chunks read in turn with one memo (its prefix and template)
 /// against each read with a fresh memo: the same kind, finish reason and
 /// usage, the same choices seen and finished so far; an identity field
@@ -457,17 +422,27 @@ fn delta() -> impl Strategy<Value = String> {
 }
 
 fn choice() -> impl Strategy<Value = String> {
-    let finish = || prop_oneof![3 => Just("null".to_owned()), 3 => string(), 1 => value()];
-    let delta = || prop_oneof![6 => delta(), 1 => Just("null".to_owned()), 1 => value()];
+    let finish = prop_oneof![3 => Just("null".to_owned()), 3 => string(), 1 => value()];
+    let delta = prop_oneof![6 => delta(), 1 => Just("null".to_owned()), 1 => value()];
+    choice_of("delta", delta.boxed(), finish.boxed())
+}
+
+/// A choice: its `delta` or `message` (named `name`), finish reason,
+/// index, logprobs and noise, as an object or in the array form.
+fn choice_of(
+    name: &'static str,
+    body: BoxedStrategy<String>,
+    finish: BoxedStrategy<String>,
+) -> impl Strategy<Value = String> {
     record(
         vec![
-            entry("delta", delta()),
-            entry("finish_reason", finish()),
+            entry(name, body.clone()),
+            entry("finish_reason", finish.clone()),
             entry("index", number()),
             entry("logprobs", Just("null".to_owned())),
             (key(), value()).boxed(),
         ],
-        prop_oneof![delta(), finish()],
+        prop_oneof![body, finish],
     )
 }
 
@@ -496,12 +471,18 @@ fn error() -> impl Strategy<Value = String> {
 
 /// A chunk-shaped JSON text.
 fn chunk() -> impl Strategy<Value = String> {
+    top_level(choice().boxed(), "chat.completion.chunk")
+}
+
+/// A chat chunk's or answer's top level: each field of any shape, with
+/// `choices` most often a list of `choice` and `object` the given type.
+fn top_level(choice: BoxedStrategy<String>, object: &'static str) -> impl Strategy<Value = String> {
     let text = || prop_oneof![4 => string(), 1 => Just("null".to_owned()), 1 => value()];
     let created = || prop_oneof![3 => number(), 1 => Just("null".to_owned()), 1 => value()];
     let usage = || prop_oneof![4 => usage(), 1 => Just("null".to_owned()), 1 => value()];
-    let choices = || {
+    let choices = move || {
         prop_oneof![
-            6 => array(choice()),
+            6 => array(choice.clone()),
             1 => Just("null".to_owned()),
             1 => value(),
         ]
@@ -515,7 +496,7 @@ fn chunk() -> impl Strategy<Value = String> {
             entry("usage", usage()),
             entry("choices", choices()),
             entry("choices", choices()),
-            entry("object", Just("\"chat.completion.chunk\"".to_owned())),
+            entry("object", Just(format!("\"{object}\""))),
             (key(), value()).boxed(),
         ],
         prop_oneof![text(), created(), usage(), choices(), error()],
@@ -576,31 +557,18 @@ fn streamed_chunk() -> impl Strategy<Value = String> {
 
 /// A whole answer's choice: a message where a chunk has a delta.
 fn whole_choice() -> impl Strategy<Value = String> {
-    let finish = || {
-        prop_oneof![
-            3 => prop::sample::select(vec!["stop", "length", "tool_calls", "content_filter"])
-                .prop_map(|reason| format!("\"{reason}\"")),
-            3 => string(),
-            2 => Just("null".to_owned()),
-            1 => value(),
-        ]
-    };
-    let message = || {
-        prop_oneof![
-            4 => (string(), string()).prop_map(|(role, content)| format!(r#"{{"role":{role},"content":{content}}}"#)),
-            1 => value(),
-        ]
-    };
-    record(
-        vec![
-            entry("index", number()),
-            entry("message", message()),
-            entry("finish_reason", finish()),
-            entry("logprobs", Just("null".to_owned())),
-            (key(), value()).boxed(),
-        ],
-        prop_oneof![message(), finish()],
-    )
+    let finish = prop_oneof![
+        3 => prop::sample::select(vec!["stop", "length", "tool_calls", "content_filter"])
+            .prop_map(|reason| format!("\"{reason}\"")),
+        3 => string(),
+        2 => Just("null".to_owned()),
+        1 => value(),
+    ];
+    let message = prop_oneof![
+        4 => (string(), string()).prop_map(|(role, content)| format!(r#"{{"role":{role},"content":{content}}}"#)),
+        1 => value(),
+    ];
+    choice_of("message", message.boxed(), finish.boxed())
 }
 
 /// A JSON text close to a real answer: a non-empty `choices` of choices
@@ -653,30 +621,7 @@ fn completion() -> impl Strategy<Value = String> {
 
 /// Any mix of a completion's fields, each of any shape.
 fn any_completion() -> impl Strategy<Value = String> {
-    let text = || prop_oneof![4 => string(), 1 => Just("null".to_owned()), 1 => value()];
-    let usage = || prop_oneof![4 => usage(), 1 => Just("null".to_owned()), 1 => value()];
-    let choices = || {
-        prop_oneof![
-            6 => array(whole_choice()),
-            1 => Just("null".to_owned()),
-            1 => value(),
-        ]
-    };
-    let body = record(
-        vec![
-            entry("id", text()),
-            entry("model", text()),
-            entry("created", number()),
-            entry("error", error()),
-            entry("usage", usage()),
-            entry("choices", choices()),
-            entry("choices", choices()),
-            entry("object", Just("\"chat.completion\"".to_owned())),
-            (key(), value()).boxed(),
-        ],
-        prop_oneof![text(), usage(), choices(), error()],
-    );
-    (ws(), body, ws()).prop_map(|(a, body, b)| format!("{a}{body}{b}"))
+    top_level(whole_choice().boxed(), "chat.completion")
 }
 
 /// The answer check (the skimmer first) against serde's reading alone.
@@ -816,7 +761,7 @@ proptest! {
                 format!("{head}{}", &other[from..])
             }
         };
-        compare_next(first.as_bytes(), second.as_bytes())?;
+        compare_stream(&[first, second])?;
     }
 
     #[test]

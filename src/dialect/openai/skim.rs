@@ -535,40 +535,6 @@ pub(crate) fn skim_completion(text: &[u8]) -> Option<CompletionSkim<'_>> {
     Skimmer::new(text, 0).completion().ok()
 }
 
-struct CompletionFields;
-
-impl CompletionFields {
-    const ID: usize = 0;
-    const MODEL: usize = 1;
-    const ERROR: usize = 2;
-    const USAGE: usize = 3;
-}
-
-impl Fields for CompletionFields {
-    const COUNT: usize = 5;
-
-    fn named(key: &[u8]) -> Option<usize> {
-        short_named::<Self>(key)
-    }
-
-    #[inline]
-    fn short(key: u64) -> Option<usize> {
-        const ID: u64 = word(b"id");
-        const MODEL: u64 = word(b"model");
-        const ERROR: u64 = word(b"error");
-        const USAGE: u64 = word(b"usage");
-        const CHOICES: u64 = word(b"choices");
-        match key {
-            ID => Some(Self::ID),
-            MODEL => Some(Self::MODEL),
-            ERROR => Some(Self::ERROR),
-            USAGE => Some(Self::USAGE),
-            CHOICES => Some(4),
-            _ => None,
-        }
-    }
-}
-
 /// A whole answer's first choice: only its `finish_reason` is read.
 struct FirstChoiceFields;
 
@@ -590,13 +556,16 @@ impl<'a> Skimmer<'a> {
     fn completion(&mut self) -> Result<CompletionSkim<'a>> {
         let mut out = CompletionSkim::default();
         let mut answered = false;
-        let mut fields = self.open::<CompletionFields>()?;
+        // A chunk's fields: a completion's and `created`, which serde's
+        // reading of a completion does not know and only skips (a repeated
+        // one, refused here, goes to serde).
+        let mut fields = self.open::<ChunkFields>()?;
         if !fields.object {
             return Err(Invalid);
         }
         while let Some(index) = fields.next(self)? {
             match index {
-                CompletionFields::ID => {
+                ChunkFields::ID => {
                     // Any value is allowed; only a string names the answer.
                     out.id = match self.ws() {
                         Some(b'"') => Some(self.plain_str()?),
@@ -606,17 +575,18 @@ impl<'a> Skimmer<'a> {
                         }
                     };
                 }
-                CompletionFields::MODEL => {
+                ChunkFields::MODEL => {
                     out.model = if self.null()? {
                         None
                     } else {
                         Some(self.plain_str()?)
                     };
                 }
+                ChunkFields::CREATED => self.skip_value()?,
                 // Any error but `null` makes this no answer: serde's to say.
-                CompletionFields::ERROR if !self.null()? => return Err(Invalid),
-                CompletionFields::ERROR => {}
-                CompletionFields::USAGE => out.usage = self.whole_usage()?,
+                ChunkFields::ERROR if !self.null()? => return Err(Invalid),
+                ChunkFields::ERROR => {}
+                ChunkFields::USAGE => out.usage = self.whole_usage()?,
                 _ => {
                     out.finish_reason = self.first_reason()?;
                     answered = true;
