@@ -26,6 +26,10 @@
 # Usage (from anywhere in the repo):
 #   benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick]
 #                       [--fake-upstream] [--no-default-log] [--keep]
+#                       [--compare NAME=BINARY]...
+# --compare runs another gateway binary (built from another commit, or with
+# an experiment in it) beside the others, with RUST_LOG=warn, so that an
+# A/B of a change is measured in one run, interleaved, on the same host.
 # Nothing is pinned to a core: the point is to measure as a user would.
 
 set -euo pipefail
@@ -38,11 +42,13 @@ WARMUP=1
 KEEP=0
 FAKE_UPSTREAM=0
 DEFAULT_LOG=1
+COMPARE=()
 
 usage() {
     cat <<'EOF'
 usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick]
                            [--fake-upstream] [--no-default-log] [--keep]
+                           [--compare NAME=BINARY]...
 
   --rounds N        interleaved rounds; medians are reported (default 3)
   --duration SECS   length of each wrk run (default 10)
@@ -54,6 +60,10 @@ usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick
   --no-default-log  skip the gateway as shipped (RUST_LOG unset); only the
                     RUST_LOG=warn gateway runs
   --keep            keep the work directory (logs, strace output, raw results)
+  --compare NAME=BINARY
+                    also run this gateway binary, with RUST_LOG=warn and the
+                    same configuration, interleaved with the others and
+                    reported as gateway NAME (repeatable; NAME is a word)
 EOF
 }
 
@@ -66,6 +76,9 @@ while (($#)); do
     --fake-upstream) FAKE_UPSTREAM=1; shift ;;
     --no-default-log) DEFAULT_LOG=0; shift ;;
     --keep) KEEP=1; shift ;;
+    --compare)
+        [[ ${2:-} =~ ^[A-Za-z0-9_]+=.+$ ]] || { echo "--compare needs NAME=BINARY" >&2; exit 2; }
+        COMPARE+=("$2"); shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -108,7 +121,7 @@ TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
-for b in "$BIN/$UPSTREAM" "$BIN/passthrough" "$GATEWAY"; do
+for b in "$BIN/$UPSTREAM" "$BIN/passthrough" "$GATEWAY" "${COMPARE[@]#*=}"; do
     [[ -x $b ]] || die "missing $b"
 done
 
@@ -195,6 +208,23 @@ if ((DEFAULT_LOG)); then
     TARGETS+=(gwlog)
     GATEWAYS+=(gwlog)
 fi
+# Other gateway binaries to compare (--compare), each with RUST_LOG=warn.
+declare -A GW_TITLE=([gw]="gateway with RUST_LOG=warn" [gwlog]="gateway as shipped (RUST_LOG unset: the default filter, its log lines to a file)")
+for c in "${COMPARE[@]}"; do
+    name=${c%%=*}
+    t="cmp_$name"
+    RUST_LOG=warn "${c#*=}" --config "$WORK/gateway.toml" >"$WORK/gateway-$t.log" 2>&1 &
+    PID[$t]=$!
+    PIDS+=("${PID[$t]}")
+    ADDR[$t]=$(wait_ready "${PID[$t]}" "$WORK/gateway-$t.log" 'ready on http://127\.0\.0\.1:[0-9]+')
+    ADDR[$t]=${ADDR[$t]##*//}
+    LABEL[$t]="gateway $name, warn"
+    GW_TITLE[$t]="gateway $name (${c#*=}) with RUST_LOG=warn"
+    TARGETS+=("$t")
+    GATEWAYS+=("$t")
+done
+TRACED=(pass gw)
+for c in "${COMPARE[@]}"; do TRACED+=("cmp_${c%%=*}"); done
 PATH_CC=/v1/chat/completions
 
 # --- workloads ------------------------------------------------------------------
@@ -330,7 +360,7 @@ trace_writes() {
 
 echo "counting writes per stream ($STREAMS streams each, 1 connection)..." >&2
 declare -A TRACE SYSCW_STREAM SYSCW_SMALL
-for t in pass gw; do
+for t in "${TRACED[@]}"; do
     post_many "http://${ADDR[$t]}$PATH_CC" "$STREAM_BODY" 20 >/dev/null # warm-up
     trace_writes "$t"
     before=$(syscw "${PID[$t]}")
@@ -418,7 +448,6 @@ col() { awk -v w="$1" -v t="$2" -v c="$3" '$2 == w && $3 == t { print $c }' "$RE
 # 13 host steal).
 med() { col "$1" "$2" "$3" | median; }
 
-declare -A GW_TITLE=([gw]="gateway with RUST_LOG=warn" [gwlog]="gateway as shipped (RUST_LOG unset: the default filter, its log lines to a file)")
 if ((FAKE_UPSTREAM)); then
     UP_DESC="the scripted fake upstream (fake_upstream.rs, no pacing)"
 else
@@ -536,7 +565,7 @@ echo "strace -f (per-fd: client = fds from accept4 in the trace; upstream = fds 
 echo "to the upstream port; other = the rest, tokio's eventfd wake-ups). Under strace the"
 echo "process runs slower, so reads may batch more than they do untraced."
 printf '%-14s %14s %16s %14s %20s\n' "" "client writes" "upstream writes" "other writes" "upstream data reads"
-for t in pass gw; do
+for t in "${TRACED[@]}"; do
     read -r cw uw ow ur <<<"${TRACE[$t]}"
     awk -v l="${LABEL[$t]}" -v n="$STREAMS" -v cw="$cw" -v uw="$uw" -v ow="$ow" -v ur="$ur" \
         'BEGIN { printf "%-14s %14.2f %16.2f %14.2f %20.2f\n", l, cw / n, uw / n, ow / n, ur / n }'
@@ -545,7 +574,7 @@ echo
 echo "Cross-check without a tracer: /proc/PID/io syscw (write-side syscalls of the whole"
 echo "process, every fd) per request, $STREAMS of each; the difference is what streaming adds."
 printf '%-14s %14s %18s %12s\n' "" "per stream" "per small compl." "difference"
-for t in pass gw; do
+for t in "${TRACED[@]}"; do
     awk -v l="${LABEL[$t]}" -v n="$STREAMS" -v s="${SYSCW_STREAM[$t]}" -v c="${SYSCW_SMALL[$t]}" \
         'BEGIN { printf "%-14s %14.2f %18.2f %12.2f\n", l, s / n, c / n, (s - c) / n }'
 done
