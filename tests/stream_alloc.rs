@@ -21,8 +21,8 @@ use tower_llm_testing::chunks::{content, done, finish, role};
 const FRAMES: usize = 200;
 
 /// An upstream body: `Some` frames are ready at once; `None` is a pause the
-/// upstream connection has not decoded past yet (pending across the
-/// commit machine's one yield, as a real paced upstream is).
+/// upstream connection has not decoded past yet (pending for three polls:
+/// across the commit machine's two yields, as a real paced upstream is).
 struct Upstream {
     steps: VecDeque<Option<Bytes>>,
     pauses: u8,
@@ -114,10 +114,9 @@ async fn zero_allocations_per_frame_when_each_frame_goes_out_alone() {
     next(&mut body).unwrap();
     assert_eq!(state.status(), StreamStatus::Committed);
 
-    // The commit machine's yields are deferred wake-ups, which the runtime
-    // keeps in a list until it next parks: let it park between windows of
-    // frames, as a server's task does between writes. The first window
-    // sizes that list and is not counted.
+    // Frames are taken in windows with the runtime run in between, as a
+    // server's task is between writes. The first window is warm-up and is
+    // not counted.
     const WINDOW: usize = 10;
     let mut frames = Vec::with_capacity(FRAMES);
     let mut allocations = 0;

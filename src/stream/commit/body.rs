@@ -1,6 +1,5 @@
 use crate::classify::Note;
 use std::collections::VecDeque;
-use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -48,9 +47,9 @@ pin_project! {
         hold_timer: Option<Alarm>,
         // Fires when the gateway's shutdown grace period is over.
         shutdown: Option<crate::shutdown::Ending>,
-        // Set when the body yielded once to let the upstream connection
-        // decode more of what it has read (see `poll_frame`).
-        yielded: bool,
+        // How often the body yielded, since the upstream's last frame, to
+        // let the upstream connection's task decode the next one.
+        join_yields: u8,
         inspector: Option<Inspector<D>>,
     }
 }
@@ -120,7 +119,7 @@ where
                 deadline: None,
                 hold_timer: None,
                 shutdown: None,
-                yielded: false,
+                join_yields: 0,
                 inspector: None,
             });
         }
@@ -174,7 +173,7 @@ where
                 .shutdown
                 .as_ref()
                 .map(crate::shutdown::Shutdown::wait),
-            yielded: false,
+            join_yields: 0,
             inspector: Some(inspector),
         }
     }
@@ -217,6 +216,15 @@ where
 
 /// At most this many frames are joined into one client write.
 const MAX_JOINED_FRAMES: usize = 64;
+
+/// How often the body yields for one more upstream frame before the join
+/// goes out. Two, because hyper's HTTP/1 server polls a body that returned
+/// `Pending` once more within the same task poll (hyper 1's
+/// `Dispatcher::poll_loop` checks the write side again after a flush): that
+/// second poll comes before the runtime has run
+/// any other task, so with one yield the join never waited for the
+/// upstream connection (one client write per event, measured).
+const MAX_JOIN_YIELDS: u8 = 2;
 
 /// Runs once when an inspected stream's body is dropped.
 pub(crate) type OnEnd = Box<dyn FnOnce(&super::StreamSnapshot) + Send + Sync>;
@@ -1127,31 +1135,30 @@ where
             // client hands its body over one chunk at a time, so the events
             // of one socket read arrive as separate frames with the
             // connection's task in between. Yield to let it decode the
-            // next; only when a yield brings nothing more does the join go
+            // next; only when yielding brings nothing more does the join go
             // out. Without this, every event costs the client a write.
             if inspector.may_join_more() {
                 match self.as_mut().poll_progress(cx) {
                     Poll::Ready(()) => {
-                        *self.as_mut().project().yielded = false;
+                        *self.as_mut().project().join_yields = 0;
                         continue;
                     }
                     Poll::Pending => {
-                        let yielded = self.as_mut().project().yielded;
-                        if !*yielded {
-                            *yielded = true;
-                            // A plain self-wake would poll this task again
-                            // at once (tokio's LIFO slot); `yield_now`
-                            // defers the wake-up until the runtime has run
-                            // the other ready tasks, the upstream
-                            // connection's among them.
-                            let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
+                        let join_yields = self.as_mut().project().join_yields;
+                        if *join_yields < MAX_JOIN_YIELDS {
+                            *join_yields += 1;
+                            // A wake-up from inside the poll puts this task
+                            // behind the ready ones (tokio reschedules a
+                            // task that woke itself as a yield), the
+                            // upstream connection's among them.
+                            cx.waker().wake_by_ref();
                             return Poll::Pending;
                         }
                     }
                 }
             }
             let this = self.as_mut().project();
-            *this.yielded = false;
+            *this.join_yields = 0;
             let Some(inspector) = this.inspector.as_mut() else {
                 return Poll::Ready(None);
             };
