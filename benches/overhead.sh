@@ -407,6 +407,10 @@ run_wrk() {
     host_after=$(host_ticks)
     log_truncate
     grep -q '^RESULT ' <<<"$out" || die "wrk printed no result: $out"
+    # wrk's own words for any errors (socket error kinds, non-2xx answers),
+    # printed with the warning at the end.
+    grep -E '^ *(Socket errors|Non-2xx)' <<<"$out" |
+        sed "s/^ */${LABEL[$1]}, ${W_NAME[$2]} at $conns conns: /" >>"$WORK/errors" || true
     grep '^RESULT ' <<<"$out" | cut -d' ' -f2- |
         awk -v t=$((after - before)) -v u=$((up_after - up_before)) -v hz="$CLK_TCK" \
             -v ncpu="$NCPU" -v t0="$t0" -v t1="$t1" -v hb="$host_before" -v ha="$host_after" '{
@@ -482,6 +486,10 @@ for g in "${GATEWAYS[@]}"; do
     done
 done
 ((ERRORS == 0)) || echo "(some runs had errors: see the warnings above)"
+if ((ERRORS)) && [[ -s $WORK/errors ]]; then
+    echo "wrk's error lines:" >&2
+    sed 's/^/  /' "$WORK/errors" >&2
+fi
 
 echo
 echo "CPU time (user + system, /proc/PID/stat, all threads) each proxy spent per request,"
