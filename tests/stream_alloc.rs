@@ -114,9 +114,10 @@ async fn zero_allocations_per_frame_when_each_frame_goes_out_alone() {
     next(&mut body).unwrap();
     assert_eq!(state.status(), StreamStatus::Committed);
 
-    // Frames are taken in windows with the runtime run in between, as a
-    // server's task is between writes. The first window is warm-up and is
-    // not counted.
+    // The commit machine's yields are deferred wake-ups, which the runtime
+    // keeps in a list until it next parks: let it park between windows of
+    // frames, as a server's task does between writes. The first window
+    // sizes that list and is not counted.
     const WINDOW: usize = 10;
     let mut frames = Vec::with_capacity(FRAMES);
     let mut allocations = 0;

@@ -2,11 +2,15 @@
 //! writes, over real HTTP on both sides: hyper's client hands its body over
 //! one chunk at a time, and hyper's server polls a pending body twice per
 //! task poll, which together once made the join a no-op (one write per
-//! event).
+//! event). Also under a server that polls a connection again when it woke
+//! itself (as the gateway's does), which a plain self-wake in the join
+//! would defeat.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -56,9 +60,110 @@ async fn upstream_in_one_write(events: Vec<Bytes>) -> String {
     format!("http://{addr}/v1")
 }
 
+/// How the test's server polls each connection.
+#[derive(Clone, Copy)]
+enum Server {
+    /// axum's own `serve`.
+    Axum,
+    /// hyper's HTTP/1 connection polled again at once, up to four times,
+    /// when it woke itself during its poll: what a server that keeps a
+    /// connection on one worker does (the gateway's `repoll`). The commit
+    /// body's yield must still let the upstream connection's task run.
+    AbsorbingSelfWakes,
+}
+
+/// Serves `service` on loopback; returns its address.
+async fn serve<S>(service: S, server: Server) -> std::net::SocketAddr
+where
+    S: tower::Service<
+            Request<axum::body::Body>,
+            Response = Response<axum::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    match server {
+        Server::Axum => {
+            let app = axum::Router::new().route_service("/v1/chat/completions", service);
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        }
+        Server::AbsorbingSelfWakes => {
+            tokio::spawn(async move {
+                loop {
+                    let (tcp, _) = listener.accept().await.unwrap();
+                    let service =
+                        hyper_util::service::TowerToHyperService::new(service.clone().map_request(
+                            |r: Request<hyper::body::Incoming>| r.map(axum::body::Body::new),
+                        ));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+                    tokio::spawn(absorbing_self_wakes(conn));
+                }
+            });
+        }
+    }
+    addr
+}
+
+/// Polls `future` again at once, up to four times, when it woke itself
+/// while being polled; other wake-ups reach the task.
+async fn absorbing_self_wakes<F: Future>(future: F) -> F::Output {
+    struct Wakes {
+        polling: AtomicBool,
+        woken: AtomicBool,
+        task: std::sync::Mutex<Option<Waker>>,
+    }
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.woken.store(true, Ordering::SeqCst);
+            if !self.polling.load(Ordering::SeqCst)
+                && let Some(task) = self.task.lock().unwrap().as_ref()
+            {
+                task.wake_by_ref();
+            }
+        }
+    }
+    let wakes = Arc::new(Wakes {
+        polling: AtomicBool::new(false),
+        woken: AtomicBool::new(false),
+        task: std::sync::Mutex::new(None),
+    });
+    let waker = Waker::from(Arc::clone(&wakes));
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(move |cx| {
+        *wakes.task.lock().unwrap() = Some(cx.waker().clone());
+        for _ in 0..5 {
+            wakes.woken.store(false, Ordering::SeqCst);
+            wakes.polling.store(true, Ordering::SeqCst);
+            let poll = future.as_mut().poll(&mut Context::from_waker(&waker));
+            wakes.polling.store(false, Ordering::SeqCst);
+            if poll.is_ready() || !wakes.woken.load(Ordering::SeqCst) {
+                return poll;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 // One worker: the runtime the gateway ships with, made deterministic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn events_of_one_upstream_read_go_out_in_few_frames() {
+    events_read_at_once_go_out_in_few_frames(Server::Axum).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_join_holds_under_a_server_that_absorbs_self_wakes() {
+    events_read_at_once_go_out_in_few_frames(Server::AbsorbingSelfWakes).await;
+}
+
+async fn events_read_at_once_go_out_in_few_frames(server: Server) {
     let events = chunks::full_stream("m", TOKENS);
     let base_url = upstream_in_one_write(events.clone()).await;
     let client = UpstreamClient::builder(base_url).build().unwrap();
@@ -66,8 +171,8 @@ async fn events_of_one_upstream_read_go_out_in_few_frames() {
         .layer(StreamStateLayer::new())
         .service(client);
 
-    // Served by hyper's server (through axum), with every frame the commit
-    // body hands it counted.
+    // Served by hyper's server, with every frame the commit body hands it
+    // counted.
     let frames = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&frames);
     let service = tower::service_fn(move |request: Request<axum::body::Body>| {
@@ -87,13 +192,9 @@ async fn events_of_one_upstream_read_go_out_in_few_frames() {
             }))
         }
     });
-    let app = axum::Router::new().route_service(
-        "/v1/chat/completions",
-        service.map_err(|e: BoxError| -> std::convert::Infallible { panic!("stack: {e}") }),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let service =
+        service.map_err(|e: BoxError| -> std::convert::Infallible { panic!("stack: {e}") });
+    let addr = serve(service, server).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let request = Request::post(format!("http://{addr}/v1/chat/completions"))

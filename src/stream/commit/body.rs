@@ -1,5 +1,6 @@
 use crate::classify::Note;
 use std::collections::VecDeque;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -1147,11 +1148,15 @@ where
                         let join_yields = self.as_mut().project().join_yields;
                         if *join_yields < MAX_JOIN_YIELDS {
                             *join_yields += 1;
-                            // A wake-up from inside the poll puts this task
-                            // behind the ready ones (tokio reschedules a
-                            // task that woke itself as a yield), the
-                            // upstream connection's among them.
-                            cx.waker().wake_by_ref();
+                            // Deferred: tokio wakes the task once the
+                            // worker has run its other ready tasks (the
+                            // upstream connection's among them, which wakes
+                            // this one sooner with the next chunk) and
+                            // polled for I/O. A plain self-wake would be
+                            // taken for an immediate re-poll by a server
+                            // that absorbs self-wakes, as the gateway's
+                            // connections do (its `repoll`).
+                            let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
                             return Poll::Pending;
                         }
                     }
