@@ -47,6 +47,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::repoll::Repoll;
 use axum::Router;
 use http::header::{CONNECTION, HeaderValue};
 use hyper::server::conn::http1;
@@ -328,7 +329,9 @@ async fn connection<S>(
     // Wrapped after the peek above, which needs the bare socket.
     let io = TokioIo::new(WriteStallLimit::new(tcp, write_stall));
     let conn = builder.serve_connection(io, TowerToHyperService::new(service));
-    if let Err(error) = watcher.watch(conn).await {
+    // Reading a request body wakes this very task: poll it again here
+    // rather than yield it to another worker (see `repoll`).
+    if let Err(error) = Repoll::new(watcher.watch(conn)).await {
         if WriteStalled::find_in(&error).is_some() {
             tracing::info!(
                 write_stall_timeout_ms = write_stall.as_millis() as u64,
