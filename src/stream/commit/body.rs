@@ -221,10 +221,10 @@ const MAX_JOINED_FRAMES: usize = 64;
 /// How often the body yields for one more upstream frame before the join
 /// goes out. Two, because hyper's HTTP/1 server polls a body that returned
 /// `Pending` once more within the same task poll (hyper 1's
-/// `Dispatcher::poll_loop` checks the write side again after a flush): that
-/// second poll comes before the runtime has run
-/// any other task, so with one yield the join never waited for the
-/// upstream connection (one client write per event, measured).
+/// `Dispatcher::poll_loop` checks the write side again after a flush):
+/// that second poll comes before the runtime has run any other task, so
+/// with one yield the join never waited for the upstream connection (one
+/// client write per event, measured).
 const MAX_JOIN_YIELDS: u8 = 2;
 
 /// Runs once when an inspected stream's body is dropped.
