@@ -37,7 +37,7 @@ pub mod keys;
 pub mod log_line;
 pub mod log_writer;
 pub mod messages;
-mod repoll;
+pub mod repoll;
 pub mod serve;
 pub mod state;
 pub mod telemetry;

@@ -33,7 +33,7 @@ const MAX_REPOLLS: usize = 4;
 pin_project_lite::pin_project! {
     /// Polls `inner` again at once when it woke its own task while being
     /// polled, instead of yielding to the runtime (see the module docs).
-    pub(crate) struct Repoll<F> {
+    pub struct Repoll<F> {
         #[pin]
         inner: F,
         wakes: Arc<Wakes>,
@@ -69,7 +69,7 @@ impl Wake for Wakes {
 
 impl<F> Repoll<F> {
     /// Wraps `inner`; one allocation, for the waker.
-    pub(crate) fn new(inner: F) -> Self {
+    pub fn new(inner: F) -> Self {
         let wakes = Arc::new(Wakes {
             polling: AtomicBool::new(false),
             woken: AtomicBool::new(false),

@@ -2,15 +2,13 @@
 //! writes, over real HTTP on both sides: hyper's client hands its body over
 //! one chunk at a time, and hyper's server polls a pending body twice per
 //! task poll, which together once made the join a no-op (one write per
-//! event). Also under a server that polls a connection again when it woke
-//! itself (as the gateway's does), which a plain self-wake in the join
+//! event). Also under the gateway's `Repoll`, which polls a connection
+//! that woke itself again at once, and which a plain self-wake in the join
 //! would defeat.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,6 +22,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm_client::UpstreamClient;
 use tower_llm_failover::BoxError;
 use tower_llm_failover::stream::StreamStateLayer;
+use tower_llm_gateway::repoll::Repoll;
 use tower_llm_testing::chunks;
 
 const LIMIT: Duration = Duration::from_secs(10);
@@ -65,11 +64,10 @@ async fn upstream_in_one_write(events: Vec<Bytes>) -> String {
 enum Server {
     /// axum's own `serve`.
     Axum,
-    /// hyper's HTTP/1 connection polled again at once, up to four times,
-    /// when it woke itself during its poll: what a server that keeps a
-    /// connection on one worker does (the gateway's `repoll`). The commit
-    /// body's yield must still let the upstream connection's task run.
-    AbsorbingSelfWakes,
+    /// hyper's HTTP/1 connection in the gateway's `Repoll`, which polls a
+    /// connection that woke itself again at once: the commit body's yield
+    /// must still let the upstream connection's task run.
+    Repoll,
 }
 
 /// Serves `service` on loopback; returns its address.
@@ -92,7 +90,7 @@ where
             let app = axum::Router::new().route_service("/v1/chat/completions", service);
             tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         }
-        Server::AbsorbingSelfWakes => {
+        Server::Repoll => {
             tokio::spawn(async move {
                 loop {
                     let (tcp, _) = listener.accept().await.unwrap();
@@ -102,54 +100,12 @@ where
                         ));
                     let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
-                    tokio::spawn(absorbing_self_wakes(conn));
+                    tokio::spawn(Repoll::new(conn));
                 }
             });
         }
     }
     addr
-}
-
-/// Polls `future` again at once, up to four times, when it woke itself
-/// while being polled; other wake-ups reach the task.
-async fn absorbing_self_wakes<F: Future>(future: F) -> F::Output {
-    struct Wakes {
-        polling: AtomicBool,
-        woken: AtomicBool,
-        task: std::sync::Mutex<Option<Waker>>,
-    }
-    impl Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.woken.store(true, Ordering::SeqCst);
-            if !self.polling.load(Ordering::SeqCst)
-                && let Some(task) = self.task.lock().unwrap().as_ref()
-            {
-                task.wake_by_ref();
-            }
-        }
-    }
-    let wakes = Arc::new(Wakes {
-        polling: AtomicBool::new(false),
-        woken: AtomicBool::new(false),
-        task: std::sync::Mutex::new(None),
-    });
-    let waker = Waker::from(Arc::clone(&wakes));
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(move |cx| {
-        *wakes.task.lock().unwrap() = Some(cx.waker().clone());
-        for _ in 0..5 {
-            wakes.woken.store(false, Ordering::SeqCst);
-            wakes.polling.store(true, Ordering::SeqCst);
-            let poll = future.as_mut().poll(&mut Context::from_waker(&waker));
-            wakes.polling.store(false, Ordering::SeqCst);
-            if poll.is_ready() || !wakes.woken.load(Ordering::SeqCst) {
-                return poll;
-            }
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
 }
 
 // One worker: the runtime the gateway ships with, made deterministic.
@@ -159,8 +115,8 @@ async fn events_of_one_upstream_read_go_out_in_few_frames() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn the_join_holds_under_a_server_that_absorbs_self_wakes() {
-    events_read_at_once_go_out_in_few_frames(Server::AbsorbingSelfWakes).await;
+async fn the_join_holds_under_the_gateways_repoll() {
+    events_read_at_once_go_out_in_few_frames(Server::Repoll).await;
 }
 
 async fn events_read_at_once_go_out_in_few_frames(server: Server) {
