@@ -601,13 +601,71 @@ pub struct Gateway {
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Client keys, their limits and the admin key.
-    pub(crate) clients: keys::Clients,
+    pub(crate) clients: Arc<keys::Clients>,
     /// Model names the operator configured: the only ones metric labels
     /// carry (anything else is `other`).
     configured_models: std::collections::HashSet<String>,
     /// Ends running streams cleanly when the shutdown grace period is over.
     shutdown: Shutdown,
     server: ServerConfig,
+    /// What a [`Gateway::shard`] of this gateway shares with it.
+    shared: Shared,
+}
+
+/// What every shard of one gateway shares: the config, the stores (health,
+/// budgets, spend, rate counts), the client keys, the in-flight cap and the
+/// shutdown signal. What a shard has of its own: its upstream clients (and
+/// so their connection pools) and its route stacks.
+#[derive(Clone)]
+struct Shared {
+    config: Arc<Config>,
+    health: Arc<dyn HealthStore>,
+    retry_budget: RetryBudget,
+    /// Tenant spend metering, when tenant ceilings are configured.
+    tenant: Option<TenantSpend>,
+    clients: Arc<keys::Clients>,
+    caps: serve::InFlightCaps,
+    shutdown: Shutdown,
+}
+
+impl Shared {
+    /// The stores, budgets and keys of a config, built once per gateway.
+    fn build(config: &Config) -> Result<Self, String> {
+        let b = &config.budget;
+        let retry_config = b.retry_budget_config()?;
+        let cooldown = config.failover.cooldown_policy();
+        // One health registry for the whole gateway: a provider shared by
+        // several routes has one health state (shared by every replica on
+        // Redis when `[state] redis_url` is set).
+        let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
+        // A share per client inside the fleet's budget: one client's
+        // failures spend its own reroutes, not the others'.
+        let share = RetryBudgetConfig {
+            min_per_sec: b
+                .retry_client_min_per_sec
+                .unwrap_or((b.retry_min_per_sec / 2).max(1)),
+            ..retry_config
+        };
+        let retry_budget = stores
+            .retry_budget
+            .with_client_shares(share, 10_000)
+            .map_err(|e| format!("budget: {e}"))?;
+        let clients = client_keys(
+            config,
+            stores.tenant_header.as_ref(),
+            stores.rate_limits.clone(),
+            &stores.spend,
+        )?;
+        Ok(Self {
+            config: Arc::new(config.clone()),
+            health: stores.health,
+            retry_budget,
+            tenant: stores.tenant,
+            clients: Arc::new(clients),
+            caps: serve::InFlightCaps::new(&config.server),
+            shutdown: Shutdown::new(),
+        })
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -924,37 +982,30 @@ impl StackParts<'_> {
 impl Gateway {
     /// Builds every route's stack from a config.
     pub fn from_config(config: &Config) -> Result<Self, String> {
+        Self::assemble(Shared::build(config)?)
+    }
+
+    /// Another shard of this gateway: route stacks and upstream clients
+    /// of its own (so its upstream connections live on the runtime that
+    /// serves it), over this gateway's stores, budgets, keys, in-flight
+    /// cap and shutdown signal. What a route's failover layer measures
+    /// for itself (the hedge delay's latency window) is per shard.
+    pub fn shard(&self) -> Result<Self, String> {
+        let mut shard = Self::assemble(self.shared.clone())?;
+        shard.prometheus = self.prometheus.clone();
+        Ok(shard)
+    }
+
+    /// A gateway's route stacks and upstream clients over `shared`.
+    fn assemble(shared: Shared) -> Result<Self, String> {
+        let config = &*shared.config;
         let clients = provider_clients(&config.providers)?;
         let routes_config = routes_or_default(config)?;
         let b = &config.budget;
         let f = &config.failover;
-        let retry_config = b.retry_budget_config()?;
         let strategy = f.strategy()?;
         let terminal_mode = f.terminal_mode()?;
         let commit = f.commit_window();
-        let cooldown = f.cooldown_policy();
-        // One health registry for the whole gateway: a provider shared by
-        // several routes has one health state (shared by every replica on
-        // Redis when `[state] redis_url` is set).
-        let stores = state::Stores::build(config.state.as_ref(), cooldown, retry_config)?;
-        // A share per client inside the fleet's budget: one client's
-        // failures spend its own reroutes, not the others'.
-        let share = RetryBudgetConfig {
-            min_per_sec: b
-                .retry_client_min_per_sec
-                .unwrap_or((b.retry_min_per_sec / 2).max(1)),
-            ..retry_config
-        };
-        let retry_budget = stores
-            .retry_budget
-            .with_client_shares(share, 10_000)
-            .map_err(|e| format!("budget: {e}"))?;
-        let client_keys = client_keys(
-            config,
-            stores.tenant_header.as_ref(),
-            stores.rate_limits.clone(),
-            &stores.spend,
-        )?;
         let configured_models = configured_models(&routes_config);
         let stream_policy = StreamPolicy {
             terminal_mode,
@@ -968,10 +1019,10 @@ impl Gateway {
             strategy,
             commit,
             stream_policy,
-            health: stores.health,
-            retry_budget,
-            tenant: stores.tenant,
-            shutdown: Shutdown::new(),
+            health: shared.health.clone(),
+            retry_budget: shared.retry_budget.clone(),
+            tenant: shared.tenant.clone(),
+            shutdown: shared.shutdown.clone(),
         };
         let (routes, messages_routes, responses_routes) = parts.build_routes(&routes_config)?;
         Ok(Self {
@@ -979,7 +1030,7 @@ impl Gateway {
             messages: messages_routes,
             responses: responses_routes,
             max_request_bytes: f.max_request_bytes,
-            health: parts.health,
+            health: shared.health.clone(),
             dialects: config
                 .providers
                 .iter()
@@ -988,12 +1039,13 @@ impl Gateway {
                     (p.name.clone(), dialect)
                 })
                 .collect(),
-            retry_budget: parts.retry_budget,
+            retry_budget: shared.retry_budget.clone(),
             prometheus: None,
-            clients: client_keys,
+            clients: Arc::clone(&shared.clients),
             configured_models,
-            shutdown: parts.shutdown,
+            shutdown: shared.shutdown.clone(),
             server: config.server.clone(),
+            shared,
         })
     }
 
@@ -1016,7 +1068,8 @@ impl Gateway {
     pub(crate) fn router(self) -> Router {
         // Only the model routes are capped: health and metrics answer at
         // saturation.
-        let caps = serve::InFlightCaps::new(&self.server);
+        // One count over every shard of the gateway.
+        let caps = self.shared.caps.clone();
         // The key check wraps the in-flight cap: a request without a valid
         // key never takes a slot.
         let identity = self.clients.identity();
@@ -1306,4 +1359,45 @@ fn admin_refused() -> Response {
 pub fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
     let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
     serve::serve(gateway.router(), listener, &config, shutdown)
+}
+
+/// Serves `gateway` on `listener` thread per core: `[server] threads`
+/// shards (0: one per core), each a thread with a single-threaded runtime
+/// serving its connections to their end with upstream clients of its own
+/// ([`Gateway::shard`]); the caller's runtime only accepts, giving each
+/// connection to the shard with the fewest open ones. What shards share
+/// (health, budgets, keys and their limits, the in-flight and connection
+/// caps, the shutdown signal) is shared state, as on one runtime.
+///
+/// Why: on a work-stealing runtime, a request and the upstream connection
+/// it uses often run on different workers, and every hand-over between
+/// them is a cross-thread wake-up (a futex or an eventfd write, and a
+/// context switch). A shard keeps a request and its upstream connection
+/// on one thread.
+pub fn serve_sharded(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+) -> Result<Running, String> {
+    let count = match gateway.server.threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    let mut gateways = (1..count)
+        .map(|_| gateway.shard())
+        .collect::<Result<Vec<_>, _>>()?;
+    let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
+    gateways.push(gateway);
+    let (threads, runtimes) =
+        serve::ShardThreads::start(count).map_err(|e| format!("cannot start a shard: {e}"))?;
+    let places = gateways
+        .into_iter()
+        .zip(runtimes)
+        .map(|(gateway, runtime)| serve::Place {
+            runtime: Some(runtime),
+            router: gateway.router(),
+        })
+        .collect();
+    Ok(serve::serve_on(
+        places, threads, listener, &config, shutdown,
+    ))
 }

@@ -5,7 +5,9 @@
 //!
 //! The binary `tower-llm-gateway` (`cargo run --release -p
 //! tower-llm-gateway -- --config gw.toml`) reads a TOML [`app::Config`],
-//! builds the [`app::Gateway`] and serves it with [`app::serve`]. The
+//! builds the [`app::Gateway`] and serves it thread per core with
+//! [`app::serve_sharded`] ([`app::serve`] serves on the caller's runtime,
+//! as the package's tests do). The
 //! modules are public for the binary, the package's tests and its benches;
 //! the configuration reference is the package's README.
 //!

@@ -53,7 +53,11 @@ fn usage() -> ! {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
+/// The main thread's runtime accepts connections and hands each to a
+/// shard ([`app::serve_sharded`]), runs the signal handlers, the embedded
+/// fakes and the shared stores' background work; requests are served on
+/// the shards' threads.
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let (mut config_path, mut listen) = (None, None);
@@ -137,7 +141,10 @@ async fn main() {
             eprintln!("cannot listen on {}: {e}", config.listen);
             std::process::exit(1)
         });
-    let running = app::serve(gateway, listener);
+    let running = app::serve_sharded(gateway, listener).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
     let addr = running.addr;
     println!("gateway ready on http://{addr}");
     if let [primary, backup, ..] = fakes.as_slice() {

@@ -45,6 +45,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::repoll::Repoll;
@@ -56,6 +57,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
@@ -90,6 +92,10 @@ pub struct ServerConfig {
     /// After the grace period, how long the streams just ended get to
     /// write their terminal event before their connections are closed.
     pub shutdown_drain_ms: u64,
+    /// The shards [`crate::app::serve_sharded`] serves on, each a thread
+    /// with a single-threaded runtime and upstream clients of its own
+    /// (0: one per core the process may use).
+    pub threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -104,12 +110,14 @@ impl Default for ServerConfig {
             shed_retry_after_s: 1,
             write_stall_timeout_ms: 30_000,
             shutdown_drain_ms: 2_000,
+            threads: 0,
         }
     }
 }
 
 /// The in-flight cap of the model routes: one layer per endpoint, each
 /// shedding in its endpoint's dialect, all sharing one count.
+#[derive(Clone)]
 pub(crate) struct InFlightCaps {
     /// For `POST /v1/chat/completions`.
     pub(crate) chat: InFlightLimitLayer<OpenAiChat>,
@@ -180,6 +188,9 @@ pub struct Running {
     streams: Shutdown,
     drain: Duration,
     task: tokio::task::JoinHandle<()>,
+    /// The shards' threads, stopped when this is dropped (none when the
+    /// gateway serves on the caller's runtime).
+    _shards: ShardThreads,
 }
 
 impl Running {
@@ -210,10 +221,80 @@ impl Running {
     }
 }
 
-/// Serves `router` on `listener` under `config`'s limits; `streams` is the
-/// signal the gateway's failover layers end their streams on.
+/// Where a connection is served: on the accepting runtime, or on a shard
+/// (a single-threaded runtime on a thread of its own, with upstream
+/// clients of its own).
+pub(crate) struct Place<S> {
+    /// The shard's runtime; `None`: the accepting one.
+    pub(crate) runtime: Option<Handle>,
+    /// The router of this place's gateway (its upstream clients).
+    pub(crate) router: S,
+}
+
+/// Shard threads: each runs its runtime until this is dropped.
+#[derive(Debug, Default)]
+pub(crate) struct ShardThreads {
+    stops: Vec<oneshot::Sender<()>>,
+}
+
+impl ShardThreads {
+    /// Starts `count` shard threads, each with a single-threaded runtime;
+    /// returns them and their runtimes' handles.
+    pub(crate) fn start(count: usize) -> std::io::Result<(Self, Vec<Handle>)> {
+        let mut threads = Self::default();
+        let mut handles = Vec::with_capacity(count);
+        for index in 0..count {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let (stop, stopped) = oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("gateway-shard-{index}"))
+                .spawn(move || {
+                    // A dropped sender stops it as well as a sent stop.
+                    runtime.block_on(async move {
+                        let _ = stopped.await;
+                    });
+                    // Its connection tasks are gone with the serving task;
+                    // a blocking task left (a DNS lookup) is not waited for.
+                    runtime.shutdown_background();
+                })?;
+            threads.stops.push(stop);
+        }
+        Ok((threads, handles))
+    }
+}
+
+/// Serves `router` on `listener` under `config`'s limits, on the caller's
+/// runtime; `streams` is the signal the gateway's failover layers end their
+/// streams on.
 pub(crate) fn serve(
     router: Router,
+    listener: TcpListener,
+    config: &ServerConfig,
+    streams: Shutdown,
+) -> Running {
+    let here = Place {
+        runtime: None,
+        router,
+    };
+    serve_on(
+        vec![here],
+        ShardThreads::default(),
+        listener,
+        config,
+        streams,
+    )
+}
+
+/// Serves on `places`: the caller's runtime accepts, and each connection
+/// goes to the place with the fewest open connections, where it is served
+/// to its end (its socket registered with that runtime, its upstream
+/// connections that place's).
+pub(crate) fn serve_on(
+    places: Vec<Place<Router>>,
+    shards: ShardThreads,
     listener: TcpListener,
     config: &ServerConfig,
     streams: Shutdown,
@@ -231,9 +312,15 @@ pub(crate) fn serve(
     };
     // The in-flight cap is not here but on the model routes (see
     // `InFlightCaps`): health and metrics must answer at saturation.
-    let service = ServiceBuilder::new()
-        .layer(ReadLimitLayer::new(limits))
-        .service(router);
+    let places: Vec<_> = places
+        .into_iter()
+        .map(|place| {
+            let service = ServiceBuilder::new()
+                .layer(ReadLimitLayer::new(limits))
+                .service(place.router);
+            (place.runtime, service, Arc::new(AtomicUsize::new(0)))
+        })
+        .collect();
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -243,8 +330,15 @@ pub(crate) fn serve(
     let shed = Arc::new(Semaphore::new(MAX_SHED_CONNECTIONS));
     let (stop, mut stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        // Ends with the serving task (it is aborted on drop below).
-        let _floor = AbortOnDrop(tokio::spawn(timer_floor()));
+        // End with the serving task (they are aborted on drop below): the
+        // floor of every runtime that serves connections.
+        let _floors: Vec<AbortOnDrop> = places
+            .iter()
+            .map(|(runtime, _, _)| match runtime {
+                Some(runtime) => AbortOnDrop(runtime.spawn(timer_floor())),
+                None => AbortOnDrop(tokio::spawn(timer_floor())),
+            })
+            .collect();
         let graceful = GracefulShutdown::new();
         // Dropped with this task: a connection left after the drain is
         // closed by the abort.
@@ -263,15 +357,25 @@ pub(crate) fn serve(
                     // ACKs hold each one's tail for ~40 ms.
                     let _ = tcp.set_nodelay(true);
                     if let Ok(permit) = Arc::clone(&connections).try_acquire_owned() {
-                        tasks.spawn(connection(
-                            tcp,
-                            service.clone(),
-                            Arc::clone(&builder),
-                            graceful.watcher(),
+                        // The place with the fewest open connections (the
+                        // first of those tied).
+                        let Some((runtime, service, open)) = places
+                            .iter()
+                            .min_by_key(|(_, _, open)| open.load(Ordering::Relaxed))
+                        else {
+                            continue;
+                        };
+                        let open = OpenConnection::new(Arc::clone(open));
+                        let connection = Connection {
+                            service: service.clone(),
+                            builder: Arc::clone(&builder),
+                            watcher: graceful.watcher(),
                             header_timeout,
                             write_stall,
                             permit,
-                        ));
+                            open,
+                        };
+                        connection.spawn(tcp, runtime.as_ref(), &mut tasks);
                     } else if let Ok(permit) = Arc::clone(&shed).try_acquire_owned() {
                         tracing::warn!("connection limit reached; connection answered 503");
                         tasks.spawn(shed_connection(tcp, header_timeout, retry_after, permit));
@@ -292,6 +396,23 @@ pub(crate) fn serve(
         streams,
         drain: Duration::from_millis(config.shutdown_drain_ms),
         task,
+        _shards: shards,
+    }
+}
+
+/// A place's count of open connections, one while this lives.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl OpenConnection {
+    fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -302,15 +423,19 @@ async fn first_byte(tcp: &TcpStream, timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, tcp.peek(&mut byte)).await, Ok(Ok(n)) if n > 0)
 }
 
-async fn connection<S>(
-    tcp: TcpStream,
+/// An accepted connection, with what serving it takes.
+struct Connection<S> {
     service: S,
     builder: Arc<http1::Builder>,
     watcher: Watcher,
     header_timeout: Duration,
     write_stall: Duration,
     permit: OwnedSemaphorePermit,
-) where
+    open: OpenConnection,
+}
+
+impl<S> Connection<S>
+where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
             Response = http::Response<axum::body::Body>,
@@ -320,28 +445,59 @@ async fn connection<S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    // A connection that never sends its first byte is closed at the header
-    // timeout, whatever hyper's timer does before a first read.
-    if !first_byte(&tcp, header_timeout).await {
-        return;
+    /// Serves the connection to its end on `runtime` (`None`: this one).
+    fn spawn(self, tcp: TcpStream, runtime: Option<&Handle>, tasks: &mut JoinSet<()>) {
+        let Some(runtime) = runtime else {
+            tasks.spawn(self.serve(tcp));
+            return;
+        };
+        // Registered again with the shard's own driver, so that its
+        // readiness wakes the shard's thread and no other.
+        let Ok(tcp) = tcp.into_std() else { return };
+        tasks.spawn_on(
+            async move {
+                if let Ok(tcp) = TcpStream::from_std(tcp) {
+                    self.serve(tcp).await;
+                }
+            },
+            runtime,
+        );
     }
-    // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper closes.
-    // Wrapped after the peek above, which needs the bare socket.
-    let io = TokioIo::new(WriteStallLimit::new(tcp, write_stall));
-    let conn = builder.serve_connection(io, TowerToHyperService::new(service));
-    // Reading a request body wakes this very task: poll it again here
-    // rather than yield it to another worker (see `repoll`).
-    if let Err(error) = Repoll::new(watcher.watch(conn)).await {
-        if WriteStalled::find_in(&error).is_some() {
-            tracing::info!(
-                write_stall_timeout_ms = write_stall.as_millis() as u64,
-                "client took no bytes for the write stall timeout; connection closed"
-            );
-        } else {
-            tracing::debug!(%error, "client connection ended with an error");
+
+    /// Serves the connection to its end.
+    async fn serve(self, tcp: TcpStream) {
+        let Self {
+            service,
+            builder,
+            watcher,
+            header_timeout,
+            write_stall,
+            permit,
+            open,
+        } = self;
+        // A connection that never sends its first byte is closed at the
+        // header timeout, whatever hyper's timer does before a first read.
+        if !first_byte(&tcp, header_timeout).await {
+            return;
         }
+        // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper
+        // closes. Wrapped after the peek above, which needs the bare socket.
+        let io = TokioIo::new(WriteStallLimit::new(tcp, write_stall));
+        let conn = builder.serve_connection(io, TowerToHyperService::new(service));
+        // Reading a request body wakes this very task: poll it again here
+        // rather than yield it to another worker (see `repoll`).
+        if let Err(error) = Repoll::new(watcher.watch(conn)).await {
+            if WriteStalled::find_in(&error).is_some() {
+                tracing::info!(
+                    write_stall_timeout_ms = write_stall.as_millis() as u64,
+                    "client took no bytes for the write stall timeout; connection closed"
+                );
+            } else {
+                tracing::debug!(%error, "client connection ended with an error");
+            }
+        }
+        drop((permit, open));
     }
-    drop(permit);
 }
 
 /// Answers one request on a connection over the cap with 503 and closes it.
