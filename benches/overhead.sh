@@ -14,8 +14,9 @@
 #     (RUST_LOG unset: the default filter, two log lines per request, to a
 #     file truncated after every run);
 #   - wrk as the load generator (installed with apt-get when missing).
-# Four workloads (small completion and 100-token stream, at 1 and 32
-# connections), the pass-through and both gateways interleaved in every
+# Six workloads (small completion, 100-token stream sent at once, and the
+# same stream paced 1 ms per event, at 1 and 32 connections; four with
+# --fake-upstream), the pass-through and both gateways interleaved in every
 # round; prints medians, throughput ratios and p50 gaps against the
 # pass-through, the CPU time (user + system) each proxy and the upstream
 # spent per request, the upstream's and the host's CPU share during the
@@ -233,6 +234,9 @@ PATH_CC=/v1/chat/completions
 # per-request settings from the model name.
 SMALL_BODY='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
 STREAM_BODY='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+# The prepared upstream paces a stream whose body holds "paced": each event
+# alone, 1 ms apart (as providers send tokens, only faster).
+PACED_BODY='{"model":"bench-paced","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
 ((FAKE_UPSTREAM)) &&
     STREAM_BODY='{"model":"bench#fault:tokens=100","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
 
@@ -254,15 +258,23 @@ EOF
 }
 write_lua "$WORK/small.lua" "$SMALL_BODY"
 write_lua "$WORK/stream.lua" "$STREAM_BODY"
+write_lua "$WORK/paced.lua" "$PACED_BODY"
 
 WORKLOADS=(small1 small32 stream1 stream32)
-declare -A W_LUA=([small1]=small [small32]=small [stream1]=stream [stream32]=stream)
-declare -A W_CONNS=([small1]=1 [small32]=$HIGH_CONNS [stream1]=1 [stream32]=$HIGH_CONNS)
+# The paced stream only with the prepared upstream (the scripted fake's
+# figures are those before issue 29).
+((FAKE_UPSTREAM)) || WORKLOADS+=(paced1 paced32)
+declare -A W_LUA=([small1]=small [small32]=small [stream1]=stream [stream32]=stream
+    [paced1]=paced [paced32]=paced)
+declare -A W_CONNS=([small1]=1 [small32]=$HIGH_CONNS [stream1]=1 [stream32]=$HIGH_CONNS
+    [paced1]=1 [paced32]=$HIGH_CONNS)
 declare -A W_NAME=(
     [small1]="small completion"
     [small32]="small completion"
     [stream1]="100-token stream"
     [stream32]="100-token stream"
+    [paced1]="paced stream"
+    [paced32]="paced stream"
 )
 
 # --- sanity: the proxies answer what the upstream sends -----------------------------
@@ -277,6 +289,12 @@ for t in "${TARGETS[@]}"; do
     tokens=$(grep -o 'up-tok[0-9]*' "$WORK/check.sse" | wc -l)
     grep -q '^data: \[DONE\]' "$WORK/check.sse" && ((tokens == 100)) ||
         die "${LABEL[$t]}: stream had $tokens tokens: $(head -c 300 "$WORK/check.sse")"
+    ((FAKE_UPSTREAM)) && continue
+    curl -sS -N --max-time 10 -H 'content-type: application/json' -d "$PACED_BODY" \
+        "http://${ADDR[$t]}$PATH_CC" >"$WORK/check.sse"
+    tokens=$(grep -o 'up-tok[0-9]*' "$WORK/check.sse" | wc -l)
+    grep -q '^data: \[DONE\]' "$WORK/check.sse" && ((tokens == 100)) ||
+        die "${LABEL[$t]}: paced stream had $tokens tokens: $(head -c 300 "$WORK/check.sse")"
 done
 
 # --- client-side writes per stream ---------------------------------------------------
@@ -527,23 +545,28 @@ done
 awk -v ncpu="$NCPU" '$11 > m { m = $11 } END {
     printf "Upstream CPU share, highest of any run: %.1f%% of the host (%.0f%% of one core).\n", m, m * ncpu }' "$RESULTS"
 
+# The targets name a small completion and a 100-token stream; the paced
+# stream is checked against the stream's.
+AT_HIGH=(small32 stream32)
+AT_ONE=(small1 stream1)
+((FAKE_UPSTREAM)) || { AT_HIGH+=(paced32); AT_ONE+=(paced1); }
 echo
 echo "Issue 29 targets (gateway against the pass-through, same run, medians):"
 for g in "${GATEWAYS[@]}"; do
     echo "  ${GW_TITLE[$g]}:"
-    for w in small32 stream32; do
+    for w in "${AT_HIGH[@]}"; do
         awk -v name="${W_NAME[$w]}" -v pc="$(med "$w" pass 9)" -v gc="$(med "$w" "$g" 9)" 'BEGIN {
             r = (pc > 0 ? gc / pc : 0)
             printf "    CPU per request, %-16s at 32 conns: %5.2fx (at most 1.25x): %s\n",
                 name, r, (r <= 1.25 ? "met" : "missed") }'
     done
-    for w in small1 stream1; do
+    for w in "${AT_ONE[@]}"; do
         awk -v name="${W_NAME[$w]}" -v pp="$(med "$w" pass 4)" -v gp="$(med "$w" "$g" 4)" 'BEGIN {
             d = gp - pp
             printf "    added p50,       %-16s at 1 conn:  %+5.0f µs (at most +25 µs): %s\n",
                 name, d, (d <= 25 ? "met" : "missed") }'
     done
-    for w in small32 stream32; do
+    for w in "${AT_HIGH[@]}"; do
         awk -v name="${W_NAME[$w]}" -v pr="$(med "$w" pass 6)" -v gr="$(med "$w" "$g" 6)" 'BEGIN {
             r = (pr > 0 ? gr / pr : 0)
             printf "    throughput,      %-16s at 32 conns: %5.2fx (at least 0.85x): %s\n",
