@@ -71,7 +71,8 @@ async fn child_process() {
             let config = app::Config::from_toml(&std::env::var(GATEWAY_CONFIG).unwrap()).unwrap();
             let gateway = app::Gateway::from_config(&config).unwrap();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let running = app::serve(gateway, listener);
+            // Served as the binary serves: thread per core.
+            let running = app::serve_sharded(gateway, listener).unwrap();
             println!("ready {}", running.addr);
             until_parent_done().await;
         }
