@@ -11,7 +11,7 @@
 #     the baseline;
 #   - the gateway (target/release/tower-llm-gateway, package tower-llm-gateway)
 #     with one provider, no routes, twice: with RUST_LOG=warn, and as shipped
-#     (RUST_LOG unset: the default filter, two log lines per request, to a
+#     (RUST_LOG unset: the default filter, one log line per turn, to a
 #     file truncated after every run);
 #   - wrk as the load generator (installed with apt-get when missing).
 # Six workloads (small completion, 100-token stream sent at once, and the
