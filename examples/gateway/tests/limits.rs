@@ -278,7 +278,12 @@ dialect = "anthropic"
     let config = app::Config::from_toml(&config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    app::serve(gateway, listener)
+    // `threads = N` in `server`: served thread per core, as the binary is.
+    if server.contains("threads") {
+        app::serve_sharded(gateway, listener).unwrap()
+    } else {
+        app::serve(gateway, listener)
+    }
 }
 
 /// Reads until the server closes the connection (bounded); what it sent.
@@ -310,8 +315,17 @@ fn chat_request(body: &str) -> String {
 
 #[tokio::test]
 async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
+    sends_nothing("header_read_timeout_ms = 200").await;
+}
+
+#[tokio::test]
+async fn a_connection_to_a_shard_that_sends_nothing_is_closed_at_the_header_timeout() {
+    sends_nothing("header_read_timeout_ms = 200\nthreads = 2").await;
+}
+
+async fn sends_nothing(server: &str) {
     let upstream = FakeUpstream::start("primary").await;
-    let gw = gateway("header_read_timeout_ms = 200", &upstream).await;
+    let gw = gateway(server, &upstream).await;
     let started = std::time::Instant::now();
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
     let got = read_to_close(&mut tcp).await;
@@ -584,8 +598,17 @@ async fn an_h2c_prior_knowledge_connection_is_refused() {
 
 #[tokio::test]
 async fn the_connection_over_the_cap_is_answered_503_and_closed() {
+    over_the_connection_cap("max_connections = 1").await;
+}
+
+#[tokio::test]
+async fn the_connection_over_the_cap_of_every_shard_is_answered_503_and_closed() {
+    over_the_connection_cap("max_connections = 1\nthreads = 2").await;
+}
+
+async fn over_the_connection_cap(server: &str) {
     let upstream = FakeUpstream::start("primary").await;
-    let gw = gateway("max_connections = 1", &upstream).await;
+    let gw = gateway(server, &upstream).await;
     // The first connection is held open (keep-alive after one answer).
     let mut first = TcpStream::connect(gw.addr).await.unwrap();
     first

@@ -93,7 +93,8 @@ async fn child_gateway() {
     let config = app::Config::from_toml(&text).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
+    // Served as the binary serves: thread per core.
+    let running = app::serve_sharded(gateway, listener).unwrap();
     println!("ready {}", running.addr);
     app::shutdown_signal().await;
     println!("shutting down");
@@ -207,6 +208,17 @@ async fn sigterm_lets_a_running_stream_finish_and_refuses_new_connections() {
 
 #[tokio::test]
 async fn a_stream_still_running_when_the_grace_period_ends_gets_the_terminal_chunk() {
+    stream_outlives_the_grace_period(false).await;
+}
+
+#[tokio::test]
+async fn a_stream_on_a_shard_still_running_when_the_grace_period_ends_gets_the_terminal_chunk() {
+    stream_outlives_the_grace_period(true).await;
+}
+
+/// A stream far longer than the grace period, on the caller's runtime or
+/// on a shard (`app::serve_sharded`), ends with the terminal chunk.
+async fn stream_outlives_the_grace_period(sharded: bool) {
     // 200 tokens, 50 ms apart: far longer than the grace period.
     let upstream = FakeUpstream::builder("primary")
         .tokens(200)
@@ -217,7 +229,11 @@ async fn a_stream_still_running_when_the_grace_period_ends_gets_the_terminal_chu
     let config = app::Config::from_toml(&config(&upstream, 300)).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = app::serve(gateway, listener);
+    let running = if sharded {
+        app::serve_sharded(gateway, listener).unwrap()
+    } else {
+        app::serve(gateway, listener)
+    };
     let addr = running.addr.to_string();
     let mut stream = open_stream(&addr).await;
     let mut seen = Vec::new();

@@ -181,7 +181,9 @@ async fn a_tcp_peer_that_never_reads_fails_the_write_within_the_bound() {
 
 const STALL_MS: u64 = 300;
 
-async fn gateway(upstream: &FakeUpstream) -> app::Running {
+/// The gateway on the caller's runtime, or thread per core (`sharded`, two
+/// shards: the two stalled streams are on different shards).
+async fn gateway(upstream: &FakeUpstream, sharded: bool) -> app::Running {
     let config = format!(
         r#"
 listen = "127.0.0.1:0"
@@ -199,6 +201,7 @@ shutdown_grace_ms = 1000
 [server]
 max_in_flight = 2
 write_stall_timeout_ms = {STALL_MS}
+threads = 2
 
 [[providers]]
 name = "primary"
@@ -209,7 +212,11 @@ base_url = "{base}"
     let config = app::Config::from_toml(&config).unwrap();
     let gateway = app::Gateway::from_config(&config).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    app::serve(gateway, listener)
+    if sharded {
+        app::serve_sharded(gateway, listener).unwrap()
+    } else {
+        app::serve(gateway, listener)
+    }
 }
 
 fn chat_request(model: &str, close: bool) -> String {
@@ -265,8 +272,17 @@ async fn one_answer(addr: std::net::SocketAddr, request: &str) -> String {
 
 #[tokio::test]
 async fn clients_that_never_read_lose_their_streams_and_free_their_slots() {
+    never_reading_clients(false).await;
+}
+
+#[tokio::test]
+async fn clients_on_shards_that_never_read_lose_their_streams_and_free_their_slots() {
+    never_reading_clients(true).await;
+}
+
+async fn never_reading_clients(sharded: bool) {
     let upstream = FakeUpstream::start("primary").await;
-    let gw = gateway(&upstream).await;
+    let gw = gateway(&upstream, sharded).await;
     let opened = std::time::Instant::now();
     let mut first = non_reading_stream(gw.addr).await;
     let mut second = non_reading_stream(gw.addr).await;
