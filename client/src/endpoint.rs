@@ -80,6 +80,23 @@ impl Endpoint {
         let query = request
             .and_then(PathAndQuery::query)
             .filter(|q| !q.is_empty());
+        // The usual case (`/v1/...` onto a base path of `/v1`, no queries):
+        // the joined path is the request's own, shared rather than built
+        // and parsed again.
+        if let Some(request) = request
+            && request.query().is_none()
+            && self.base_query.is_none()
+            && self.strip_prefix.as_deref() == Some(&*self.base_path)
+            && rest.len() < path.len()
+        {
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(self.scheme.clone());
+            parts.authority = Some(self.authority.clone());
+            parts.path_and_query = Some(request.clone());
+            if let Ok(uri) = Uri::from_parts(parts) {
+                return Ok(uri);
+            }
+        }
         let mut out = String::with_capacity(
             self.base_path.len()
                 + rest.len()

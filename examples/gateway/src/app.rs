@@ -687,19 +687,18 @@ impl std::fmt::Debug for Gateway {
 
 /// `*` matches any run of characters; everything else literally.
 pub fn pattern_matches(pattern: &str, model: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
+    // Every request is matched against the routes in turn: no allocation.
+    let Some((first, after_first)) = pattern.split_once('*') else {
         return pattern == model;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    let Some(rest) = model
+    };
+    let (middles, last) = after_first.rsplit_once('*').unwrap_or(("", after_first));
+    let Some(mut rest) = model
         .strip_prefix(first)
         .and_then(|rest| rest.strip_suffix(last))
     else {
         return false;
     };
-    let mut rest = rest;
-    for middle in &parts[1..parts.len() - 1] {
+    for middle in middles.split('*') {
         match rest.find(middle) {
             Some(at) => rest = &rest[at + middle.len()..],
             None => return false,

@@ -422,6 +422,26 @@ fn route_patterns_match_models_without_splitting_characters() {
     assert!(pattern_matches("€*€", "€x€"));
 }
 
+/// A glob of `*` only, by backtracking: what a route pattern means.
+fn glob(pattern: &[u8], model: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => model.is_empty(),
+        Some((b'*', rest)) => (0..=model.len()).any(|at| glob(rest, &model[at..])),
+        Some((byte, rest)) => model.first() == Some(byte) && glob(rest, &model[1..]),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn route_patterns_match_as_globs(pattern in "[ab*€]{0,7}", model in "[ab€]{0,7}") {
+        proptest::prop_assert_eq!(
+            app::pattern_matches(&pattern, &model),
+            glob(pattern.as_bytes(), model.as_bytes()),
+            "pattern {:?}, model {:?}", pattern, model
+        );
+    }
+}
+
 async fn get_json(setup: &Setup, path: &str) -> serde_json::Value {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let response = client
