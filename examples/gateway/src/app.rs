@@ -593,22 +593,16 @@ pub struct Gateway {
     /// The Responses routes (`POST /v1/responses`).
     pub(crate) responses: Vec<messages::DialectRoute<OpenAiResponses>>,
     pub(crate) max_request_bytes: usize,
-    health: Arc<dyn HealthStore>,
     /// The dialect each provider speaks, by provider name (for the health
     /// report).
     dialects: HashMap<String, &'static str>,
-    retry_budget: RetryBudget,
     /// What `GET /metrics` renders (404 without it).
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// Client keys, their limits and the admin key.
-    pub(crate) clients: Arc<keys::Clients>,
     /// Model names the operator configured: the only ones metric labels
     /// carry (anything else is `other`).
     configured_models: std::collections::HashSet<String>,
-    /// Ends running streams cleanly when the shutdown grace period is over.
-    shutdown: Shutdown,
-    server: ServerConfig,
-    /// What a [`Gateway::shard`] of this gateway shares with it.
+    /// The config, stores, keys, caps and shutdown signal, shared with
+    /// every [`Gateway::shard`] of this gateway.
     shared: Shared,
 }
 
@@ -619,12 +613,15 @@ pub struct Gateway {
 #[derive(Clone)]
 struct Shared {
     config: Arc<Config>,
+    /// One health registry for the whole gateway.
     health: Arc<dyn HealthStore>,
     retry_budget: RetryBudget,
     /// Tenant spend metering, when tenant ceilings are configured.
     tenant: Option<TenantSpend>,
+    /// Client keys, their limits and the admin key.
     clients: Arc<keys::Clients>,
     caps: serve::InFlightCaps,
+    /// Ends running streams cleanly when the shutdown grace period is over.
     shutdown: Shutdown,
 }
 
@@ -680,7 +677,7 @@ impl std::fmt::Debug for Gateway {
             .field("responses", &responses)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("metrics", &self.prometheus.is_some())
-            .field("server", &self.server)
+            .field("server", &self.shared.config.server)
             .finish_non_exhaustive()
     }
 }
@@ -1029,7 +1026,6 @@ impl Gateway {
             messages: messages_routes,
             responses: responses_routes,
             max_request_bytes: f.max_request_bytes,
-            health: shared.health.clone(),
             dialects: config
                 .providers
                 .iter()
@@ -1038,14 +1034,15 @@ impl Gateway {
                     (p.name.clone(), dialect)
                 })
                 .collect(),
-            retry_budget: shared.retry_budget.clone(),
             prometheus: None,
-            clients: Arc::clone(&shared.clients),
             configured_models,
-            shutdown: shared.shutdown.clone(),
-            server: config.server.clone(),
             shared,
         })
+    }
+
+    /// Client keys, their limits and the admin key.
+    pub(crate) fn clients(&self) -> &keys::Clients {
+        &self.shared.clients
     }
 
     /// Serves `GET /metrics` from this Prometheus recorder's handle.
@@ -1071,7 +1068,7 @@ impl Gateway {
         let caps = self.shared.caps.clone();
         // The key check wraps the in-flight cap: a request without a valid
         // key never takes a slot.
-        let identity = self.clients.identity();
+        let identity = self.clients().identity();
         Router::new()
             .route(
                 "/v1/chat/completions",
@@ -1224,7 +1221,7 @@ async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request)
     };
     let client = ClientId::of(&parts.extensions);
     let slot = match gateway
-        .clients
+        .clients()
         .admit(&client, &requirements, &mut parts.extensions, error_answer)
         .await
     {
@@ -1268,7 +1265,7 @@ async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Respon
         .flat_map(|r| &r.listed)
         .chain(gateway.responses.iter().flat_map(|r| &r.listed));
     for name in chat.chain(others) {
-        if !names.contains(&name.as_str()) && gateway.clients.may_list(&client, name) {
+        if !names.contains(&name.as_str()) && gateway.clients().may_list(&client, name) {
             names.push(name);
         }
     }
@@ -1282,10 +1279,11 @@ async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Respon
 /// `GET /v1/health/targets`: every health key the gateway knows, with its
 /// state, failure streak and last failure class.
 async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if !gateway.clients.is_admin(&headers) {
+    if !gateway.clients().is_admin(&headers) {
         return admin_refused();
     }
     let keys: Vec<_> = gateway
+        .shared
         .health
         .snapshot()
         .into_iter()
@@ -1317,7 +1315,7 @@ async fn health_targets(State(gateway): State<Arc<Gateway>>, headers: HeaderMap)
 /// `GET /metrics`: Prometheus text, health and retry-budget figures read
 /// at the scrape.
 async fn metrics_text(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if !gateway.clients.is_admin(&headers) {
+    if !gateway.clients().is_admin(&headers) {
         return admin_refused();
     }
     let Some(handle) = &gateway.prometheus else {
@@ -1325,10 +1323,10 @@ async fn metrics_text(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -
     };
     // Only model names the operator configured become label values: a
     // client's invented names would be series Prometheus never forgets.
-    tower_llm_failover::health::record_health_labelled(&*gateway.health, &|model| {
+    tower_llm_failover::health::record_health_labelled(&*gateway.shared.health, &|model| {
         gateway.configured_models.contains(model)
     });
-    gateway.retry_budget.record_metrics();
+    gateway.shared.retry_budget.record_metrics();
     (
         [(
             header::CONTENT_TYPE,
@@ -1356,7 +1354,10 @@ fn admin_refused() -> Response {
 /// Serves `gateway` on `listener` with the `[server]` limits (see
 /// `serve.rs`).
 pub fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
-    let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
+    let (config, shutdown) = (
+        gateway.shared.config.server.clone(),
+        gateway.shared.shutdown.clone(),
+    );
     serve::serve(gateway.router(), listener, &config, shutdown)
 }
 
@@ -1377,14 +1378,17 @@ pub fn serve_sharded(
     gateway: Gateway,
     listener: tokio::net::TcpListener,
 ) -> Result<Running, String> {
-    let count = match gateway.server.threads {
+    let count = match gateway.shared.config.server.threads {
         0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         n => n,
     };
     let mut gateways = (1..count)
         .map(|_| gateway.shard())
         .collect::<Result<Vec<_>, _>>()?;
-    let (config, shutdown) = (gateway.server.clone(), gateway.shutdown.clone());
+    let (config, shutdown) = (
+        gateway.shared.config.server.clone(),
+        gateway.shared.shutdown.clone(),
+    );
     gateways.push(gateway);
     let (threads, runtimes) =
         serve::ShardThreads::start(count).map_err(|e| format!("cannot start a shard: {e}"))?;

@@ -188,7 +188,7 @@ async fn serve_turn<D: Dialect>(
     };
     let client = tower_llm_failover::identity::ClientId::of(&parts.extensions);
     let slot = match gateway
-        .clients
+        .clients()
         .admit(&client, &requirements, &mut parts.extensions, error_answer)
         .await
     {
