@@ -16,7 +16,7 @@
 #   - wrk as the load generator (installed with apt-get when missing).
 # Six workloads (small completion, 100-token stream sent at once, and the
 # same stream paced 1 ms per event, at 1 and 32 connections; four with
-# --fake-upstream), the pass-through and both gateways interleaved in every
+# --fake-upstream or --quick), the pass-through and both gateways interleaved in every
 # round; prints medians, throughput ratios and p50 gaps against the
 # pass-through, the CPU time (user + system) each proxy and the upstream
 # spent per request, the upstream's and the host's CPU share during the
@@ -44,6 +44,7 @@ KEEP=0
 FAKE_UPSTREAM=0
 DEFAULT_LOG=1
 COMPARE=()
+QUICK=0
 
 usage() {
     cat <<'EOF'
@@ -54,7 +55,8 @@ usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick
   --rounds N        interleaved rounds; medians are reported (default 3)
   --duration SECS   length of each wrk run (default 10)
   --streams N       streams used to count writes per stream (default 200)
-  --quick           smoke run: 1 round, 2 s runs, 50 streams (under a minute)
+  --quick           smoke run: 1 round, 2 s runs, 50 streams, no paced
+                    stream (under a minute)
   --fake-upstream   the scripted fake upstream (fake_upstream.rs) instead of
                     the prepared one: the upstream of the figures before
                     issue 29, itself the bottleneck at 32 connections
@@ -73,7 +75,7 @@ while (($#)); do
     --rounds) ROUNDS=${2:?--rounds needs a value}; shift 2 ;;
     --duration) DURATION=${2:?--duration needs a value}; shift 2 ;;
     --streams) STREAMS=${2:?--streams needs a value}; shift 2 ;;
-    --quick) ROUNDS=1; DURATION=2; STREAMS=50; shift ;;
+    --quick) ROUNDS=1; DURATION=2; STREAMS=50; QUICK=1; shift ;;
     --fake-upstream) FAKE_UPSTREAM=1; shift ;;
     --no-default-log) DEFAULT_LOG=0; shift ;;
     --keep) KEEP=1; shift ;;
@@ -262,8 +264,9 @@ write_lua "$WORK/paced.lua" "$PACED_BODY"
 
 WORKLOADS=(small1 small32 stream1 stream32)
 # The paced stream only with the prepared upstream (the scripted fake's
-# figures are those before issue 29).
-((FAKE_UPSTREAM)) || WORKLOADS+=(paced1 paced32)
+# figures are those before issue 29), and not in a --quick run, which stays
+# under a minute.
+((FAKE_UPSTREAM || QUICK)) || WORKLOADS+=(paced1 paced32)
 declare -A W_LUA=([small1]=small [small32]=small [stream1]=stream [stream32]=stream
     [paced1]=paced [paced32]=paced)
 declare -A W_CONNS=([small1]=1 [small32]=$HIGH_CONNS [stream1]=1 [stream32]=$HIGH_CONNS
@@ -289,7 +292,7 @@ for t in "${TARGETS[@]}"; do
     tokens=$(grep -o 'up-tok[0-9]*' "$WORK/check.sse" | wc -l)
     grep -q '^data: \[DONE\]' "$WORK/check.sse" && ((tokens == 100)) ||
         die "${LABEL[$t]}: stream had $tokens tokens: $(head -c 300 "$WORK/check.sse")"
-    ((FAKE_UPSTREAM)) && continue
+    ((FAKE_UPSTREAM || QUICK)) && continue
     curl -sS -N --max-time 10 -H 'content-type: application/json' -d "$PACED_BODY" \
         "http://${ADDR[$t]}$PATH_CC" >"$WORK/check.sse"
     tokens=$(grep -o 'up-tok[0-9]*' "$WORK/check.sse" | wc -l)
@@ -549,7 +552,7 @@ awk -v ncpu="$NCPU" '$11 > m { m = $11 } END {
 # stream is checked against the stream's.
 AT_HIGH=(small32 stream32)
 AT_ONE=(small1 stream1)
-((FAKE_UPSTREAM)) || { AT_HIGH+=(paced32); AT_ONE+=(paced1); }
+((FAKE_UPSTREAM || QUICK)) || { AT_HIGH+=(paced32); AT_ONE+=(paced1); }
 echo
 echo "Issue 29 targets (gateway against the pass-through, same run, medians):"
 for g in "${GATEWAYS[@]}"; do
