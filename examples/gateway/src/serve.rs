@@ -224,11 +224,11 @@ impl Running {
 /// Where a connection is served: on the accepting runtime, or on a shard
 /// (a single-threaded runtime on a thread of its own, with upstream
 /// clients of its own).
-pub(crate) struct Place<S> {
+pub(crate) struct Place {
     /// The shard's runtime; `None`: the accepting one.
     pub(crate) runtime: Option<Handle>,
     /// The router of this place's gateway (its upstream clients).
-    pub(crate) router: S,
+    pub(crate) router: Router,
 }
 
 /// Shard threads: each runs its runtime until this is dropped.
@@ -293,7 +293,7 @@ pub(crate) fn serve(
 /// to its end (its socket registered with that runtime, its upstream
 /// connections that place's).
 pub(crate) fn serve_on(
-    places: Vec<Place<Router>>,
+    places: Vec<Place>,
     shards: ShardThreads,
     listener: TcpListener,
     config: &ServerConfig,
