@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post_service};
 
 use http_body_util::Full;
 use serde::Deserialize;
@@ -39,7 +39,7 @@ use tower_llm_failover::{
 
 use crate::serve::ServerConfig;
 pub use crate::serve::{Running, shutdown_signal};
-use crate::{keys, messages, serve, state, telemetry};
+use crate::{front, keys, messages, serve, state, telemetry};
 
 /// The TOML file `--config` reads.
 #[derive(Debug, Clone, Deserialize)]
@@ -1060,8 +1060,10 @@ impl Gateway {
             .find(|r| pattern_matches(&r.pattern, model))
     }
 
-    /// The axum router: chat completions, models, health.
-    pub(crate) fn router(self) -> Router {
+    /// The front service: the model routes' stacks called directly, and
+    /// the axum router (the same stacks, models, health, metrics) for the
+    /// rest.
+    pub(crate) fn front(self) -> front::Front {
         // Only the model routes are capped: health and metrics answer at
         // saturation.
         // One count over every shard of the gateway.
@@ -1069,25 +1071,31 @@ impl Gateway {
         // The key check wraps the in-flight cap: a request without a valid
         // key never takes a slot.
         let identity = self.clients().identity();
-        Router::new()
-            .route(
-                "/v1/chat/completions",
-                post(chat_completions)
-                    .layer::<_, std::convert::Infallible>(caps.chat)
-                    .layer(identity.clone().dialect(OpenAiChat)),
-            )
-            .route(
-                "/v1/messages",
-                post(messages::handler)
-                    .layer::<_, std::convert::Infallible>(caps.messages)
-                    .layer(identity.clone().dialect(AnthropicMessages)),
-            )
-            .route(
-                "/v1/responses",
-                post(messages::responses_handler)
-                    .layer::<_, std::convert::Infallible>(caps.responses)
-                    .layer(identity.clone().dialect(OpenAiResponses)),
-            )
+        let gateway = Arc::new(self);
+        let routes = front::ModelRoutes {
+            chat: front::model_stack(
+                identity.clone().dialect(OpenAiChat),
+                caps.chat,
+                &gateway,
+                front::chat,
+            ),
+            messages: front::model_stack(
+                identity.clone().dialect(AnthropicMessages),
+                caps.messages,
+                &gateway,
+                front::messages,
+            ),
+            responses: front::model_stack(
+                identity.clone().dialect(OpenAiResponses),
+                caps.responses,
+                &gateway,
+                front::responses,
+            ),
+        };
+        let router = Router::new()
+            .route("/v1/chat/completions", post_service(routes.chat.clone()))
+            .route("/v1/messages", post_service(routes.messages.clone()))
+            .route("/v1/responses", post_service(routes.responses.clone()))
             .route(
                 "/v1/models",
                 get(models).layer(identity.dialect(OpenAiChat)),
@@ -1098,7 +1106,8 @@ impl Gateway {
                 "/healthz",
                 get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
             )
-            .with_state(Arc::new(self))
+            .with_state(gateway);
+        front::Front::new(routes, router)
     }
 }
 
@@ -1209,7 +1218,10 @@ pub(crate) async fn read_turn<D: Dialect>(
     })
 }
 
-async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+pub(crate) async fn chat_completions(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+) -> Response {
     let (mut parts, body) = request.into_parts();
     let ReadTurn {
         bytes,
@@ -1358,7 +1370,7 @@ pub fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Running {
         gateway.shared.config.server.clone(),
         gateway.shared.shutdown.clone(),
     );
-    serve::serve(gateway.router(), listener, &config, shutdown)
+    serve::serve(gateway.front(), listener, &config, shutdown)
 }
 
 /// Serves `gateway` on `listener` thread per core: `[server] threads`
@@ -1397,7 +1409,7 @@ pub fn serve_sharded(
         .zip(runtimes)
         .map(|(gateway, runtime)| serve::Place {
             runtime: Some(runtime),
-            router: gateway.router(),
+            front: gateway.front(),
         })
         .collect();
     Ok(serve::serve_on(

@@ -35,6 +35,7 @@
 //! ```
 
 pub mod app;
+mod front;
 pub mod keys;
 pub mod log_line;
 pub mod log_writer;

@@ -48,8 +48,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::front::Front;
 use crate::repoll::Repoll;
-use axum::Router;
 use http::header::{CONNECTION, HeaderValue};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -227,8 +227,8 @@ impl Running {
 pub(crate) struct Place {
     /// The shard's runtime; `None`: the accepting one.
     pub(crate) runtime: Option<Handle>,
-    /// The router of this place's gateway (its upstream clients).
-    pub(crate) router: Router,
+    /// The front service of this place's gateway (its upstream clients).
+    pub(crate) front: Front,
 }
 
 /// Shard threads: each runs its runtime until this is dropped.
@@ -266,18 +266,18 @@ impl ShardThreads {
     }
 }
 
-/// Serves `router` on `listener` under `config`'s limits, on the caller's
+/// Serves `front` on `listener` under `config`'s limits, on the caller's
 /// runtime; `streams` is the signal the gateway's failover layers end their
 /// streams on.
 pub(crate) fn serve(
-    router: Router,
+    front: Front,
     listener: TcpListener,
     config: &ServerConfig,
     streams: Shutdown,
 ) -> Running {
     let here = Place {
         runtime: None,
-        router,
+        front,
     };
     serve_on(
         vec![here],
@@ -317,7 +317,7 @@ pub(crate) fn serve_on(
         .map(|place| {
             let service = ServiceBuilder::new()
                 .layer(ReadLimitLayer::new(limits))
-                .service(place.router);
+                .service(place.front);
             (place.runtime, service, Arc::new(AtomicUsize::new(0)))
         })
         .collect();

@@ -304,6 +304,53 @@ async fn bad_requests_never_reach_an_upstream() {
     assert_eq!(s.primary.attempts() + s.backup.attempts(), 0);
 }
 
+/// The model paths are served past axum's router for `POST` only: any
+/// other method there is still `405` with `allow: POST`, a near path is
+/// still `404`, and neither reaches an upstream.
+#[tokio::test]
+async fn only_a_post_on_a_model_path_reaches_a_model_route() {
+    let s = setup("", "", "").await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let send = |method: &str, path: &str| {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", s.gateway.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat("primary", false))))
+            .unwrap();
+        let response = client.request(request);
+        async move {
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .expect("the gateway answers in time")
+                .unwrap();
+            let allow = response.headers().get("allow").cloned();
+            (response.status(), allow)
+        }
+    };
+    for path in ["/v1/chat/completions", "/v1/messages", "/v1/responses"] {
+        for method in ["GET", "PUT", "DELETE"] {
+            let (status, allow) = send(method, path).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert_eq!(allow.unwrap(), "POST", "{method} {path}");
+        }
+        let (status, _) = send("POST", &format!("{path}/")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "POST {path}/");
+        let (status, _) = send("POST", &path.to_uppercase()).await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "POST {}",
+            path.to_uppercase()
+        );
+    }
+    assert_eq!(s.primary.attempts() + s.backup.attempts(), 0);
+    // And a POST there is a turn.
+    let reply = post(&s, &chat("primary", false)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(s.primary.attempts(), 1);
+}
+
 #[tokio::test]
 async fn the_client_credential_and_model_are_replaced_per_target() {
     let routes = r#"
