@@ -198,6 +198,7 @@ impl UpstreamClientBuilder {
         Ok(UpstreamClient::from_parts(
             client,
             Arc::new(Shared {
+                host: target.host_header(),
                 target,
                 credential,
                 auth_kind: self.auth.kind(),

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use http::Uri;
 use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Uri};
 
 use super::ClientError;
 
@@ -61,6 +61,23 @@ impl Endpoint {
 
     pub(crate) fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    /// The `host` header of a request to this endpoint, made once, as
+    /// hyper-util makes it (the host, and the port unless it is the
+    /// scheme's default): hyper-util would parse the URI's authority for it
+    /// on every request. Plain `http` only: its connections are HTTP/1.1.
+    /// An `https` one may be HTTP/2, which names the host in `:authority`
+    /// and carries no `host`, so hyper-util keeps deciding there.
+    pub(crate) fn host_header(&self) -> Option<HeaderValue> {
+        if self.scheme != Scheme::HTTP {
+            return None;
+        }
+        let host = self.authority.host();
+        match self.authority.port_u16() {
+            Some(port) if port != 80 => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
+            _ => HeaderValue::from_str(host).ok(),
+        }
     }
 
     /// The upstream URI for a request's path and query.

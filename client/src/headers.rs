@@ -32,8 +32,9 @@ pub(crate) const CREDENTIALS: [HeaderName; 6] = [
 /// Rewrites the client's headers for the upstream:
 /// - drops hop-by-hop headers and any header the `Connection` header names;
 /// - drops every client credential and the configured extras;
-/// - drops `host` (hyper sets it from the upstream URI for HTTP/1.1;
-///   HTTP/2 carries `:authority`);
+/// - drops the client's `host`: `host` is the upstream's, given here for a
+///   plain `http` endpoint (made once) and otherwise set by hyper-util from
+///   the upstream URI for HTTP/1.1 (HTTP/2 carries `:authority`);
 /// - drops `accept-encoding`, so the upstream answers uncompressed bytes the
 ///   gateway can read (SSE scanning, error bodies);
 /// - drops `content-length` when the body knows its exact length (hyper sets
@@ -43,6 +44,7 @@ pub(crate) fn prepare(
     headers: &mut HeaderMap,
     extra: &[HeaderName],
     credential: Option<&(HeaderName, HeaderValue)>,
+    host: Option<&HeaderValue>,
     body_length_known: bool,
 ) {
     if headers.contains_key(header::CONNECTION) {
@@ -77,6 +79,9 @@ pub(crate) fn prepare(
     }
     if let Some((name, value)) = credential {
         headers.insert(name.clone(), value.clone());
+    }
+    if let Some(host) = host {
+        headers.insert(header::HOST, host.clone());
     }
 }
 
@@ -125,6 +130,7 @@ mod tests {
             &mut h,
             &[HeaderName::from_static("x-team-secret")],
             Some(&own),
+            None,
             true,
         );
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
@@ -140,7 +146,7 @@ mod tests {
     #[test]
     fn content_length_stays_when_the_body_length_is_unknown() {
         let mut h = client_headers();
-        prepare(&mut h, &[], None, false);
+        prepare(&mut h, &[], None, None, false);
         assert_eq!(h[header::CONTENT_LENGTH], "12");
         assert!(!h.contains_key(header::AUTHORIZATION));
     }

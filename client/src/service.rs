@@ -32,6 +32,8 @@ pub(crate) type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 pub(crate) struct Shared {
     pub(crate) target: Endpoint,
     pub(crate) credential: Option<(HeaderName, HeaderValue)>,
+    /// The `host` header, made once (see [`Endpoint::host_header`]).
+    pub(crate) host: Option<HeaderValue>,
     pub(crate) auth_kind: &'static str,
     pub(crate) strip_headers: Box<[HeaderName]>,
 }
@@ -100,6 +102,7 @@ impl UpstreamClient {
             &mut parts.headers,
             &self.shared.strip_headers,
             self.shared.credential.as_ref(),
+            self.shared.host.as_ref(),
             body.size_hint().exact().is_some(),
         );
         Ok(Request::from_parts(parts, body))
@@ -171,7 +174,31 @@ mod tests {
         );
         assert_eq!(out.version(), Version::HTTP_11);
         assert_eq!(out.headers()["authorization"], "Bearer sk-target");
-        assert!(!out.headers().contains_key("host"));
+        // The upstream's host, made once, not the client's.
+        assert_eq!(out.headers()["host"], "127.0.0.1:9");
+        assert_eq!(out.headers().get_all("host").iter().count(), 1);
+    }
+
+    #[test]
+    fn the_host_header_is_made_once_for_plain_http_only() {
+        let host = |base: &str| {
+            UpstreamClient::builder(base)
+                .build()
+                .unwrap()
+                .shared
+                .host
+                .clone()
+        };
+        assert_eq!(host("http://127.0.0.1:9/v1").unwrap(), "127.0.0.1:9");
+        // The scheme's default port is left out, as hyper-util leaves it.
+        assert_eq!(
+            host("http://upstream.local:80/v1").unwrap(),
+            "upstream.local"
+        );
+        assert_eq!(host("http://upstream.local/v1").unwrap(), "upstream.local");
+        assert_eq!(host("http://[::1]:8080/v1").unwrap(), "[::1]:8080");
+        // Possibly HTTP/2: hyper-util decides.
+        assert!(host("https://upstream.local/v1").is_none());
     }
 
     #[test]
