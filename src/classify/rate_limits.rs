@@ -39,7 +39,7 @@ impl RateLimitHeaders {
             .iter()
             .filter(|(name, value)| {
                 let name = name.as_str();
-                (name.contains("ratelimit") || name == "retry-after" || name == "retry-after-ms")
+                (names_a_rate_limit(name) || name == "retry-after" || name == "retry-after-ms")
                     && value.len() <= MAX_VALUE_BYTES
             })
             .take(MAX_HEADERS)
@@ -63,5 +63,46 @@ impl RateLimitHeaders {
 
     fn all(&self) -> &[(HeaderName, HeaderValue)] {
         self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Whether a header name contains `ratelimit`. Every name of every
+/// response is checked: the word is compared only where an `r` stands,
+/// where `str::contains` would set up a two-way search per name.
+fn names_a_rate_limit(name: &str) -> bool {
+    const WORD: &[u8] = b"ratelimit";
+    name.as_bytes()
+        .windows(WORD.len())
+        .any(|window| window.first() == Some(&b'r') && window == WORD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_a_rate_limit;
+
+    #[test]
+    fn a_rate_limit_name_is_found_wherever_the_word_is() {
+        for name in [
+            "ratelimit",
+            "x-ratelimit-remaining-requests",
+            "anthropic-ratelimit-tokens-reset",
+            "ratelimit-policy",
+            "x-rratelimit",
+            "tt-ratelimit",
+        ] {
+            assert!(names_a_rate_limit(name), "{name}");
+        }
+        for name in [
+            "",
+            "t",
+            "content-type",
+            "ratelimi",
+            "atelimit",
+            "x-rate-limit",
+            "retry-after",
+            "ratelimiT",
+        ] {
+            assert!(!names_a_rate_limit(name), "{name}");
+        }
     }
 }
