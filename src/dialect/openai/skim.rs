@@ -530,9 +530,10 @@ pub(crate) struct CompletionSkim<'a> {
 /// completions).
 pub(crate) fn skim_completion(text: &[u8]) -> Option<CompletionSkim<'_>> {
     // With the whole text valid UTF-8, no key or skipped value can fail
-    // serde's reading on that account.
-    std::str::from_utf8(text).ok()?;
-    Skimmer::new(text, 0).completion().ok()
+    // serde's reading on that account, and a string kept is cut from it
+    // (at its quotes) rather than checked again.
+    let whole = std::str::from_utf8(text).ok()?;
+    Skimmer::new(text, 0).completion(whole).ok()
 }
 
 /// A whole answer's first choice: only its `finish_reason` is read.
@@ -552,8 +553,8 @@ impl Fields for FirstChoiceFields {
 }
 
 impl<'a> Skimmer<'a> {
-    /// A whole completion; see [`skim_completion`].
-    fn completion(&mut self) -> Result<CompletionSkim<'a>> {
+    /// A whole completion, `whole` its text; see [`skim_completion`].
+    fn completion(&mut self, whole: &'a str) -> Result<CompletionSkim<'a>> {
         let mut out = CompletionSkim::default();
         let mut answered = false;
         // A chunk's fields: a completion's and `created`, which serde's
@@ -568,7 +569,7 @@ impl<'a> Skimmer<'a> {
                 ChunkFields::ID => {
                     // Any value is allowed; only a string names the answer.
                     out.id = match self.ws() {
-                        Some(b'"') => Some(self.plain_str()?),
+                        Some(b'"') => Some(self.plain_str(whole)?),
                         _ => {
                             self.skip_value()?;
                             None
@@ -579,7 +580,7 @@ impl<'a> Skimmer<'a> {
                     out.model = if self.null()? {
                         None
                     } else {
-                        Some(self.plain_str()?)
+                        Some(self.plain_str(whole)?)
                     };
                 }
                 ChunkFields::CREATED => self.skip_value()?,
@@ -588,7 +589,7 @@ impl<'a> Skimmer<'a> {
                 ChunkFields::ERROR => {}
                 ChunkFields::USAGE => out.usage = self.whole_usage()?,
                 _ => {
-                    out.finish_reason = self.first_reason()?;
+                    out.finish_reason = self.first_reason(whole)?;
                     answered = true;
                 }
             }
@@ -599,16 +600,17 @@ impl<'a> Skimmer<'a> {
         }
     }
 
-    /// A string the check keeps: borrowed, so one without escapes.
+    /// A string the check keeps: borrowed from `whole` (the text, valid
+    /// UTF-8), so one without escapes.
     #[inline(always)]
-    fn plain_str(&mut self) -> Result<&'a str> {
+    fn plain_str(&mut self, whole: &'a str) -> Result<&'a str> {
         self.expect(b'"')?;
         let start = self.pos;
         if self.string(true)? {
             return Err(Invalid);
         }
-        let raw = self.text.get(start..self.pos - 1).ok_or(Invalid)?;
-        std::str::from_utf8(raw).map_err(|_| Invalid)
+        // Cut at ASCII quotes: always on a character boundary.
+        whole.get(start..self.pos - 1).ok_or(Invalid)
     }
 
     /// A whole answer's `usage`: null, or an object of plain counts.
@@ -637,7 +639,7 @@ impl<'a> Skimmer<'a> {
 
     /// `choices`: a list that starts with an object, whose `finish_reason`
     /// is read; the other choices are only skipped.
-    fn first_reason(&mut self) -> Result<Option<&'a str>> {
+    fn first_reason(&mut self, whole: &'a str) -> Result<Option<&'a str>> {
         self.expect(b'[')?;
         let mut fields = self.open::<FirstChoiceFields>()?;
         if !fields.object {
@@ -648,7 +650,7 @@ impl<'a> Skimmer<'a> {
             reason = if self.null()? {
                 None
             } else {
-                Some(self.plain_str()?)
+                Some(self.plain_str(whole)?)
             };
         }
         loop {
