@@ -170,7 +170,10 @@ fn finish<B: Body>(
             usage.estimated,
         );
     }
-    parts.extensions.insert(budget.clone());
+    // A failover layer inside has put the same turn's there already.
+    if parts.extensions.get::<TurnBudget>().is_none() {
+        parts.extensions.insert(budget.clone());
+    }
     let body = BudgetBody::new(body, budget.clone());
     // An inner commit machine ends the stream at (or before) the deadline
     // with a terminal event: a timer here too could fire first and cut it.
