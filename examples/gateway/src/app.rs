@@ -684,7 +684,11 @@ impl std::fmt::Debug for Gateway {
 
 /// `*` matches any run of characters; everything else literally.
 pub fn pattern_matches(pattern: &str, model: &str) -> bool {
-    // Every request is matched against the routes in turn: no allocation.
+    // Every request is matched against the routes in turn: no allocation,
+    // and no search at all for the catch-all route.
+    if pattern == "*" {
+        return true;
+    }
     let Some((first, after_first)) = pattern.split_once('*') else {
         return pattern == model;
     };
@@ -695,6 +699,9 @@ pub fn pattern_matches(pattern: &str, model: &str) -> bool {
     else {
         return false;
     };
+    if middles.is_empty() {
+        return true;
+    }
     for middle in middles.split('*') {
         match rest.find(middle) {
             Some(at) => rest = &rest[at + middle.len()..],
