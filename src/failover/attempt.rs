@@ -3,6 +3,7 @@
 
 use crate::classify::Note;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -219,14 +220,27 @@ where
     let mut body = std::pin::pin!(Limited::new(body, limit));
     let mut gathered = Gathered::default();
     loop {
-        let gap_ends = later(Instant::now(), idle);
-        let frame = tokio::time::timeout_at(gap_ends.min(deadline), body.frame()).await;
+        // A frame in hand already (a small answer's, read with its head,
+        // and its end) is taken without a timer: a timer is a clock read,
+        // and a wheel entry made and cleared. A frame in hand is taken
+        // before the timer is looked at either way (`timeout_at` polls
+        // its future first).
+        let ready = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+        let frame = match ready {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                let gap_ends = later(Instant::now(), idle);
+                match tokio::time::timeout_at(gap_ends.min(deadline), body.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) if deadline <= gap_ends => return Err(NotReceived::TimedOut),
+                    Err(_) => return Err(NotReceived::Stalled),
+                }
+            }
+        };
         match frame {
-            Err(_) if deadline <= gap_ends => return Err(NotReceived::TimedOut),
-            Err(_) => return Err(NotReceived::Stalled),
-            Ok(None) => break,
-            Ok(Some(Err(error))) => return Err(NotReceived::Failed(error)),
-            Ok(Some(Ok(frame))) => {
+            None => break,
+            Some(Err(error)) => return Err(NotReceived::Failed(error)),
+            Some(Ok(frame)) => {
                 // Trailers carry nothing a whole answer needs.
                 if let Ok(data) = frame.into_data() {
                     gathered.push(data);
@@ -545,6 +559,34 @@ mod tests {
         assert_eq!(&answer[..], br#"{"object":"chat.completion","choices":[]}"#);
         // One frame is handed on as it came.
         assert_eq!(&collect(frames(&["{}"])).await[..], b"{}");
+    }
+
+    /// One frame, then nothing: the body neither ends nor fails.
+    fn one_frame_then_silence() -> impl Body<Data = Bytes, Error = Infallible> {
+        let first = futures_util::stream::iter([Ok(Frame::data(Bytes::from_static(b"{")))]);
+        StreamBody::new(futures_util::StreamExt::chain(
+            first,
+            futures_util::stream::pending(),
+        ))
+    }
+
+    /// A frame in hand is taken at once; a silent body is still timed:
+    /// stalled at the idle limit, timed out at the deadline when that comes
+    /// first.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_whole_body_stalls_at_the_idle_limit_or_times_out_at_the_deadline() {
+        let start = Instant::now();
+        let far = start + Duration::from_secs(60);
+        let idle = Duration::from_secs(5);
+        let outcome = collect_whole(one_frame_then_silence(), 1 << 20, far, idle).await;
+        assert!(matches!(outcome, Err(NotReceived::Stalled)));
+        assert_eq!(start.elapsed(), idle);
+
+        let start = Instant::now();
+        let near = start + Duration::from_secs(2);
+        let outcome = collect_whole(one_frame_then_silence(), 1 << 20, near, idle).await;
+        assert!(matches!(outcome, Err(NotReceived::TimedOut)));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]
