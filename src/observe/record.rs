@@ -233,7 +233,7 @@ impl TurnRecord {
     /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
         let span = self.lock().take_span(record.attempt);
-        emit(self.turn_id.as_str(), &record, span.as_ref(), self.meters());
+        emit(&self.turn_id, &record, span.as_ref(), self.meters());
         self.push_quietly(record);
     }
 
@@ -294,7 +294,7 @@ impl TurnRecord {
                     record.attempt,
                 );
                 update(record);
-                emit(self.turn_id.as_str(), record, span.as_ref(), self.meters());
+                emit(&self.turn_id, record, span.as_ref(), self.meters());
             }
         }
         self.conclude();
@@ -407,7 +407,7 @@ impl TurnRecord {
         if let Some(served) = inner.served {
             headers.insert(SERVED, count_value(served as usize));
         }
-        if let Ok(value) = HeaderValue::from_str(self.turn_id.as_str()) {
+        if let Ok(value) = HeaderValue::from_bytes(self.turn_id.as_bytes()) {
             headers.insert(TURN_ID, value);
         }
     }
@@ -451,7 +451,7 @@ pub(crate) fn refused_turn(turn_id: &TurnId, reason: StopReason) {
 /// wrong is an INFO line. `RUST_LOG=tower_llm_failover::attempt=debug`
 /// brings back every attempt's line.
 fn emit(
-    turn_id: &str,
+    turn_id: &TurnId,
     r: &AttemptRecord,
     span: Option<&tracing::Span>,
     meters: Option<&crate::observe::Meters>,

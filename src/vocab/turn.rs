@@ -45,6 +45,15 @@ impl TurnId {
         TurnId(Repr::Hex(text))
     }
 
+    /// The id's bytes: its text's, without checking them as UTF-8 again
+    /// (a header value is made from these).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Hex(text) => text,
+            Repr::Text(text) => text.as_bytes(),
+        }
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
         match &self.0 {
