@@ -365,7 +365,7 @@ impl TurnRecord {
         drop((attempt_span, racing_spans));
         tracing::info!(
             target: "tower_llm_failover::turn",
-            run_id = %log_safe(self.turn_id.as_str()),
+            run_id = %self.turn_id.logged(),
             attempts,
             outcome = outcome.as_str(),
             stop_reason = reason.map(StopReason::as_str),
@@ -461,7 +461,7 @@ fn emit(
             tracing::event!(
                 target: "tower_llm_failover::attempt",
                 $level,
-                run_id = %log_safe(turn_id),
+                run_id = %turn_id.logged(),
                 attempt = r.attempt,
                 target = %log_safe(&r.target),
                 provider = %log_safe(&r.provider),

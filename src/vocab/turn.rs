@@ -54,6 +54,14 @@ impl TurnId {
         }
     }
 
+    /// The id as a log line writes it: a random id as it is (hex digits
+    /// need no escaping, and skipping the escaping pass is most of what
+    /// writing it costs), an adopted one through
+    /// [`log_safe`](crate::util::log_safe).
+    pub(crate) fn logged(&self) -> LoggedTurnId<'_> {
+        LoggedTurnId(self)
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
         match &self.0 {
@@ -100,6 +108,18 @@ impl fmt::Debug for TurnId {
 impl fmt::Display for TurnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A turn id as a log line writes it: see [`TurnId::logged`].
+pub(crate) struct LoggedTurnId<'a>(&'a TurnId);
+
+impl fmt::Display for LoggedTurnId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0.0 {
+            Repr::Hex(_) => f.write_str(self.0.as_str()),
+            Repr::Text(text) => crate::util::log_safe(&**text).fmt(f),
+        }
     }
 }
 
@@ -265,5 +285,25 @@ impl DeadlineExceeded {
     /// behind a boxed body error).
     pub fn find_in<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a DeadlineExceeded> {
         crate::util::find_in_chain(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TurnId;
+
+    /// A random id goes into a line as it is; an adopted one (a client's
+    /// request id) escaped, so that it cannot end or forge a line.
+    #[test]
+    fn a_logged_turn_id_is_escaped_unless_it_is_a_random_one() {
+        let random = TurnId::from_rng(&mut fastrand::Rng::with_seed(7));
+        assert_eq!(random.logged().to_string(), random.as_str());
+        assert_eq!(random.as_bytes(), random.as_str().as_bytes());
+        let forged = TurnId::from("req-1\nINFO forged \u{1b}[31m");
+        assert_eq!(
+            forged.logged().to_string(),
+            r"req-1\nINFO forged \u{1b}[31m"
+        );
+        assert_eq!(forged.as_bytes(), forged.as_str().as_bytes());
     }
 }
