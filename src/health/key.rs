@@ -17,16 +17,40 @@ use crate::classify::Note;
 /// of those, least recently used first out, so a client inventing model
 /// names cannot grow them. The mark is not part of the key's identity: two
 /// keys of the same provider and model are equal whoever named the model.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HealthKey {
     provider: Arc<str>,
     pub(super) model: Option<Arc<str>>,
     pub(super) client_named: bool,
+    /// The provider and model hashed once, when the key is made: a turn
+    /// looks its keys up four or five times. Seeded per process, so that
+    /// client-named models cannot be chosen to collide.
+    digest: u64,
+    /// The same for this key's account key ([`to_account`](Self::to_account)).
+    account_digest: u64,
+}
+
+/// The provider and model, hashed with a per-process random seed.
+fn digest(provider: &str, model: Option<&str>) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    SEED.get_or_init(foldhash::fast::RandomState::default)
+        .hash_one((provider, model))
+}
+
+impl fmt::Debug for HealthKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthKey")
+            .field("provider", &self.provider)
+            .field("model", &self.model)
+            .field("client_named", &self.client_named)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PartialEq for HealthKey {
     fn eq(&self, other: &Self) -> bool {
-        self.provider == other.provider && self.model == other.model
+        self.digest == other.digest && self.provider == other.provider && self.model == other.model
     }
 }
 
@@ -34,8 +58,8 @@ impl Eq for HealthKey {}
 
 impl std::hash::Hash for HealthKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.provider.hash(state);
-        self.model.hash(state);
+        // Equal keys have equal digests: the digest is the hash.
+        state.write_u64(self.digest);
     }
 }
 
@@ -55,9 +79,12 @@ impl HealthKey {
     /// The key of `model` as served by `provider`, a model the operator
     /// configured.
     pub fn model(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
+        let (provider, model) = (provider.into(), model.into());
         Self {
-            provider: provider.into(),
-            model: Some(model.into()),
+            digest: digest(&provider, Some(&model)),
+            account_digest: digest(&provider, None),
+            provider,
+            model: Some(model),
             client_named: false,
         }
     }
@@ -73,10 +100,14 @@ impl HealthKey {
 
     /// The key of `provider`'s credential: account-scope failures land here.
     pub fn account(provider: impl Into<Arc<str>>) -> Self {
+        let provider = provider.into();
+        let digest = digest(&provider, None);
         Self {
-            provider: provider.into(),
+            provider,
             model: None,
             client_named: false,
+            digest,
+            account_digest: digest,
         }
     }
 
@@ -97,7 +128,13 @@ impl HealthKey {
 
     /// The account key of this key's provider.
     pub fn to_account(&self) -> Self {
-        Self::account(Arc::clone(&self.provider))
+        Self {
+            provider: Arc::clone(&self.provider),
+            model: None,
+            client_named: false,
+            digest: self.account_digest,
+            account_digest: self.account_digest,
+        }
     }
 
     /// The scope this key stands for.
@@ -222,5 +259,47 @@ impl ScopeRules {
             | InvalidResponse => Scope::Model,
             _ => Scope::Request,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::hash::BuildHasher;
+
+    use super::HealthKey;
+
+    /// Keys made any way are equal, and hash alike, exactly when their
+    /// provider and model are: the digest made with the key stands for
+    /// them.
+    #[test]
+    fn keys_are_equal_and_hash_alike_by_provider_and_model_alone() {
+        let hasher = std::collections::hash_map::RandomState::new();
+        let same = [
+            HealthKey::model("p", "m"),
+            HealthKey::client_model("p", String::from("m")),
+        ];
+        assert_eq!(same[0], same[1]);
+        assert_eq!(hasher.hash_one(&same[0]), hasher.hash_one(&same[1]));
+        assert_eq!(same[0].to_account(), HealthKey::account("p"));
+        assert_eq!(
+            hasher.hash_one(same[1].to_account()),
+            hasher.hash_one(HealthKey::account("p"))
+        );
+        for other in [
+            HealthKey::model("p", "n"),
+            HealthKey::model("q", "m"),
+            HealthKey::account("p"),
+            // The provider and model do not run together.
+            HealthKey::model("pm", ""),
+        ] {
+            assert_ne!(same[0], other, "{other}");
+        }
+        let mut map = HashMap::new();
+        map.insert(HealthKey::model("p", "m"), 1);
+        map.insert(HealthKey::account("p"), 2);
+        assert_eq!(map.get(&HealthKey::client_model("p", "m")), Some(&1));
+        assert_eq!(map.get(&same[0].to_account()), Some(&2));
+        assert_eq!(map.get(&HealthKey::model("p", "n")), None);
     }
 }
