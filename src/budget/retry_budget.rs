@@ -203,7 +203,7 @@ impl RetryBudget {
         self.shares = Some(Arc::new(ClientShares {
             config: share,
             max_clients: max_clients.max(1),
-            buckets: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::default()),
         }));
         Ok(self)
     }
@@ -211,29 +211,36 @@ impl RetryBudget {
     /// [`deposit`](Self::deposit) for a first attempt of `client`: the
     /// fleet's budget and the client's share both earn it.
     pub(crate) fn deposit_for(&self, client: &ClientId) {
+        // One clock read for both buckets: every first attempt comes here.
+        let now = Instant::now();
         if let Some(shares) = &self.shares {
-            shares.bucket(client).deposit();
+            shares.bucket(client, now).deposit_at(now);
         }
-        self.deposit();
+        self.deposit_at(now);
     }
 
     /// [`withdraw`](Self::withdraw) for an extra attempt of `client`: the
     /// client's share is asked first, so a client whose share is spent
     /// takes nothing from the fleet's budget.
     pub(crate) fn withdraw_for(&self, client: &ClientId) -> bool {
+        let now = Instant::now();
         if let Some(shares) = &self.shares
-            && !shares.bucket(client).withdraw()
+            && !shares.bucket(client, now).withdraw_at(now)
         {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.withdraw()
+        self.withdraw_at(now)
     }
 
     /// Record a first attempt; each one earns a fraction of an extra attempt.
     pub(crate) fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    fn deposit_at(&self, now: Instant) {
         match &*self.inner {
-            Inner::Local(bucket) => bucket.deposit(),
+            Inner::Local(bucket) => bucket.deposit_at(now),
             Inner::Other(budget) => budget.deposit(),
         }
         self.stats.deposits.fetch_add(1, Ordering::Relaxed);
@@ -241,8 +248,12 @@ impl RetryBudget {
 
     /// Ask for one extra attempt; `false` means don't make it.
     pub(crate) fn withdraw(&self) -> bool {
+        self.withdraw_at(Instant::now())
+    }
+
+    fn withdraw_at(&self, now: Instant) -> bool {
         let granted = match &*self.inner {
-            Inner::Local(bucket) => bucket.withdraw(),
+            Inner::Local(bucket) => bucket.withdraw_at(now),
             Inner::Other(budget) => budget.withdraw(),
         };
         let counter = if granted {
@@ -295,15 +306,16 @@ struct ClientShares {
     config: RetryBudgetConfig,
     max_clients: usize,
     /// Each client's bucket and when it was last used.
-    buckets: Mutex<HashMap<ClientId, (Arc<TokenBucket>, Instant)>>,
+    // foldhash, not SipHash: looked up on every attempt; its per-process
+    // seed still keeps client names from being chosen to collide.
+    buckets: Mutex<HashMap<ClientId, (Arc<TokenBucket>, Instant), foldhash::fast::RandomState>>,
 }
 
 impl ClientShares {
     /// `client`'s bucket, made on first use; past `max_clients`, the least
     /// recently used is forgotten (it starts whole if it comes back, which
     /// only ever gives it its reserve again).
-    fn bucket(&self, client: &ClientId) -> Arc<TokenBucket> {
-        let now = Instant::now();
+    fn bucket(&self, client: &ClientId, now: Instant) -> Arc<TokenBucket> {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((bucket, used)) = buckets.get_mut(client) {
             *used = now;
@@ -400,15 +412,15 @@ impl TokenBucket {
         }
     }
 
-    fn deposit(&self) {
+    fn deposit_at(&self, now: Instant) {
         let mut slots = self.lock();
-        self.expire(&mut slots);
+        self.expire(&mut slots, now);
         slots.writer = slots.writer.saturating_add(self.deposit_amount);
     }
 
-    fn withdraw(&self) -> bool {
+    fn withdraw_at(&self, now: Instant) -> bool {
         let mut slots = self.lock();
-        self.expire(&mut slots);
+        self.expire(&mut slots, now);
         if self.balance(&slots) >= self.withdraw_amount {
             slots.writer = slots.writer.saturating_sub(self.withdraw_amount);
             true
@@ -420,7 +432,7 @@ impl TokenBucket {
     /// The balance in withdrawals.
     fn level(&self) -> f64 {
         let mut slots = self.lock();
-        self.expire(&mut slots);
+        self.expire(&mut slots, Instant::now());
         self.balance(&slots).max(0) as f64 / self.withdraw_amount.max(1) as f64
     }
 
@@ -432,8 +444,7 @@ impl TokenBucket {
 
     /// Commits the current slot once its window passed, and forgets the
     /// slots older than the ttl.
-    fn expire(&self, slots: &mut Slots) {
-        let now = Instant::now();
+    fn expire(&self, slots: &mut Slots, now: Instant) {
         let mut elapsed = now.saturating_duration_since(slots.since);
         if elapsed < self.window {
             return;
@@ -469,7 +480,9 @@ impl RetryBudget {
     /// Extra attempts `client`'s own share would grant now (`None` without
     /// shares).
     pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
-        self.shares.as_ref().map(|s| s.bucket(client).level())
+        self.shares
+            .as_ref()
+            .map(|s| s.bucket(client, Instant::now()).level())
     }
 }
 
