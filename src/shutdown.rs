@@ -49,24 +49,64 @@ use crate::time::ArmedFor;
 
 /// A signal, shared by clones, that ends every running stream cleanly (see
 /// the [module docs](self)).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Shutdown {
+    /// The signal: cancelled by [`end_streams`](Self::end_streams) on any
+    /// handle.
+    root: CancellationToken,
+    /// What this handle's waits queue on: the root, or for a
+    /// [`branch`](Self::branch) a child of it.
     token: CancellationToken,
     /// Set before the token is cancelled: read without the token's lock.
     fired: Arc<AtomicBool>,
 }
 
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Shutdown {
     /// A signal that has not fired.
     pub fn new() -> Self {
-        Self::default()
+        let root = CancellationToken::new();
+        Self {
+            token: root.clone(),
+            root,
+            fired: Arc::default(),
+        }
     }
 
-    /// Ends every stream inspected with this signal (or a clone) with the
-    /// terminal event, now and from now on. Idempotent.
+    /// The same signal, with a queue of waiters of its own: for the
+    /// layers of one thread of a thread-per-core server. Every turn waits
+    /// on the signal while it has not answered, and a wait is queued and
+    /// dequeued under the queue's lock; on one shared queue, threads
+    /// serving turns on different cores take that lock from each other
+    /// several times per turn. Ending either handle ends both.
+    ///
+    /// ```
+    /// use tower_llm_failover::shutdown::Shutdown;
+    ///
+    /// let shutdown = Shutdown::new();
+    /// let shard = shutdown.branch();
+    /// shutdown.end_streams();
+    /// assert!(shard.is_ending());
+    /// ```
+    pub fn branch(&self) -> Self {
+        Self {
+            root: self.root.clone(),
+            token: self.root.child_token(),
+            fired: Arc::clone(&self.fired),
+        }
+    }
+
+    /// Ends every stream inspected with this signal (a clone, or a
+    /// [`branch`](Self::branch)) with the terminal event, now and from now
+    /// on. Idempotent.
     pub fn end_streams(&self) {
         self.fired.store(true, Ordering::Release);
-        self.token.cancel();
+        self.root.cancel();
     }
 
     /// Whether [`end_streams`](Self::end_streams) was called.
@@ -139,5 +179,33 @@ mod tests {
         // Woken by the signal, not by polling in a loop.
         std::future::poll_fn(|cx| wait.poll(cx)).await;
         assert!(shutdown.is_ending());
+    }
+
+    /// A branch's waits are woken by the signal however it is ended: from
+    /// the handle it came from, from another branch, or from itself.
+    #[tokio::test]
+    async fn a_branch_is_the_same_signal_with_waiters_of_its_own() {
+        for ender in 0..3 {
+            let shutdown = Shutdown::default();
+            let (one, two) = (shutdown.branch(), shutdown.branch());
+            let waits = [shutdown.ending(), one.ending(), two.ending()];
+            let mut waits: Vec<_> = waits.into_iter().map(Box::pin).collect();
+            std::future::poll_fn(|cx| {
+                for wait in &mut waits {
+                    assert!(wait.as_mut().poll(cx).is_pending());
+                }
+                Poll::Ready(())
+            })
+            .await;
+            let handles = [shutdown.clone(), one.clone(), two.clone()];
+            let by = handles[ender].clone();
+            tokio::spawn(async move { by.end_streams() });
+            for wait in waits {
+                wait.await;
+            }
+            for handle in &handles {
+                assert!(handle.is_ending(), "ended by handle {ender}");
+            }
+        }
     }
 }

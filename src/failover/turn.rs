@@ -146,18 +146,29 @@ where
             // A turn that has not answered when the gateway stops answers
             // at once, cleanly, rather than being cut with its connection.
             // Nothing was sent to the client yet, so any answer is whole.
+            let refuse = || {
+                run.stop(StopReason::Shutdown);
+                reply::error(
+                    &shared.dialect,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &ErrorReply::coded(
+                        FailureClass::Shutdown,
+                        "shutdown",
+                        "the gateway is shutting down; retry the request",
+                    ),
+                )
+            };
+            // A turn that starts after the signal tries no target.
+            if signal.is_ending() {
+                return refuse();
+            }
             let ending = signal.ending();
+            // Then the turn first: a poll that finds its answer ready does
+            // not look at the signal.
             tokio::select! {
                 biased;
-                () = ending => {
-                    run.stop(StopReason::Shutdown);
-                    reply::error(
-                        &shared.dialect,
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &ErrorReply::coded(FailureClass::Shutdown, "shutdown", "the gateway is shutting down; retry the request",),
-                    )
-                }
                 response = turn.run() => response,
+                () = ending => refuse(),
             }
         }
     }
