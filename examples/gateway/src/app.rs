@@ -1025,7 +1025,8 @@ impl Gateway {
             health: shared.health.clone(),
             retry_budget: shared.retry_budget.clone(),
             tenant: shared.tenant.clone(),
-            shutdown: shared.shutdown.clone(),
+            // The same signal; its waiters queue per shard.
+            shutdown: shared.shutdown.branch(),
         };
         let (routes, messages_routes, responses_routes) = parts.build_routes(&routes_config)?;
         Ok(Self {
