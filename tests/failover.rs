@@ -1155,6 +1155,31 @@ async fn a_custom_selector_orders_the_candidates() {
     assert_eq!((a.calls(), b.calls()), (0, 1));
 }
 
+/// A custom selector is given each target's time to first output (the
+/// built-in orders that do not read it are not: it is a health store
+/// lookup per candidate).
+#[tokio::test(start_paused = true)]
+async fn a_custom_selector_sees_the_measured_time_to_first_output() {
+    let a = FakeProvider::new("a");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = std::sync::Arc::clone(&seen);
+    let failover = Failover::builder()
+        .target(Target::new("a", a.clone()))
+        .strategy(Strategy::Custom(std::sync::Arc::new(
+            move |candidates: &mut [tower_llm_failover::failover::Candidate]| {
+                let mut seen = record.lock().unwrap();
+                seen.extend(candidates.iter().map(|c| c.time_to_first_output.is_some()));
+            },
+        )))
+        .build();
+    for _ in 0..2 {
+        let reply = send(&failover, request(true, serde_json::json!({}))).await;
+        assert_eq!(reply.status, 200);
+    }
+    // Unmeasured before the first turn; measured by it.
+    assert_eq!(*seen.lock().unwrap(), [false, true]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn when_every_eligible_target_cools_down_and_the_operator_says_refuse_the_turn_is_refused_at_once()
  {

@@ -12,7 +12,9 @@ pub struct Candidate {
     pub index: usize,
     /// The request's estimated cost at this target's price, if it has one.
     pub estimated_cost: Option<Cost>,
-    /// The target's smoothed recent time to first output, if known.
+    /// The target's smoothed recent time to first output, if known. Looked
+    /// up only for a selector that may read it (`LowestLatency` and custom
+    /// ones): `None` for the others.
     pub time_to_first_output: Option<Duration>,
 }
 
@@ -56,6 +58,14 @@ impl fmt::Debug for Strategy {
             Self::LowestLatency => f.write_str("LowestLatency"),
             Self::Custom(_) => f.write_str("Custom(..)"),
         }
+    }
+}
+
+impl Strategy {
+    /// Whether ordering may read the candidates' time to first output, a
+    /// health store lookup (under its lock) per candidate per turn.
+    pub(crate) fn reads_latency(&self) -> bool {
+        matches!(self, Self::LowestLatency | Self::Custom(_))
     }
 }
 

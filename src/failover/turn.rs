@@ -615,6 +615,7 @@ where
         // Inline: a route names a few targets.
         let mut candidates: SmallVec<[Candidate; 8]> = SmallVec::new();
         let bound = self.bound_provider();
+        let reads_latency = shared.strategy.reads_latency();
         for (index, target) in shared.targets.iter().enumerate() {
             if let Err(why) = self.binding_allows(target, bound.as_deref()) {
                 self.excluded.push(why);
@@ -626,9 +627,13 @@ where
                         index,
                         estimated_cost: target
                             .estimate(self.requirements.input_tokens, self.output_tokens),
-                        time_to_first_output: shared
-                            .health
-                            .time_to_first_output(&target.health_key(&self.client_model)),
+                        time_to_first_output: reads_latency
+                            .then(|| {
+                                shared
+                                    .health
+                                    .time_to_first_output(&target.health_key(&self.client_model))
+                            })
+                            .flatten(),
                     }),
                     Err(why) => self.excluded.push(why),
                 }
@@ -640,9 +645,13 @@ where
                     index,
                     estimated_cost: target
                         .estimate(self.requirements.input_tokens, self.output_tokens),
-                    time_to_first_output: shared
-                        .health
-                        .time_to_first_output(&target.health_key(&self.client_model)),
+                    time_to_first_output: reads_latency
+                        .then(|| {
+                            shared
+                                .health
+                                .time_to_first_output(&target.health_key(&self.client_model))
+                        })
+                        .flatten(),
                 });
             } else {
                 self.excluded
