@@ -615,7 +615,19 @@ where
         // Inline: a route names a few targets.
         let mut candidates: SmallVec<[Candidate; 8]> = SmallVec::new();
         let bound = self.bound_provider();
-        let reads_latency = shared.strategy.reads_latency();
+        // Apart from `self`, which the loop borrows mutably.
+        let client_model = Arc::clone(&self.client_model);
+        let latency = |target: &Target<Classify<S>>| {
+            shared
+                .strategy
+                .reads_latency()
+                .then(|| {
+                    shared
+                        .health
+                        .time_to_first_output(&target.health_key(&client_model))
+                })
+                .flatten()
+        };
         for (index, target) in shared.targets.iter().enumerate() {
             if let Err(why) = self.binding_allows(target, bound.as_deref()) {
                 self.excluded.push(why);
@@ -627,13 +639,7 @@ where
                         index,
                         estimated_cost: target
                             .estimate(self.requirements.input_tokens, self.output_tokens),
-                        time_to_first_output: reads_latency
-                            .then(|| {
-                                shared
-                                    .health
-                                    .time_to_first_output(&target.health_key(&self.client_model))
-                            })
-                            .flatten(),
+                        time_to_first_output: latency(target),
                     }),
                     Err(why) => self.excluded.push(why),
                 }
@@ -645,13 +651,7 @@ where
                     index,
                     estimated_cost: target
                         .estimate(self.requirements.input_tokens, self.output_tokens),
-                    time_to_first_output: reads_latency
-                        .then(|| {
-                            shared
-                                .health
-                                .time_to_first_output(&target.health_key(&self.client_model))
-                        })
-                        .flatten(),
+                    time_to_first_output: latency(target),
                 });
             } else {
                 self.excluded
