@@ -562,3 +562,62 @@ async fn clean_turns_on_one_stack_are_each_counted() {
     // Other tests' turns count under the same key meanwhile: at least ours.
     assert!(counter("failover.turns", &first_try) - turns_before >= 3);
 }
+
+/// A stack that batches its metrics holds clean attempts until the batch
+/// fills, until `flush_metrics`, or until it is dropped: every attempt
+/// is counted once, with all its samples, and none is lost.
+#[tokio::test(start_paused = true)]
+async fn a_batched_stack_reports_each_batch_whole_and_what_it_holds_when_asked_or_dropped() {
+    globals();
+    let provider = FakeProvider::new("batch-target");
+    let failover = Failover::builder()
+        .target(Target::new("batch-target", provider).provider("batch-provider"))
+        .batch_metrics(3)
+        .build();
+    let clean = [
+        ("failover.target", "batch-target"),
+        ("failover.class", "none"),
+        ("failover.decision", "committed"),
+    ];
+    let operation = [("failover.target", "batch-target")];
+    let first_output = ("gen_ai.server.time_to_first_token", &operation);
+    let turn = |i: usize| {
+        let failover = failover.clone();
+        async move {
+            // Every other turn streams: a first output is timed on those.
+            let response = failover
+                .oneshot(chat(i % 2 == 1, &format!("batch-turn-{i}")))
+                .await
+                .unwrap();
+            let (run, body) = read(response).await;
+            assert!(body.contains("batch-target"), "{body}");
+            assert_eq!(run.outcome(), Some(TurnOutcome::FirstTry));
+        }
+    };
+    turn(0).await;
+    turn(1).await;
+    // Held: nothing has reached the recorder.
+    assert_eq!(counter("failover.attempts", &clean), 0);
+    assert_eq!(samples("gen_ai.client.operation.duration", &operation), 0);
+    turn(2).await;
+    // The third fills the batch: all three, with their samples.
+    assert_eq!(counter("failover.attempts", &clean), 3);
+    assert_eq!(samples("gen_ai.client.operation.duration", &operation), 3);
+    assert_eq!(samples(first_output.0, first_output.1), 1);
+    turn(3).await;
+    assert_eq!(counter("failover.attempts", &clean), 3);
+    // Asked for: what is held goes out now.
+    tower_llm_failover::observe::flush_metrics();
+    assert_eq!(counter("failover.attempts", &clean), 4);
+    assert_eq!(samples("gen_ai.client.operation.duration", &operation), 4);
+    assert_eq!(samples(first_output.0, first_output.1), 2);
+    // Asked again with nothing held: nothing counted twice.
+    tower_llm_failover::observe::flush_metrics();
+    assert_eq!(counter("failover.attempts", &clean), 4);
+    turn(4).await;
+    assert_eq!(counter("failover.attempts", &clean), 4);
+    // Dropped: the stack reports what it held.
+    drop(failover);
+    assert_eq!(counter("failover.attempts", &clean), 5);
+    assert_eq!(samples("gen_ai.client.operation.duration", &operation), 5);
+}

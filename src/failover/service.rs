@@ -112,6 +112,7 @@ pub struct FailoverBuilder<S, D = DefaultDialect> {
     refuse_when_cooling: bool,
     shutdown: Option<crate::shutdown::Shutdown>,
     hedge: Option<super::Hedge>,
+    metrics_batch: usize,
 }
 
 impl<S, D> std::fmt::Debug for FailoverBuilder<S, D> {
@@ -149,6 +150,7 @@ impl<S> FailoverBuilder<S> {
             refuse_when_cooling: false,
             shutdown: None,
             hedge: None,
+            metrics_batch: 1,
         }
     }
 }
@@ -174,6 +176,7 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
             refuse_when_cooling: self.refuse_when_cooling,
             shutdown: self.shutdown,
             hedge: self.hedge,
+            metrics_batch: self.metrics_batch,
         }
     }
 
@@ -304,6 +307,20 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
         self
     }
 
+    /// Holds up to `batch` clean attempts and first-try turns per target
+    /// before their metrics reach the recorder (default 1: each is
+    /// reported as it ends). Every thread serving the stack shares its
+    /// metric handles, so on several cores each update is a cache line
+    /// taken from another core; a batch takes it once. Held figures
+    /// reach the recorder when the batch fills, when
+    /// [`flush_metrics`](crate::observe::flush_metrics) is called (before a
+    /// scrape, and on a timer), and when the stack is dropped. Failures
+    /// and reroutes are always reported at once.
+    pub fn batch_metrics(mut self, batch: usize) -> Self {
+        self.metrics_batch = batch;
+        self
+    }
+
     /// Builds the service.
     pub fn build(self) -> Failover<S, D> {
         let classifier = self.classifier;
@@ -335,9 +352,10 @@ impl<S, D: Dialect> FailoverBuilder<S, D> {
                     .unwrap_or_else(|| Arc::new(MemoryHealthStore::new(CooldownPolicy::default()))),
                 scopes: self.scopes,
                 refuse_when_cooling: self.refuse_when_cooling,
-                meters: Arc::new(crate::observe::Meters::new(
+                meters: crate::observe::Meters::new(
                     targets.iter().map(|t| (&t.name, &t.provider)),
-                )),
+                    self.metrics_batch,
+                ),
                 targets,
                 strategy: self.strategy,
                 classifier,

@@ -71,7 +71,11 @@
 //! A failover stack registers the handles of what nearly every request
 //! reports (a clean attempt per target, a first-try turn) once, with the
 //! recorder installed when it first reports, and reuses them: install the
-//! recorder before the stack serves.
+//! recorder before the stack serves. A stack built with
+//! [`FailoverBuilder::batch_metrics`](crate::failover::FailoverBuilder::batch_metrics)
+//! holds those figures and reports them a batch at a time (one cache-line
+//! hand-over between cores per batch, not per request); call
+//! [`flush_metrics`] before each scrape and on a timer.
 //!
 //! ## What never appears
 //!
@@ -84,5 +88,5 @@ mod telemetry;
 
 pub(crate) use record::*;
 pub use record::{AttemptRecord, TURN_ID_HEADER, TurnRecord};
-pub use telemetry::describe_metrics;
 pub(crate) use telemetry::*;
+pub use telemetry::{describe_metrics, flush_metrics};

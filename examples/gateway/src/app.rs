@@ -570,6 +570,14 @@ impl Config {
     }
 }
 
+/// Clean attempts and first-try turns a route stack holds per target
+/// before their metrics reach the recorder
+/// ([`FailoverBuilder::batch_metrics`]): each shard's stacks would
+/// otherwise take the shared metric handles' cache lines from the other
+/// cores on every request. `GET /metrics` and the telemetry's tick (every
+/// [`telemetry::UPKEEP_EVERY`]) hand over what is held first.
+pub const METRICS_BATCH: usize = 32;
+
 /// The stack behind one route.
 ///
 /// The failover layer holds each stream back and ends it cleanly after
@@ -872,6 +880,7 @@ impl StackParts<'_> {
         let f = &self.config.failover;
         let mut builder = Failover::builder()
             .shutdown(self.shutdown.clone())
+            .batch_metrics(METRICS_BATCH)
             .strategy(self.strategy.clone())
             .commit_window(self.commit)
             .timeouts(|t| Timeouts {
@@ -1341,6 +1350,8 @@ async fn metrics_text(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -
     let Some(handle) = &gateway.prometheus else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    // What the route stacks hold (`METRICS_BATCH`) goes in first.
+    tower_llm_failover::observe::flush_metrics();
     // Only model names the operator configured become label values: a
     // client's invented names would be series Prometheus never forgets.
     tower_llm_failover::health::record_health_labelled(&*gateway.shared.health, &|model| {

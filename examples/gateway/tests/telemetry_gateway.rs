@@ -527,6 +527,9 @@ async fn metrics_logs_and_otlp_tell_where_each_failure_landed() {
         assert!(body.ends_with("data: [DONE]\n\n"), "{model}: {body}");
     }
 
+    // The route stacks hold clean attempts and first-try turns
+    // (`METRICS_BATCH`): the scrape hands them to the recorder first (the
+    // second turn is the first try counted below).
     let text = get(addr, "/metrics").await;
     let billing = "primary-billing/primary-model#fault:status=429;error=quota";
     let cut = "primary/primary-model#fault:reset_after=5";
@@ -546,6 +549,25 @@ async fn metrics_logs_and_otlp_tell_where_each_failure_landed() {
     check_spans(&received, billing, cut);
     check_otlp_metric_names(&received);
     drop(received);
+
+    // With no scrape asking, the telemetry's tick hands held figures to
+    // the recorder within `UPKEEP_EVERY`.
+    let prometheus = flush.0.prometheus.clone();
+    let (status, body) = chat(addr, "demo-failover").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let first_try = [("failover_outcome", "first_try")];
+    let deadline = tokio::time::Instant::now() + 5 * tower_llm_gateway::telemetry::UPKEEP_EVERY;
+    loop {
+        let text = prometheus.render();
+        if sample(&text, "failover_turns_total", &first_try) == Some(2.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no tick handed the first-try turn over: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let _ = tokio::task::spawn_blocking(move || flush.0.shutdown()).await;
     running.shutdown(std::time::Duration::from_secs(5)).await;
 }
