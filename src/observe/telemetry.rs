@@ -308,22 +308,30 @@ struct TargetMeters {
 /// An attempt that committed with no failure.
 struct CommittedHandles {
     attempts: metrics::Counter,
-    duration: metrics::Histogram,
-    first_output: metrics::Histogram,
-    input_tokens: metrics::Histogram,
-    output_tokens: metrics::Histogram,
+    /// Duration, time to first output, input and output tokens: the
+    /// order of [`samples_of`].
+    histograms: [metrics::Histogram; 4],
     /// What is held for the recorder (batched stacks only).
     held: Option<Mutex<HeldAttempts>>,
 }
 
 /// Clean attempts' figures not yet handed to the recorder.
-#[derive(Default)]
 struct HeldAttempts {
     count: u64,
-    duration: Vec<f64>,
-    first_output: Vec<f64>,
-    input_tokens: Vec<f64>,
-    output_tokens: Vec<f64>,
+    /// One list per histogram, in the same order.
+    samples: [Vec<f64>; 4],
+}
+
+/// A clean attempt's samples, one per histogram of [`CommittedHandles`]
+/// (`None`: that histogram takes none from it).
+fn samples_of(r: &crate::observe::AttemptRecord) -> [Option<f64>; 4] {
+    let usage = r.usage.filter(|_| !r.estimated);
+    [
+        Some(r.duration.as_secs_f64()),
+        r.time_to_first_output.map(|t| t.as_secs_f64()),
+        usage.map(|u| u.input_tokens as f64),
+        usage.map(|u| u.output_tokens as f64),
+    ]
 }
 
 /// A turn answered at its first try.
@@ -419,17 +427,16 @@ impl TargetMeters {
             let labels = operation_labels(&self.provider, &self.target);
             CommittedHandles {
                 attempts: attempt_counter(&self.target, "none", "committed", "committed"),
-                duration: duration_histogram(labels.clone()),
-                first_output: metrics::histogram!(metric::TIME_TO_FIRST_TOKEN, labels.clone()),
-                input_tokens: token_histogram(labels.clone(), "input"),
-                output_tokens: token_histogram(labels, "output"),
+                histograms: [
+                    duration_histogram(labels.clone()),
+                    metrics::histogram!(metric::TIME_TO_FIRST_TOKEN, labels.clone()),
+                    token_histogram(labels.clone(), "input"),
+                    token_histogram(labels, "output"),
+                ],
                 held: (batch > 1).then(|| {
                     Mutex::new(HeldAttempts {
                         count: 0,
-                        duration: held_samples(batch),
-                        first_output: held_samples(batch),
-                        input_tokens: held_samples(batch),
-                        output_tokens: held_samples(batch),
+                        samples: std::array::from_fn(|_| held_samples(batch)),
                     })
                 }),
             }
@@ -440,31 +447,21 @@ impl TargetMeters {
 impl CommittedHandles {
     /// Records one clean attempt, or holds it when the stack batches.
     fn record(&self, r: &crate::observe::AttemptRecord, batch: usize) {
-        let usage = r.usage.filter(|_| !r.estimated);
-        let ttft = r.time_to_first_output.map(|t| t.as_secs_f64());
-        let duration = r.duration.as_secs_f64();
+        let samples = samples_of(r);
         let Some(held) = &self.held else {
             self.attempts.increment(1);
-            if let Some(ttft) = ttft {
-                self.first_output.record(ttft);
+            for (histogram, sample) in self.histograms.iter().zip(samples) {
+                if let Some(sample) = sample {
+                    histogram.record(sample);
+                }
             }
-            if let Some(usage) = usage {
-                self.input_tokens.record(usage.input_tokens as f64);
-                self.output_tokens.record(usage.output_tokens as f64);
-            }
-            self.duration.record(duration);
             return;
         };
         let mut held = lock(held);
         held.count += 1;
-        if let Some(ttft) = ttft {
-            held.first_output.push(ttft);
+        for (kept, sample) in held.samples.iter_mut().zip(samples) {
+            kept.extend(sample);
         }
-        if let Some(usage) = usage {
-            held.input_tokens.push(usage.input_tokens as f64);
-            held.output_tokens.push(usage.output_tokens as f64);
-        }
-        held.duration.push(duration);
         if held.count >= batch as u64 {
             self.hand_over(&mut held);
         }
@@ -475,14 +472,9 @@ impl CommittedHandles {
             self.attempts.increment(held.count);
             held.count = 0;
         }
-        for (handle, samples) in [
-            (&self.duration, &mut held.duration),
-            (&self.first_output, &mut held.first_output),
-            (&self.input_tokens, &mut held.input_tokens),
-            (&self.output_tokens, &mut held.output_tokens),
-        ] {
-            for sample in samples.drain(..) {
-                handle.record(sample);
+        for (histogram, kept) in self.histograms.iter().zip(&mut held.samples) {
+            for sample in kept.drain(..) {
+                histogram.record(sample);
             }
         }
     }
