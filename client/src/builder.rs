@@ -8,10 +8,12 @@ use std::time::Duration;
 use http::HeaderName;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::endpoint::Endpoint;
 use super::io::CompactConnector;
+use super::pool::Http1Pool;
 use super::proxy::{ProxySetting, UpstreamConnector};
 use super::service::Shared;
 use super::tls::TlsOptions;
@@ -186,7 +188,21 @@ impl UpstreamClientBuilder {
     pub fn build(self) -> Result<UpstreamClient, ClientError> {
         let target = Endpoint::parse(&self.base_url, self.strip_prefix.as_deref())?;
         let credential = self.auth.to_header()?;
-        let connector = self.connector()?;
+        let proxy = self.proxy.matcher()?;
+        let connector = self.connector(proxy.clone())?;
+        // A plain-`http` target reached directly is pooled by the client
+        // itself (see `pool`); the rest by hyper-util.
+        let pool = target
+            .plain_origin()
+            .filter(|_| proxy.is_none())
+            .map(|origin| {
+                Http1Pool::new(
+                    connector.clone(),
+                    origin,
+                    self.pool_max_idle_per_host,
+                    self.pool_idle_timeout,
+                )
+            });
 
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -197,6 +213,7 @@ impl UpstreamClientBuilder {
 
         Ok(UpstreamClient::from_parts(
             client,
+            pool,
             Arc::new(Shared {
                 host: target.host_header(),
                 target,
@@ -211,14 +228,14 @@ impl UpstreamClientBuilder {
 impl UpstreamClientBuilder {
     /// The connector `build` uses: TCP_NODELAY, the connect timeout, the
     /// proxy tunnel when one applies, rustls with the trust options.
-    fn connector(&self) -> Result<CompactConnector, ClientError> {
+    fn connector(&self, proxy: Option<Arc<Matcher>>) -> Result<CompactConnector, ClientError> {
         let mut http = HttpConnector::new();
         // Streams are many small writes: without this, Nagle's algorithm and
         // delayed ACKs hold each stream's tail for ~40 ms.
         http.set_nodelay(true);
         http.enforce_http(false);
         http.set_connect_timeout(self.connect_timeout);
-        let tcp = UpstreamConnector::new(http, self.proxy.matcher()?);
+        let tcp = UpstreamConnector::new(http, proxy);
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(self.tls.client_config()?)
             .https_or_http();
@@ -261,7 +278,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let builder = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"));
-        let mut connector = builder.connector().unwrap();
+        let mut connector = builder.connector(None).unwrap();
         let uri: http::Uri = format!("http://127.0.0.1:{port}/").parse().unwrap();
         let (stream, accepted) = tokio::join!(connector.call(uri), listener.accept());
         let (_server_side, _) = accepted.unwrap();

@@ -63,6 +63,20 @@ impl Endpoint {
         &self.authority
     }
 
+    /// `http://host:port/` for a plain-`http` endpoint (what its own pool
+    /// connects to); `None` for `https`.
+    pub(crate) fn plain_origin(&self) -> Option<http::Uri> {
+        if self.scheme != Scheme::HTTP {
+            return None;
+        }
+        http::Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(self.authority.clone())
+            .path_and_query("/")
+            .build()
+            .ok()
+    }
+
     /// The `host` header of a request to this endpoint, made once, as
     /// hyper-util makes it (the host, and the port unless it is the
     /// scheme's default): hyper-util would parse the URI's authority for it

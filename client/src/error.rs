@@ -4,7 +4,7 @@ use std::error::Error;
 use std::fmt;
 use std::path::PathBuf;
 
-use tower_llm_failover::classify::UpstreamError;
+use tower_llm_failover::classify::{NotSent, UpstreamError};
 
 /// Why [`UpstreamClientBuilder::build`](super::UpstreamClientBuilder::build)
 /// failed. Never echoes a credential; a base URL's query (which may carry a
@@ -91,14 +91,22 @@ pub enum SendError {
     /// could not be joined onto the base URL). Classified as
     /// `InvalidRequest` before send: it never left the gateway.
     InvalidRequest(Box<UpstreamError>),
+    /// A plain-`http` target (pooled by the client itself): the request
+    /// was not sent, because the connection could not be made or closed
+    /// before the request was written. Its source is the cause.
+    NotSent(NotSent),
+    /// A plain-`http` target: hyper failed once the request was written
+    /// (the connection closed or broke before the response head).
+    Http(hyper::Error),
 }
 
 impl SendError {
-    /// The hyper-util error, for a transport failure.
+    /// The hyper-util error, for a transport failure of an `https` or
+    /// proxied target.
     pub fn transport(&self) -> Option<&hyper_util::client::legacy::Error> {
         match self {
             Self::Transport(e) => Some(e),
-            Self::InvalidRequest(_) => None,
+            Self::InvalidRequest(_) | Self::NotSent(_) | Self::Http(_) => None,
         }
     }
 
@@ -107,7 +115,8 @@ impl SendError {
     pub fn is_connect(&self) -> bool {
         match self {
             Self::Transport(e) => e.is_connect(),
-            Self::InvalidRequest(_) => false,
+            Self::NotSent(_) => true,
+            Self::InvalidRequest(_) | Self::Http(_) => false,
         }
     }
 }
@@ -115,8 +124,11 @@ impl SendError {
 impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Transport(_) => f.write_str("upstream transport error"),
+            Self::Transport(_) | Self::Http(_) => f.write_str("upstream transport error"),
             Self::InvalidRequest(_) => f.write_str("request cannot be sent upstream"),
+            Self::NotSent(_) => {
+                f.write_str("upstream connection failed before the request was sent")
+            }
         }
     }
 }
@@ -128,6 +140,8 @@ impl Error for SendError {
         match self {
             Self::Transport(e) => Some(e),
             Self::InvalidRequest(e) => Some(&**e),
+            Self::NotSent(e) => Some(e),
+            Self::Http(e) => Some(e),
         }
     }
 }

@@ -23,6 +23,8 @@ pin_project! {
     #[project = KindProj]
     enum Kind {
         Sent { #[pin] inner: hyper_util::client::legacy::ResponseFuture },
+        // A plain-`http` target's own pool.
+        Pooled { inner: Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send>> },
         Rejected { error: Option<SendError> },
     }
 }
@@ -31,6 +33,14 @@ impl ResponseFuture {
     pub(crate) fn sent(inner: hyper_util::client::legacy::ResponseFuture) -> Self {
         Self {
             kind: Kind::Sent { inner },
+        }
+    }
+
+    pub(crate) fn pooled(
+        inner: Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send>>,
+    ) -> Self {
+        Self {
+            kind: Kind::Pooled { inner },
         }
     }
 
@@ -47,6 +57,7 @@ impl Future for ResponseFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Sent { inner } => inner.poll(cx).map_err(SendError::Transport),
+            KindProj::Pooled { inner } => inner.as_mut().poll(cx),
             KindProj::Rejected { error } => match error.take() {
                 Some(error) => Poll::Ready(Err(error)),
                 // Polled after completion: stay pending rather than panic.
@@ -60,6 +71,7 @@ impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
             Kind::Sent { .. } => "sent",
+            Kind::Pooled { .. } => "sent",
             Kind::Rejected { .. } => "rejected",
         };
         f.debug_struct("ResponseFuture")

@@ -19,6 +19,7 @@ use tower_service::Service;
 
 use super::endpoint::Endpoint;
 use super::io::CompactConnector;
+use super::pool::Http1Pool;
 use super::{ResponseFuture, SendError, UpstreamClientBuilder, headers};
 use tower_llm_failover::{FailureClass, Phase, classify::Classification, classify::UpstreamError};
 
@@ -39,19 +40,24 @@ pub(crate) struct Shared {
 }
 
 /// A Tower service sending requests to one upstream: base URL, credential,
-/// a pooled hyper-util client over rustls.
+/// a pooled hyper-util client over rustls (a plain-`http` target: HTTP/1.1
+/// connections pooled by the client itself).
 ///
 /// - `Request<Full<Bytes>>`, the one body type the failover layer sends
 ///   (one concrete type, so `ServiceExt` combinators infer);
 /// - `Response = http::Response<hyper::body::Incoming>`, the upstream's own
 ///   body, unread;
-/// - `Error = `[`SendError`], whose `source()` is hyper-util's error.
+/// - `Error = `[`SendError`], whose `source()` is hyper-util's error (or,
+///   for a plain-`http` target, hyper's or the connect error).
 ///
 /// Cloning is cheap and clones share the connection pool. See the [module
 /// docs](super) for the URL join rule and the header rules.
 #[derive(Clone)]
 pub struct UpstreamClient {
     client: Client<CompactConnector, UpstreamBody>,
+    /// A plain-`http` target reached directly: its own pool
+    /// ([`Http1Pool`](super::pool::Http1Pool)), not hyper-util's.
+    pool: Option<Arc<Http1Pool>>,
     shared: Arc<Shared>,
 }
 
@@ -65,9 +71,14 @@ impl UpstreamClient {
 
     pub(crate) fn from_parts(
         client: Client<CompactConnector, UpstreamBody>,
+        pool: Option<Arc<Http1Pool>>,
         shared: Arc<Shared>,
     ) -> Self {
-        Self { client, shared }
+        Self {
+            client,
+            pool,
+            shared,
+        }
     }
 
     /// The target's host and port, for logs.
@@ -118,8 +129,8 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
     type Error = SendError;
     type Future = ResponseFuture;
 
-    /// Always ready: the hyper-util client opens or reuses a pooled
-    /// connection inside the response future, so there is no capacity to
+    /// Always ready: the pool (the client's own, or hyper-util's) opens or
+    /// reuses a connection inside the response future, so there is no capacity to
     /// wait for here (connect errors surface from the future). Put a
     /// `ConcurrencyLimitLayer` in front to bound in-flight requests.
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -131,7 +142,13 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
             Ok(request) => {
                 let request =
                     request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
-                ResponseFuture::sent(self.client.request(request))
+                match &self.pool {
+                    Some(pool) => ResponseFuture::pooled(Box::pin(super::pool::send(
+                        Arc::clone(pool),
+                        request,
+                    ))),
+                    None => ResponseFuture::sent(self.client.request(request)),
+                }
             }
             Err(error) => ResponseFuture::rejected(error),
         }

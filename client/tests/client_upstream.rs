@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_llm_client::{Auth, ClientError, UpstreamClient};
+use tower_llm_client::{Auth, ClientError, SendError, UpstreamClient};
 use tower_llm_failover::{FailureClass, Phase, classify::Classifier, classify::ClassifyLayer};
 
 const RATE_LIMIT: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Used 199434, Requested 2299. Please try again in 519ms.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
@@ -284,6 +284,102 @@ async fn connections_are_pooled_and_set_tcp_nodelay() {
     assert_eq!(server.nodelay.load(Ordering::SeqCst), 1);
 }
 
+/// Two requests in flight at once take two connections; both go back to
+/// the pool, and the next two reuse them.
+#[tokio::test]
+async fn requests_in_flight_together_each_take_a_connection_and_all_are_reused() {
+    let server = echo_server().await;
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let (a, b) = tokio::join!(
+            send(&client, chat("/v1/a").body(Full::default()).unwrap()),
+            send(&client, chat("/v1/b").body(Full::default()).unwrap()),
+        );
+        assert_eq!(
+            (a["path"].as_str(), b["path"].as_str()),
+            (Some("/v1/a"), Some("/v1/b"))
+        );
+    }
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+}
+
+/// With no idle connection kept, every request connects anew.
+#[tokio::test]
+async fn no_idle_connection_is_kept_when_the_cap_is_zero() {
+    let server = echo_server().await;
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
+    }
+    assert_eq!(server.connections.load(Ordering::SeqCst), 3);
+}
+
+/// A connection idle longer than the idle timeout is not reused.
+#[tokio::test]
+async fn a_connection_idle_past_the_timeout_is_not_reused() {
+    let server = echo_server().await;
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .pool_idle_timeout(std::time::Duration::from_millis(50))
+        .build()
+        .unwrap();
+    send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
+    send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
+    assert_eq!(
+        server.connections.load(Ordering::SeqCst),
+        1,
+        "reused in time"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
+    assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+}
+
+/// The upstream closes a kept-alive connection while it is idle in the
+/// pool: the next request goes out on a new connection and is answered.
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_is_not_used() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                // Kept alive by its answer, then closed without a word.
+                drop(socket);
+            });
+        }
+    });
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"))
+        .build()
+        .unwrap();
+    for round in 0..3 {
+        let response = client
+            .clone()
+            .oneshot(chat("/v1/models").body(Full::default()).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+        // The close has arrived by the next round, or arrives as it sends.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn a_refused_connection_is_a_connect_failure_before_send() {
     let port = {
@@ -301,8 +397,10 @@ async fn a_refused_connection_is_a_connect_failure_before_send() {
     let ready = ServiceExt::<Request<Full<Bytes>>>::ready(&mut client).await;
     let error = ready.unwrap().call(request).await.unwrap_err();
     assert!(error.is_connect());
-    let transport = error.transport().expect("a transport error");
-    assert!(transport.is_connect());
+    // A plain-`http` target is pooled by the client itself: its error
+    // says the request was not sent.
+    assert!(matches!(error, SendError::NotSent(_)), "{error:?}");
+    assert!(error.transport().is_none());
 
     let c = Classifier::default().classify_transport(Some("primary"), &error, false);
     assert_eq!(c.class, FailureClass::Connect);

@@ -124,4 +124,4 @@ pub use self::service::Classify;
 #[cfg(feature = "tower-http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower-http")))]
 pub use self::tower_http::TowerHttpClassifier;
-pub use self::transport::{ConnectionCheck, FailedCheck};
+pub use self::transport::{ConnectionCheck, FailedCheck, NotSent};

@@ -46,6 +46,33 @@ impl Error for FailedCheck {
     }
 }
 
+/// The request never left the client: the connection could not be made,
+/// or it closed before the request was written. A client puts it in its
+/// error chain (its source is the cause); the classifier reads the phase
+/// from it (before-send: safe to send elsewhere), knowing nothing of the
+/// client. hyper-util's client says the same with its `is_connect`.
+#[derive(Debug)]
+pub struct NotSent(crate::BoxError);
+
+impl NotSent {
+    /// The request was not sent, because of `cause`.
+    pub fn new(cause: impl Into<crate::BoxError>) -> Self {
+        Self(cause.into())
+    }
+}
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request was not sent")
+    }
+}
+
+impl Error for NotSent {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 /// Deepest chain walked; error chains are short, this only bounds a cycle.
 const MAX_DEPTH: usize = 32;
 
@@ -66,7 +93,8 @@ fn is_before_send(kind: io::ErrorKind) -> bool {
 
 #[derive(Default)]
 struct Seen {
-    /// The hyper-util client said the connector failed.
+    /// The client said the request never left ([`NotSent`], hyper-util's
+    /// `is_connect`).
     connect_stage: bool,
     timeout: bool,
     parse: bool,
@@ -117,6 +145,9 @@ pub(crate) fn classify(error: &(dyn Error + 'static), head_received: bool) -> Cl
         }
         if e.is::<tokio::time::error::Elapsed>() {
             seen.timeout = true;
+        }
+        if e.is::<NotSent>() {
+            seen.connect_stage = true;
         }
         if let Some(failed) = e.downcast_ref::<FailedCheck>() {
             seen.check.get_or_insert(Check {
