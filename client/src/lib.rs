@@ -9,9 +9,10 @@
 //! `http://` target reached directly (a model server on the host or beside
 //! it) speaks HTTP/1.1 over connections the client pools itself: one list
 //! per target, no pool key to hash per request, a connection back in the
-//! list once its response has been read (about 2 µs of CPU less per small
-//! completion in the gateway than hyper-util's pool, which serves any
-//! number of hosts). Its idle timeout and idle cap are the same settings.
+//! list once its response has been read (about 8k instructions and 0.8 µs
+//! of CPU less per small completion in the gateway than hyper-util's pool,
+//! which serves any number of hosts). Its idle timeout and idle cap are
+//! the same settings.
 //!
 //! # TLS
 //!
