@@ -13,8 +13,8 @@
 //! request (the response body read to its end), and is dropped when it is
 //! closed, idle longer than the idle timeout, or beyond the idle cap. A
 //! request that meets a pooled connection the upstream had closed (the
-//! request not written) is sent once more, on a new connection, as
-//! hyper-util does.
+//! request not written) is sent on another, as hyper-util does; each such
+//! connection is dropped, so this ends at a new connection.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -168,7 +168,8 @@ pub(crate) async fn send(
             }
             Err(mut failed) => match failed.take_message() {
                 // A pooled connection the upstream had closed: the request
-                // never left; once more, on a new connection.
+                // never left; on another (this one is dropped, so the loop
+                // ends at a new connection, whose failure is final).
                 Some(unsent) if reused => request = unsent,
                 Some(_) => return Err(SendError::NotSent(NotSent::new(failed.into_error()))),
                 None => return Err(SendError::Http(failed.into_error())),
