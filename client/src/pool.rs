@@ -97,12 +97,12 @@ impl Http1Pool {
         while idle.front().is_some_and(|oldest| self.expired(oldest, now)) {
             idle.pop_front();
         }
+        // At the cap (at least one: `when_ready` keeps none at zero), the
+        // oldest goes.
         if idle.len() >= self.max_idle {
             idle.pop_front();
         }
-        if idle.len() < self.max_idle {
-            idle.push_back(Idle { sender, since: now });
-        }
+        idle.push_back(Idle { sender, since: now });
     }
 
     /// A new connection, its task spawned on the current runtime.

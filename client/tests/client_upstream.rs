@@ -380,6 +380,41 @@ async fn a_pooled_connection_the_upstream_closed_is_not_used() {
     assert_eq!(accepted.load(Ordering::SeqCst), 3);
 }
 
+/// The upstream reads the request and closes without a head: the request
+/// was sent, so the failure may have reached the provider (never "before
+/// send", which would make a reroute look free).
+#[tokio::test]
+async fn a_request_written_then_cut_before_the_head_may_have_reached_the_provider() {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = socket.read(&mut buf).await;
+    });
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"))
+        .build()
+        .unwrap();
+    let error = client
+        .oneshot(
+            chat("/v1/chat/completions")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SendError::Http(_)), "{error:?}");
+    assert!(!error.is_connect());
+    let c = Classifier::default().classify_transport(Some("primary"), &error, false);
+    assert_eq!(
+        (c.class, c.phase),
+        (FailureClass::Connect, Phase::Head),
+        "{c}"
+    );
+    assert!(c.phase.may_have_reached_provider());
+}
+
 #[tokio::test]
 async fn a_refused_connection_is_a_connect_failure_before_send() {
     let port = {
