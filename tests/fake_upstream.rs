@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use tower_llm_client::ResponseBody;
 use tower_llm_client::{Auth, UpstreamClient};
 use tower_llm_testing::upstream::{ErrorFixture, FakeUpstream, Fault};
 
@@ -31,7 +31,7 @@ async fn call(
     method: &str,
     path: &str,
     body: Value,
-) -> Response<Incoming> {
+) -> Response<ResponseBody> {
     let body = if body.is_null() {
         Bytes::new()
     } else {
@@ -49,7 +49,7 @@ async fn call(
         .unwrap()
 }
 
-async fn chat(fake: &FakeUpstream, body: Value) -> Response<Incoming> {
+async fn chat(fake: &FakeUpstream, body: Value) -> Response<ResponseBody> {
     call(&client(fake), "POST", "/v1/chat/completions", body).await
 }
 
@@ -57,7 +57,7 @@ fn stream_request(model: &str) -> Value {
     json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi there"}]})
 }
 
-async fn json_body(response: Response<Incoming>) -> Value {
+async fn json_body(response: Response<ResponseBody>) -> Value {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes).unwrap()
 }
@@ -73,14 +73,14 @@ enum End {
 
 /// Reads SSE `data:` payloads until the body ends, fails, or stays silent
 /// for `quiet`.
-async fn read_events(body: &mut Incoming, quiet: Duration) -> (Vec<String>, End) {
+async fn read_events(body: &mut ResponseBody, quiet: Duration) -> (Vec<String>, End) {
     read_events_until(body, quiet, |_| false).await
 }
 
 /// Reads SSE `data:` payloads until `enough` holds for those read so far,
 /// or the body ends, fails, or stays silent for `quiet`.
 async fn read_events_until(
-    body: &mut Incoming,
+    body: &mut ResponseBody,
     quiet: Duration,
     enough: impl Fn(&[String]) -> bool,
 ) -> (Vec<String>, End) {

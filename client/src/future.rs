@@ -6,10 +6,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::Response;
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 use super::SendError;
+use super::body::ResponseBody;
 
 pin_project! {
     /// Resolves to the upstream's response head, or a [`SendError`].
@@ -24,7 +24,7 @@ pin_project! {
     enum Kind {
         Sent { #[pin] inner: hyper_util::client::legacy::ResponseFuture },
         // A plain-`http` target's own pool.
-        Pooled { inner: Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send>> },
+        Pooled { inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, SendError>> + Send>> },
         Rejected { error: Option<SendError> },
     }
 }
@@ -37,7 +37,7 @@ impl ResponseFuture {
     }
 
     pub(crate) fn pooled(
-        inner: Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send>>,
+        inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, SendError>> + Send>>,
     ) -> Self {
         Self {
             kind: Kind::Pooled { inner },
@@ -52,11 +52,14 @@ impl ResponseFuture {
 }
 
 impl Future for ResponseFuture {
-    type Output = Result<Response<Incoming>, SendError>;
+    type Output = Result<Response<ResponseBody>, SendError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Sent { inner } => inner.poll(cx).map_err(SendError::Transport),
+            KindProj::Sent { inner } => inner
+                .poll(cx)
+                .map_ok(|response| response.map(ResponseBody::new))
+                .map_err(SendError::Transport),
             KindProj::Pooled { inner } => inner.as_mut().poll(cx),
             KindProj::Rejected { error } => match error.take() {
                 Some(error) => Poll::Ready(Err(error)),

@@ -10,7 +10,10 @@
 //! hyper-util's client (TLS, ALPN's choice of HTTP/2, CONNECT tunnels).
 //!
 //! A connection goes back to the list when it is ready for the next
-//! request (the response body read to its end), and is dropped when it is
+//! request: its response's body, read to its end or dropped, hands it
+//! back (at once when hyper has already taken up the next request, as it
+//! has on a current-thread runtime; else through a task that waits for
+//! it). It is dropped when it is
 //! closed, idle longer than the idle timeout, or beyond the idle cap. A
 //! request that meets a pooled connection the upstream had closed (the
 //! request not written) is sent on another, as hyper-util does; each such
@@ -21,12 +24,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response, Uri};
-use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use tower_llm_failover::classify::NotSent;
 use tower_service::Service;
 
 use super::SendError;
+use super::body::{ResponseBody, Returning};
 use super::io::CompactConnector;
 use super::service::UpstreamBody;
 
@@ -97,7 +100,7 @@ impl Http1Pool {
         while idle.front().is_some_and(|oldest| self.expired(oldest, now)) {
             idle.pop_front();
         }
-        // At the cap (at least one: `when_ready` keeps none at zero), the
+        // At the cap (at least one: `give_back` keeps none at zero), the
         // oldest goes.
         if idle.len() >= self.max_idle {
             idle.pop_front();
@@ -125,17 +128,28 @@ impl Http1Pool {
         Ok(sender)
     }
 
-    /// Puts `sender` back once its response has been read to the end.
-    fn when_ready(self: &Arc<Self>, mut sender: SendRequest<UpstreamBody>) {
-        if self.max_idle == 0 {
+    /// Takes `sender` back after its response: into the list at once when
+    /// it is ready for the next request (its response read to the end),
+    /// else once it is (a task waits for it), unless it closes first.
+    pub(crate) fn give_back(self: &Arc<Self>, sender: SendRequest<UpstreamBody>) {
+        if self.max_idle == 0 || sender.is_closed() {
             return;
         }
-        let pool = Arc::clone(self);
-        tokio::spawn(async move {
-            if sender.ready().await.is_ok() {
-                pool.put(sender);
-            }
-        });
+        if sender.is_ready() {
+            self.put(sender);
+            return;
+        }
+        // Outside a runtime (a response dropped after its runtime ended)
+        // nothing could drive the connection again: it is dropped.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = Arc::clone(self);
+            let mut sender = sender;
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.put(sender);
+                }
+            });
+        }
     }
 }
 
@@ -143,7 +157,7 @@ impl Http1Pool {
 pub(crate) async fn send(
     pool: Arc<Http1Pool>,
     mut request: Request<UpstreamBody>,
-) -> Result<Response<Incoming>, SendError> {
+) -> Result<Response<ResponseBody>, SendError> {
     // HTTP/1.1 to an origin: the request line names the path only.
     if let Some(path) = request.uri().path_and_query().cloned() {
         *request.uri_mut() = Uri::from(path);
@@ -163,8 +177,9 @@ pub(crate) async fn send(
         };
         match sender.try_send_request(request).await {
             Ok(response) => {
-                pool.when_ready(sender);
-                return Ok(response);
+                // The body takes the connection back when it has been read.
+                let returning = Returning::new(pool, sender);
+                return Ok(response.map(|body| ResponseBody::returning(body, returning)));
             }
             Err(mut failed) => match failed.take_message() {
                 // A pooled connection the upstream had closed: the request

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_llm_failover::classify::Note;
 
+use super::body::ResponseBody;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::uri::Authority;
@@ -13,7 +14,6 @@ use http_body::Body;
 use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use tower_service::Service;
 
@@ -125,7 +125,7 @@ impl UpstreamClient {
 ///
 /// [`Failover`]: tower_llm_failover::failover::Failover
 impl Service<Request<Full<Bytes>>> for UpstreamClient {
-    type Response = Response<Incoming>;
+    type Response = Response<ResponseBody>;
     type Error = SendError;
     type Future = ResponseFuture;
 

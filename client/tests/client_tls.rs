@@ -13,9 +13,9 @@ use tower_llm_failover::classify::Note;
 use bytes::Bytes;
 use http::{Request, Response, Version};
 use http_body_util::{BodyExt as _, Full};
-use hyper::body::Incoming;
 use support::{Ca, Proxy, ProxyMode, Scratch, server_config};
 use tower::ServiceExt as _;
+use tower_llm_client::ResponseBody;
 use tower_llm_client::{SendError, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::{FailureClass, Phase, classify::Classification, classify::Classifier};
 use tower_llm_testing::upstream::FakeUpstream;
@@ -32,14 +32,14 @@ fn chat() -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn send(client: &UpstreamClient) -> Result<Response<Incoming>, SendError> {
+async fn send(client: &UpstreamClient) -> Result<Response<ResponseBody>, SendError> {
     tokio::time::timeout(LIMIT, client.clone().oneshot(chat()))
         .await
         .expect("the client answers in time")
 }
 
 /// The whole streamed answer as text.
-async fn read_all(response: Response<Incoming>) -> String {
+async fn read_all(response: Response<ResponseBody>) -> String {
     let bytes = tokio::time::timeout(LIMIT, response.into_body().collect())
         .await
         .expect("the body ends in time")

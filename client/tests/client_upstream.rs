@@ -305,6 +305,80 @@ async fn requests_in_flight_together_each_take_a_connection_and_all_are_reused()
     assert_eq!(server.connections.load(Ordering::SeqCst), 2);
 }
 
+/// A connection is back in the pool as soon as its response body has been
+/// read to the end: no task is left waiting to return it, and the next
+/// request takes it.
+#[tokio::test]
+async fn a_connection_is_back_in_the_pool_once_its_body_is_read() {
+    let server = echo_server().await;
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .build()
+        .unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for round in 0..3 {
+        send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
+        // The server's accept loop, its connection, and the client's
+        // connection: nothing else (a task per request returning its
+        // connection would be a fourth).
+        assert_eq!(metrics.num_alive_tasks(), 3, "round {round}");
+    }
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+}
+
+/// A response dropped before its body was read leaves its connection out
+/// of the list while the rest of the body is still due: the next request
+/// goes out on another connection and is answered whole.
+#[tokio::test]
+async fn a_body_dropped_before_its_end_does_not_lend_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                if first {
+                    // Half the body, then nothing for longer than the test.
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nha")
+                        .await;
+                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                } else {
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone")
+                        .await;
+                }
+            });
+        }
+    });
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"))
+        .build()
+        .unwrap();
+    let half = client
+        .clone()
+        .oneshot(chat("/v1/models").body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    drop(half);
+    let whole = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        client
+            .clone()
+            .oneshot(chat("/v1/models").body(Full::default()).unwrap()),
+    )
+    .await
+    .expect("answered in time")
+    .unwrap();
+    let body = whole.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"done");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
 /// With no idle connection kept, every request connects anew.
 #[tokio::test]
 async fn no_idle_connection_is_kept_when_the_cap_is_zero() {
