@@ -40,19 +40,55 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        write_timestamp(&mut writer, SystemTime::now())?;
-        let meta = event.metadata();
-        writer.write_str(level_column(*meta.level()))?;
-        writer.write_str(meta.target())?;
-        writer.write_str(":")?;
-        let mut fields = Fields {
-            out: Sanitized(&mut writer),
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_char('\n')
+        LINE.with(|line| match line.try_borrow_mut() {
+            Ok(mut line) => {
+                line.clear();
+                let result = write_line(&mut line, event);
+                // A line that grew past what a usual one needs does not
+                // keep its memory for the thread's life.
+                let out = result.and_then(|()| writer.write_str(&line));
+                if line.capacity() > LINE_KEPT {
+                    *line = String::with_capacity(LINE_KEPT);
+                }
+                out
+            }
+            // Formatting a value logged a line of its own: that one gets a
+            // buffer of its own.
+            Err(_) => {
+                let mut line = String::new();
+                write_line(&mut line, event)?;
+                writer.write_str(&line)
+            }
+        })
     }
+}
+
+/// What a thread's line buffer keeps between lines.
+const LINE_KEPT: usize = 1024;
+
+thread_local! {
+    /// The line being formatted on this thread. The line is written here,
+    /// with direct pushes, and handed to the layer's writer in one call:
+    /// the writer is a `dyn fmt::Write`, and a line is some fifty small
+    /// writes (one indirect call each, out of the cache by the next turn).
+    static LINE: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(LINE_KEPT));
+}
+
+/// One event as a line, `\n` included.
+fn write_line(line: &mut String, event: &Event<'_>) -> fmt::Result {
+    write_timestamp(line, SystemTime::now())?;
+    let meta = event.metadata();
+    line.push_str(level_column(*meta.level()));
+    line.push_str(meta.target());
+    line.push(':');
+    let mut fields = Fields {
+        out: Sanitized(line),
+        result: Ok(()),
+    };
+    event.record(&mut fields);
+    fields.result?;
+    line.push('\n');
+    Ok(())
 }
 
 /// The level right-aligned in five columns between single spaces, as the
@@ -140,33 +176,32 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 /// Writes what it is given with control characters escaped (`\n`,
 /// `\u{1b}`), so that no value can end the line or colour a terminal.
-struct Sanitized<'a, 'w>(&'a mut Writer<'w>);
+struct Sanitized<'a>(&'a mut String);
 
-impl fmt::Write for Sanitized<'_, '_> {
+impl fmt::Write for Sanitized<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut rest = s;
         while let Some(at) = rest.bytes().position(|b| b < 0x20 || b == 0x7f) {
-            self.0.write_str(&rest[..at])?;
+            self.0.push_str(&rest[..at]);
             // A control character is one byte (ASCII).
             let control = char::from(rest.as_bytes()[at]);
-            for escaped in control.escape_debug() {
-                self.0.write_char(escaped)?;
-            }
+            self.0.extend(control.escape_debug());
             rest = &rest[at + 1..];
         }
-        self.0.write_str(rest)
+        self.0.push_str(rest);
+        Ok(())
     }
 }
 
 /// The event's fields in the order recorded: the message bare, the others
 /// as `name=value`, each after a space; strings quoted as `Debug` quotes
 /// them.
-struct Fields<'a, 'w> {
-    out: Sanitized<'a, 'w>,
+struct Fields<'a> {
+    out: Sanitized<'a>,
     result: fmt::Result,
 }
 
-impl Fields<'_, '_> {
+impl Fields<'_> {
     /// ` name=` (` ` alone for the message).
     fn name(&mut self, field: &Field) -> fmt::Result {
         let name = field.name();
@@ -187,7 +222,7 @@ impl Fields<'_, '_> {
     }
 }
 
-impl Visit for Fields<'_, '_> {
+impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         let message = field.name() == "message";
         self.put(field, |f| {
