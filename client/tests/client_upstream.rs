@@ -89,6 +89,32 @@ async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infal
     Ok(Response::new(Full::new(Bytes::from(echo.to_string()))))
 }
 
+/// An upstream written by hand: for each connection (numbered from 0,
+/// counted in the returned count) it reads the request, writes
+/// `answer(n).0`, holds the connection for `answer(n).1`, then closes it.
+async fn scripted_upstream(
+    answer: fn(usize) -> (&'static [u8], std::time::Duration),
+) -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let (bytes, hold) = answer(count.fetch_add(1, Ordering::SeqCst));
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(bytes).await;
+                tokio::time::sleep(hold).await;
+            });
+        }
+    });
+    (port, accepted)
+}
+
 async fn send(client: &UpstreamClient, request: Request<Full<Bytes>>) -> Value {
     let response = client.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -330,32 +356,19 @@ async fn a_connection_is_back_in_the_pool_once_its_body_is_read() {
 /// goes out on another connection and is answered whole.
 #[tokio::test]
 async fn a_body_dropped_before_its_end_does_not_lend_its_connection() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        loop {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = socket.read(&mut buf).await;
-                if first {
-                    // Half the body, then nothing for longer than the test.
-                    let _ = socket
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nha")
-                        .await;
-                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-                } else {
-                    let _ = socket
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone")
-                        .await;
-                }
-            });
-        }
-    });
+    // The first connection: half the body, then nothing for longer than
+    // the test.
+    let (port, accepted) = scripted_upstream(|n| match n {
+        0 => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nha",
+            std::time::Duration::from_secs(30),
+        ),
+        _ => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ndone",
+            std::time::Duration::ZERO,
+        ),
+    })
+    .await;
     let client = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"))
         .build()
         .unwrap();
@@ -417,26 +430,14 @@ async fn a_connection_idle_past_the_timeout_is_not_reused() {
 /// pool: the next request goes out on a new connection and is answered.
 #[tokio::test]
 async fn a_pooled_connection_the_upstream_closed_is_not_used() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        loop {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = socket.read(&mut buf).await;
-                let _ = socket
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .await;
-                // Kept alive by its answer, then closed without a word.
-                drop(socket);
-            });
-        }
-    });
+    // Kept alive by its answer, then closed without a word.
+    let (port, accepted) = scripted_upstream(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            std::time::Duration::ZERO,
+        )
+    })
+    .await;
     let client = UpstreamClient::builder(format!("http://127.0.0.1:{port}/v1"))
         .build()
         .unwrap();
