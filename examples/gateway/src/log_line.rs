@@ -40,7 +40,12 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        LINE.with(|line| match line.try_borrow_mut() {
+        let own_line = |writer: &mut Writer<'_>| {
+            let mut line = String::new();
+            write_line(&mut line, event)?;
+            writer.write_str(&line)
+        };
+        let kept = LINE.try_with(|line| match line.try_borrow_mut() {
             Ok(mut line) => {
                 line.clear();
                 let result = write_line(&mut line, event);
@@ -52,14 +57,13 @@ where
                 }
                 out
             }
-            // Formatting a value logged a line of its own: that one gets a
-            // buffer of its own.
-            Err(_) => {
-                let mut line = String::new();
-                write_line(&mut line, event)?;
-                writer.write_str(&line)
-            }
-        })
+            // In use by a line being formatted on this thread (tracing does
+            // not dispatch an event raised inside another's, so this is a
+            // guard against a panic, not a path taken).
+            Err(_) => own_line(&mut writer),
+        });
+        // The thread is ending and its buffer is gone: a buffer of its own.
+        kept.unwrap_or_else(|_| own_line(&mut writer))
     }
 }
 
@@ -357,6 +361,42 @@ mod tests {
             assert_eq!(a.split_once(' ').unwrap().0.len(), 27, "{a}");
         }
         assert!(ours.contains(r#"model="a\"quoted\\ model""#), "{ours}");
+    }
+
+    /// A value whose formatting logs a line of its own.
+    struct Logs;
+
+    impl fmt::Debug for Logs {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            tracing::info!("inner");
+            f.write_str("outer")
+        }
+    }
+
+    /// tracing does not dispatch an event raised inside another's
+    /// dispatch (the inner line is dropped): the outer line is whole, and
+    /// the thread's buffer is free for the next.
+    #[test]
+    fn a_line_logged_while_another_is_formatted_leaves_both_lines_around_it_whole() {
+        let kept = Kept::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(kept.clone())
+            .event_format(LineFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(value = ?Logs, "first");
+            tracing::info!("after");
+        });
+        let text = kept.text();
+        let lines: Vec<&str> = text.lines().map(untimed).collect();
+        assert_eq!(
+            lines,
+            [
+                " INFO tower_llm_gateway::log_line::tests: first value=outer",
+                " INFO tower_llm_gateway::log_line::tests: after",
+            ],
+            "{text}"
+        );
     }
 
     #[test]
