@@ -351,6 +351,34 @@ async fn a_connection_is_back_in_the_pool_once_its_body_is_read() {
     assert_eq!(server.connections.load(Ordering::SeqCst), 1);
 }
 
+/// A body read until hyper says it has ended, and dropped without being
+/// polled past its end (as a server writing it does), still hands its
+/// connection back: the next request takes it.
+#[tokio::test]
+async fn a_body_dropped_at_its_end_hands_its_connection_back() {
+    let server = echo_server().await;
+    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .build()
+        .unwrap();
+    for round in 0..3 {
+        let response = client
+            .clone()
+            .oneshot(chat("/v1/models").body(Full::default()).unwrap())
+            .await
+            .unwrap();
+        let mut body = response.into_body();
+        let mut read = Vec::new();
+        while !http_body::Body::is_end_stream(&body) {
+            let frame = body.frame().await.unwrap().unwrap();
+            read.extend_from_slice(&frame.into_data().unwrap());
+        }
+        drop(body);
+        let echo: Value = serde_json::from_slice(&read).unwrap();
+        assert_eq!(echo["path"], "/v1/models", "round {round}");
+    }
+    assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+}
+
 /// A response dropped before its body was read leaves its connection out
 /// of the list while the rest of the body is still due: the next request
 /// goes out on another connection and is answered whole.
