@@ -115,6 +115,13 @@ async fn scripted_upstream(
     (port, accepted)
 }
 
+/// A client of `server` with the builder's defaults.
+fn client_of(server: &Echo) -> UpstreamClient {
+    UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
+        .build()
+        .unwrap()
+}
+
 async fn send(client: &UpstreamClient, request: Request<Full<Bytes>>) -> Value {
     let response = client.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -298,9 +305,7 @@ async fn hop_by_hop_headers_are_dropped_and_host_is_the_targets() {
 #[tokio::test]
 async fn connections_are_pooled_and_set_tcp_nodelay() {
     let server = echo_server().await;
-    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
-        .build()
-        .unwrap();
+    let client = client_of(&server);
     for _ in 0..5 {
         let echo = send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
         assert_eq!(echo["path"], "/v1/models");
@@ -315,9 +320,7 @@ async fn connections_are_pooled_and_set_tcp_nodelay() {
 #[tokio::test]
 async fn requests_in_flight_together_each_take_a_connection_and_all_are_reused() {
     let server = echo_server().await;
-    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
-        .build()
-        .unwrap();
+    let client = client_of(&server);
     for _ in 0..3 {
         let (a, b) = tokio::join!(
             send(&client, chat("/v1/a").body(Full::default()).unwrap()),
@@ -337,9 +340,7 @@ async fn requests_in_flight_together_each_take_a_connection_and_all_are_reused()
 #[tokio::test]
 async fn a_connection_is_back_in_the_pool_once_its_body_is_read() {
     let server = echo_server().await;
-    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
-        .build()
-        .unwrap();
+    let client = client_of(&server);
     let metrics = tokio::runtime::Handle::current().metrics();
     for round in 0..3 {
         send(&client, chat("/v1/models").body(Full::default()).unwrap()).await;
@@ -357,9 +358,7 @@ async fn a_connection_is_back_in_the_pool_once_its_body_is_read() {
 #[tokio::test]
 async fn a_body_dropped_at_its_end_hands_its_connection_back() {
     let server = echo_server().await;
-    let client = UpstreamClient::builder(format!("http://127.0.0.1:{}/v1", server.addr.port()))
-        .build()
-        .unwrap();
+    let client = client_of(&server);
     for round in 0..3 {
         let response = client
             .clone()

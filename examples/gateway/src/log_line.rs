@@ -363,6 +363,17 @@ mod tests {
         assert!(ours.contains(r#"model="a\"quoted\\ model""#), "{ours}");
     }
 
+    /// What `log` writes through [`LineFormat`] at the default level.
+    fn logged(log: impl FnOnce()) -> String {
+        let kept = Kept::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(kept.clone())
+            .event_format(LineFormat)
+            .finish();
+        tracing::subscriber::with_default(subscriber, log);
+        kept.text()
+    }
+
     /// A value whose formatting logs a line of its own.
     struct Logs;
 
@@ -378,16 +389,10 @@ mod tests {
     /// the thread's buffer is free for the next.
     #[test]
     fn a_line_logged_while_another_is_formatted_leaves_both_lines_around_it_whole() {
-        let kept = Kept::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(kept.clone())
-            .event_format(LineFormat)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = logged(|| {
             tracing::info!(value = ?Logs, "first");
             tracing::info!("after");
         });
-        let text = kept.text();
         let lines: Vec<&str> = text.lines().map(untimed).collect();
         assert_eq!(
             lines,
@@ -401,15 +406,9 @@ mod tests {
 
     #[test]
     fn a_control_character_cannot_end_a_line_or_colour_a_terminal() {
-        let kept = Kept::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(kept.clone())
-            .event_format(LineFormat)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = logged(|| {
             tracing::info!(model = %"x\ny\u{1b}[31m", "two\nlines");
         });
-        let text = kept.text();
         assert_eq!(
             untimed(&text),
             " INFO tower_llm_gateway::log_line::tests: two\\nlines model=x\\ny\\u{1b}[31m\n"
