@@ -621,3 +621,64 @@ async fn a_batched_stack_reports_each_batch_whole_and_what_it_holds_when_asked_o
     assert_eq!(counter("failover.attempts", &clean), 5);
     assert_eq!(samples("gen_ai.client.operation.duration", &operation), 5);
 }
+
+/// Names of the histograms `describe_metrics` describes.
+#[derive(Default)]
+struct Described(Mutex<Vec<String>>);
+
+impl metrics::Recorder for Described {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        key: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+        self.0.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[test]
+fn every_histogram_described_has_ascending_boundaries_and_no_other_has_any() {
+    use tower_llm_failover::observe::{HISTOGRAM_BOUNDARIES, describe_metrics};
+    let described = Described::default();
+    metrics::with_local_recorder(&described, describe_metrics);
+    let mut described = described.0.into_inner().unwrap();
+    described.sort();
+    let mut bounded: Vec<String> = HISTOGRAM_BOUNDARIES
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    bounded.sort();
+    assert_eq!(described, bounded);
+    for (name, bounds) in HISTOGRAM_BOUNDARIES {
+        assert!(!bounds.is_empty(), "{name}");
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{name}: {bounds:?}");
+    }
+}

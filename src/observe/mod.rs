@@ -61,6 +61,9 @@
 //! | `failover.bytes_flushed_before_failure` (By) | histogram | `failover.phase`, `failover.target` |
 //! | `failover.attempts_per_turn` | histogram | `failover.outcome` |
 //!
+//! Histograms have bucket boundaries in their own unit,
+//! [`HISTOGRAM_BOUNDARIES`]: give them to your exporter.
+//!
 //! The model is left out of attempt metrics' labels (target and provider
 //! names are the operator's, a model may be the client's); health gauges
 //! name it, bounded by the health store's key cap. Health and retry-budget
@@ -89,4 +92,4 @@ mod telemetry;
 pub(crate) use record::*;
 pub use record::{AttemptRecord, TURN_ID_HEADER, TurnRecord};
 pub(crate) use telemetry::*;
-pub use telemetry::{describe_metrics, flush_metrics};
+pub use telemetry::{HISTOGRAM_BOUNDARIES, describe_metrics, flush_metrics};

@@ -112,6 +112,47 @@ pub(crate) mod metric {
     pub(crate) const ATTEMPTS_PER_TURN: &str = "failover.attempts_per_turn";
 }
 
+/// Bucket boundaries for every histogram this crate records, by metric
+/// name: the OpenTelemetry GenAI conventions' advisory boundaries for
+/// theirs, and ours sized for what they count. Give them to the exporter
+/// (`PrometheusBuilder::set_buckets_for_metric`, an OpenTelemetry
+/// histogram's `with_boundaries`): the exporters' defaults are summaries
+/// (quantiles that cannot be summed over gateway instances, and a sketch
+/// update per sample) or boundaries made for milliseconds.
+pub const HISTOGRAM_BOUNDARIES: &[(&str, &[f64])] = &[
+    (
+        metric::OPERATION_DURATION,
+        &[
+            0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+        ],
+    ),
+    (
+        metric::TOKEN_USAGE,
+        &[
+            1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+            4194304.0, 16777216.0, 67108864.0,
+        ],
+    ),
+    (
+        metric::TIME_TO_FIRST_TOKEN,
+        &[
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0,
+        ],
+    ),
+    // 0 is its own bucket: a failure before commit flushed nothing.
+    (
+        metric::BYTES_FLUSHED_BEFORE_FAILURE,
+        &[
+            0.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+        ],
+    ),
+    (
+        metric::ATTEMPTS_PER_TURN,
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 16.0],
+    ),
+];
+
 /// Describes every metric (units and help text) to the installed
 /// recorder; call once after installing it.
 pub fn describe_metrics() {

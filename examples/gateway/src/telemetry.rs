@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 use opentelemetry::trace::TracerProvider as _;
@@ -21,6 +21,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
+use tower_llm_failover::observe::HISTOGRAM_BOUNDARIES;
 use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -175,7 +176,9 @@ impl Telemetry {
         }
         .map_err(|e| format!("telemetry: {e}"))?;
 
-        let prometheus = PrometheusBuilder::new().build_recorder();
+        let prometheus = prometheus_builder()
+            .map_err(|e| format!("telemetry: {e}"))?
+            .build_recorder();
         let handle = prometheus.handle();
         let mut recorders =
             metrics_util::layers::FanoutBuilder::default().add_recorder(TotalSuffix(prometheus));
@@ -220,6 +223,22 @@ impl Telemetry {
             let _ = meter.shutdown();
         }
     }
+}
+
+/// The Prometheus recorder's builder: every histogram the crates record
+/// exposed as a Prometheus histogram with the boundaries the library
+/// gives ([`HISTOGRAM_BOUNDARIES`]). Without them the recorder keeps
+/// summaries: quantiles that cannot be summed over gateway instances, and
+/// a sketch update per sample (about 1k instructions each, four or five
+/// samples per request, in the upkeep).
+fn prometheus_builder() -> Result<PrometheusBuilder, BuildError> {
+    // Only an empty list is refused; the library's are not (its tests say
+    // so).
+    HISTOGRAM_BOUNDARIES
+        .iter()
+        .try_fold(PrometheusBuilder::new(), |builder, (name, bounds)| {
+            builder.set_buckets_for_metric(Matcher::Full((*name).to_owned()), bounds)
+        })
 }
 
 /// How often the metrics are kept: what the route stacks hold
@@ -448,6 +467,14 @@ impl Recorder for OtelRecorder {
                 let mut builder = self.meter.f64_histogram(key.name().to_owned());
                 if let Some(unit) = self.unit(key.name()) {
                     builder = builder.with_unit(unit);
+                }
+                // The SDK's default boundaries (0 to 10,000) are made for
+                // milliseconds; ours are in the metric's own unit.
+                if let Some((_, bounds)) = HISTOGRAM_BOUNDARIES
+                    .iter()
+                    .find(|(name, _)| *name == key.name())
+                {
+                    builder = builder.with_boundaries(bounds.to_vec());
                 }
                 Histogram::from_arc(Arc::new(OtelHistogram {
                     histogram: builder.build(),

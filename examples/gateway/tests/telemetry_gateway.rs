@@ -352,7 +352,34 @@ fn check_health_budget_and_histograms(text: &str, billing: &str) {
     // have expired by the scrape, never the reserve).
     let level = sample(text, "failover_retry_budget_level", &[]).expect(text);
     assert!((98.0..=100.0).contains(&level), "{level}: {text}");
-    // Convention histograms (summaries without configured buckets).
+    // Histograms, not summaries: buckets summed over instances, with the
+    // library's boundaries.
+    for name in [
+        "gen_ai_client_operation_duration",
+        "gen_ai_server_time_to_first_token",
+        "gen_ai_client_token_usage",
+        "failover_attempts_per_turn",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram")),
+            "{name}: {text}"
+        );
+    }
+    assert!(!text.contains("quantile="), "{text}");
+    assert!(
+        sample(
+            text,
+            "gen_ai_client_operation_duration_bucket",
+            &[("le", "0.01")]
+        )
+        .is_some(),
+        "{text}"
+    );
+    assert_eq!(
+        sample(text, "failover_attempts_per_turn_bucket", &[("le", "+Inf")]),
+        Some(3.0),
+        "{text}"
+    );
     assert_eq!(
         sample(
             text,
@@ -491,6 +518,31 @@ fn check_otlp_metric_names(received: &Received) {
         "gen_ai.client.operation.duration",
     ] {
         assert!(metric_names.contains(&name), "{name}: {metric_names:?}");
+    }
+    // Histograms carry the library's boundaries, not the SDK's (made for
+    // milliseconds).
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let duration_bounds: Vec<&Vec<f64>> = received
+        .metrics
+        .iter()
+        .flat_map(|r| &r.resource_metrics)
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+        .filter(|m| m.name == "gen_ai.client.operation.duration")
+        .filter_map(|m| match &m.data {
+            Some(Data::Histogram(h)) => Some(h),
+            _ => None,
+        })
+        .flat_map(|h| &h.data_points)
+        .map(|p| &p.explicit_bounds)
+        .collect();
+    let (_, expected) = tower_llm_failover::observe::HISTOGRAM_BOUNDARIES
+        .iter()
+        .find(|(name, _)| *name == "gen_ai.client.operation.duration")
+        .unwrap();
+    assert!(!duration_bounds.is_empty());
+    for bounds in duration_bounds {
+        assert_eq!(bounds.as_slice(), *expected);
     }
 }
 
