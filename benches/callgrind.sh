@@ -30,7 +30,8 @@ TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_d
 cargo build --release --quiet -p tower-llm-gateway \
     --bin tower-llm-gateway --example prepared_upstream --example passthrough
 BIN="$TARGET_DIR/release/examples"
-GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
+# CALLGRIND_GATEWAY: another build of the gateway to count (an A/B).
+GATEWAY=${CALLGRIND_GATEWAY:-"$TARGET_DIR/release/tower-llm-gateway"}
 
 # wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s)
 source benches/wait_ready.sh
@@ -88,6 +89,11 @@ instructions() { # proxy requests body
     local urls=()
     for _ in $(seq "$2"); do urls+=("http://$addr/v1/chat/completions"); done
     curl -s -H 'content-type: application/json' -d "$3" "${urls[@]}" >/dev/null
+    # The gateway scraped once at the end, as a monitored one is: its
+    # recorder folds the histogram samples it took into their buckets at a
+    # scrape or at its upkeep (every second, which a short run may never
+    # reach), and that work is the requests'.
+    if [[ $1 == gateway-* ]]; then curl -s "http://$addr/metrics" >/dev/null; fi
     kill -INT $pid
     wait $pid 2>/dev/null || true
     local total calibration
