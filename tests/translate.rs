@@ -849,3 +849,64 @@ async fn what_the_responses_dialect_cannot_translate_refuses_the_target_by_name(
     );
     assert_eq!(gpt.calls() + target.calls(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_to_a_target_of_another_dialect_wins_and_the_client_reads_its_own() {
+    use std::time::Duration;
+    use tower_llm_failover::Decision;
+    use tower_llm_failover::failover::Hedge;
+    // The primary speaks the client's dialect but is slow; the hedge goes
+    // to a Messages target, whose stream is translated from its first byte.
+    let gpt = FakeProvider::new("gpt").always(Reply::Delayed(
+        Duration::from_secs(3),
+        Box::new(Reply::stream("primary", 8)),
+    ));
+    let claude = FakeProvider::new("claude").always(messages_stream(MESSAGES_TEXT));
+    let failover = Failover::builder()
+        .target(Target::new("gpt", gpt.clone()).dialect(OpenAiChat))
+        .target(
+            Target::new("claude", claude.clone())
+                .model("claude-sonnet")
+                .dialect(AnthropicMessages),
+        )
+        .hedge(Hedge::after(Duration::from_millis(200)).with_budget_percent(100.0))
+        .build();
+    let request = chat_request(json!({
+        "model": "gpt-x", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]
+    }));
+    let (status, run, body) = collect(failover.oneshot(request).await.unwrap()).await;
+    assert_eq!(status, 200);
+
+    // The hedge went out in Messages' form.
+    assert_eq!(claude.seen()[0].uri.path(), "/v1/messages");
+    assert_eq!(claude.seen()[0].body["model"], "claude-sonnet");
+    // The client read one whole chat stream, the translated one, and
+    // nothing of the primary's.
+    let events = chat_events(&body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    for event in &events[..events.len() - 1] {
+        assert_eq!(event["object"], "chat.completion.chunk", "{event}");
+    }
+    assert_eq!(chat_text(&events), "Hello!");
+    assert!(!String::from_utf8_lossy(&body).contains("primary"));
+    // The primary was sent, then dropped before its head.
+    assert_eq!((gpt.calls(), claude.calls()), (1, 1));
+    assert_eq!(gpt.tally().cut(), 1);
+    assert_eq!(gpt.tally().frames(), 0);
+
+    let mut attempts = run.attempts();
+    attempts.sort_by_key(|a| a.attempt);
+    let seen: Vec<_> = attempts
+        .iter()
+        .map(|a| (&*a.target, a.dialect, a.decision, a.hedged))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("gpt", "openai-chat", Decision::LostRace, false),
+            ("claude", "anthropic-messages", Decision::Committed, true),
+        ]
+    );
+    assert_eq!(attempts[1].finish_reason.as_deref(), Some("end_turn"));
+}
