@@ -229,7 +229,7 @@ impl Telemetry {
 /// exposed as a Prometheus histogram with the boundaries the library
 /// gives ([`HISTOGRAM_BOUNDARIES`]). Without them the recorder keeps
 /// summaries: quantiles that cannot be summed over gateway instances, and
-/// a sketch update per sample (about 1k instructions each, four or five
+/// a sketch update per sample (about 800 instructions each, four or five
 /// samples per request, in the upkeep).
 fn prometheus_builder() -> Result<PrometheusBuilder, BuildError> {
     // Only an empty list is refused; the library's are not (its tests say
