@@ -33,21 +33,13 @@ BIN="$TARGET_DIR/release/examples"
 # CALLGRIND_GATEWAY: another build of the gateway to count (an A/B).
 GATEWAY=${CALLGRIND_GATEWAY:-"$TARGET_DIR/release/tower-llm-gateway"}
 
-# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s)
+# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
+# upstream_ready PID LOG DIR
 source benches/wait_ready.sh
 
 "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
-UP_BASE=$(wait_ready $! "$WORK/up.log" 'http://127\.0\.0\.1:[0-9]+/v1')
-UP_PORT=${UP_BASE##*:}
-UP_PORT=${UP_PORT%/v1}
-cat >"$WORK/gateway.toml" <<EOF
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "up"
-base_url = "$UP_BASE"
-EOF
+upstream_ready $! "$WORK/up.log" "$WORK"
 
 SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
 STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'

@@ -150,7 +150,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# wait_ready PID LOG REGEX
+# wait_ready PID LOG REGEX; upstream_ready PID LOG DIR
 source benches/wait_ready.sh
 
 if ((FAKE_UPSTREAM)); then
@@ -161,18 +161,7 @@ else
 fi
 UP_PID=$!
 PIDS+=("$UP_PID")
-UP_BASE=$(wait_ready "$UP_PID" "$WORK/upstream.log" 'http://127\.0\.0\.1:[0-9]+/v1')
-UP_PORT=${UP_BASE##*:}
-UP_PORT=${UP_PORT%/v1}
-
-cat >"$WORK/gateway.toml" <<EOF
-# One provider, no routes: every model goes to the fake upstream.
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "up"
-base_url = "$UP_BASE"
-EOF
+upstream_ready "$UP_PID" "$WORK/upstream.log" "$WORK"
 RUST_LOG=warn "$GATEWAY" --config "$WORK/gateway.toml" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 PIDS+=("$GW_PID")

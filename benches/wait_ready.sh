@@ -1,4 +1,4 @@
-# Sourced by the bench scripts.
+# Sourced by the bench scripts (overhead.sh, callgrind.sh).
 # wait_ready PID LOG REGEX [SECS]: prints the first match of REGEX in LOG,
 # waiting up to SECS (10) while PID lives; otherwise shows LOG and exits.
 wait_ready() {
@@ -12,4 +12,21 @@ wait_ready() {
     cat "$2" >&2
     echo "$(basename "$0"): process $1 did not get ready (log above)" >&2
     exit 1
+}
+
+# upstream_ready PID LOG DIR: waits for the fake upstream PID to print its
+# base URL in LOG, sets UP_BASE (http://127.0.0.1:PORT/v1) and UP_PORT,
+# and writes DIR/gateway.toml: one provider, no routes, so that every
+# model goes to that upstream.
+upstream_ready() {
+    UP_BASE=$(wait_ready "$1" "$2" 'http://127\.0\.0\.1:[0-9]+/v1')
+    UP_PORT=${UP_BASE##*:}
+    UP_PORT=${UP_PORT%/v1}
+    cat >"$3/gateway.toml" <<TOML
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "up"
+base_url = "$UP_BASE"
+TOML
 }
