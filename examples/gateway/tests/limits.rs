@@ -661,5 +661,9 @@ async fn a_request_head_over_the_server_buffer_is_answered_431_and_one_under_it_
     assert_eq!(upstream.attempts(), 1);
     let over = one_answer(gw.addr, &with_header(200_000)).await;
     assert!(over.starts_with("HTTP/1.1 431 "), "{over:.200}");
-    assert_eq!(upstream.attempts(), 1, "the refused request never reached the upstream");
+    assert_eq!(
+        upstream.attempts(),
+        1,
+        "the refused request never reached the upstream"
+    );
 }
