@@ -83,6 +83,19 @@ impl<W> Shared<W> {
     fn sink(&self) -> MutexGuard<'_, W> {
         self.sink.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The writing thread waits one interval (less if woken) as `flusher`.
+    fn wait_interval<'a>(
+        &self,
+        mut state: MutexGuard<'a, State>,
+        flusher: Flusher,
+    ) -> MutexGuard<'a, State> {
+        state.flusher = flusher;
+        self.wake
+            .wait_timeout(state, self.interval)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
 }
 
 /// A `MakeWriter` for the log layer that batches lines for a sink
@@ -209,16 +222,11 @@ fn write_batches<W: Write>(shared: &Shared<W>) {
     let mut spare = Vec::with_capacity(HIGH_WATER);
     let mut state = shared.state();
     loop {
-        // Lines found while lingering have gathered for an interval
-        // already: they go out at once.
+        // Lines found at a look go out at once: none waited more than an
+        // interval for it.
         let mut lingered = 0;
         while state.buffer.is_empty() && !state.closing && lingered < LINGER {
-            state.flusher = Flusher::Lingering;
-            state = shared
-                .wake
-                .wait_timeout(state, shared.interval)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = shared.wait_interval(state, Flusher::Lingering);
             lingered += 1;
         }
         let gathered = !state.buffer.is_empty() && lingered > 0;
@@ -233,12 +241,7 @@ fn write_batches<W: Write>(shared: &Shared<W>) {
             break;
         }
         if !gathered && !state.closing && state.buffer.len() < HIGH_WATER {
-            state.flusher = Flusher::Gathering;
-            state = shared
-                .wake
-                .wait_timeout(state, shared.interval)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = shared.wait_interval(state, Flusher::Gathering);
         }
         state.flusher = Flusher::Busy;
         std::mem::swap(&mut state.buffer, &mut spare);
