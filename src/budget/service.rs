@@ -82,20 +82,23 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         // Reuse the turn's budget on every later hop: nothing resets per hop.
-        let budget = match TurnBudget::from_extensions(req.extensions()) {
-            Some(budget) => budget,
+        let (budget, just_started) = match TurnBudget::from_extensions(req.extensions()) {
+            Some(budget) => (budget, false),
             None => {
                 let client = crate::identity::ClientId::of(req.extensions());
                 let budget = self.settings.limits.start_for(client);
                 req.extensions_mut().insert(budget.clone());
-                budget
+                (budget, true)
             }
         };
         // The deadline in the neutral words every layer reads.
         req.extensions_mut().insert(budget.turn_deadline());
-        let refusal = budget
-            .check_open()
-            .and_then(|()| self.meter_tenant(&budget, &req));
+        let open = if just_started {
+            budget.check_open_just_started()
+        } else {
+            budget.check_open()
+        };
+        let refusal = open.and_then(|()| self.meter_tenant(&budget, &req));
         if let Err(refusal) = refusal {
             tracing::debug!(run_id = %crate::util::log_safe(budget.turn_id()), %refusal, "turn budget refused the call");
             // Refused before any attempt: the turn still leaves its line.

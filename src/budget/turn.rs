@@ -328,6 +328,11 @@ impl TurnBudget {
         &self.inner.turn_id
     }
 
+    /// When the turn started.
+    pub(crate) fn started(&self) -> Instant {
+        self.inner.started
+    }
+
     /// Time since the turn started.
     pub(crate) fn elapsed(&self) -> Duration {
         self.inner.started.elapsed()
@@ -453,6 +458,20 @@ impl TurnBudget {
         if self.is_expired() {
             return Err(self.deadline_error());
         }
+        self.check_attempts_and_spend()
+    }
+
+    /// [`check_open`](Self::check_open) for a budget started a moment ago
+    /// (by the caller): a deadline a millisecond or more after the start
+    /// has not passed, so the clock is not read for it.
+    pub(crate) fn check_open_just_started(&self) -> Result<(), BudgetExhausted> {
+        if self.inner.limit < Duration::from_millis(1) {
+            return self.check_open();
+        }
+        self.check_attempts_and_spend()
+    }
+
+    fn check_attempts_and_spend(&self) -> Result<(), BudgetExhausted> {
         let used = self.attempts_used();
         if used >= self.inner.max_attempts {
             return Err(BudgetExhausted::Attempts {
@@ -661,6 +680,42 @@ mod tests {
         );
         assert_eq!(turn.attempts_used(), 0);
         assert!(turn.check_open().is_err());
+    }
+
+    /// A budget checked as just started skips the clock only when its
+    /// deadline is at least a millisecond after its start; its attempts
+    /// are still checked.
+    #[tokio::test(start_paused = true)]
+    async fn a_just_started_check_reads_the_clock_only_for_a_deadline_under_a_millisecond() {
+        let limits = |deadline, max_attempts| TurnLimits {
+            deadline,
+            max_attempts,
+            ..TurnLimits::new()
+        };
+        // Time moved past the deadline without the caller knowing: the
+        // just-started check trusts the caller, the full check does not.
+        let turn = limits(Duration::from_millis(1), 3).start();
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(turn.check_open_just_started().is_ok());
+        assert!(turn.check_open().is_err());
+        // Under a millisecond, the clock decides.
+        let turn = limits(Duration::from_micros(999), 3).start();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(
+            turn.check_open_just_started(),
+            Err(BudgetExhausted::Deadline { .. })
+        ));
+        assert!(matches!(
+            limits(Duration::ZERO, 3).start().check_open_just_started(),
+            Err(BudgetExhausted::Deadline { .. })
+        ));
+        // The attempts are checked either way.
+        let turn = limits(Duration::from_secs(10), 1).start();
+        assert_eq!(turn.try_begin_attempt(), Ok(1));
+        assert!(matches!(
+            turn.check_open_just_started(),
+            Err(BudgetExhausted::Attempts { used: 1, max: 1 })
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -60,7 +60,8 @@ where
             .limits
             .start_for(crate::identity::ClientId::of(&parts.extensions))
     });
-    let run = TurnRecord::new(budget.turn_id().clone()).with_meters(Arc::clone(&shared.meters));
+    let run = TurnRecord::started_at(budget.turn_id().clone(), budget.started())
+        .with_meters(Arc::clone(&shared.meters));
     // Dropped before it answers (the client left): the turn still leaves
     // its line, as cancelled.
     let unanswered = Unanswered(&run);

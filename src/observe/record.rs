@@ -153,11 +153,17 @@ pub struct TurnRecord {
 }
 
 impl TurnRecord {
-    /// An empty record for `turn_id`.
+    /// An empty record for `turn_id`, started now.
     pub(crate) fn new(turn_id: TurnId) -> Self {
+        Self::started_at(turn_id, tokio::time::Instant::now())
+    }
+
+    /// An empty record for `turn_id`, of a turn that started at `started`
+    /// (its budget's start: the clock is not read again).
+    pub(crate) fn started_at(turn_id: TurnId, started: tokio::time::Instant) -> Self {
         Self {
             turn_id,
-            started: tokio::time::Instant::now(),
+            started,
             inner: Arc::default(),
             meters: None,
         }
@@ -365,13 +371,16 @@ impl TurnRecord {
         drop((attempt_span, racing_spans));
         tracing::info!(
             target: "tower_llm_failover::turn",
+            // A `&str` field, not a format string: a formatter writes it
+            // as it is, where `format_args!` goes through `core::fmt`; and
+            // first, where a format string's message is.
+            message = "turn",
             run_id = %self.turn_id.logged(),
             attempts,
             outcome = outcome.as_str(),
             stop_reason = reason.map(StopReason::as_str),
             target = winner.as_deref().map(log_safe).map(tracing::field::display),
             duration_ms = self.started.elapsed().as_millis() as u64,
-            "turn"
         );
         crate::observe::turn_ended(
             &TurnFacts {

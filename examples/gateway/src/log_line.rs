@@ -127,15 +127,17 @@ fn write_timestamp(writer: &mut impl fmt::Write, now: SystemTime) -> fmt::Result
         cached.set((secs, text));
         text
     });
-    let mut micros = [b'.', b'0', b'0', b'0', b'0', b'0', b'0', b'Z'];
+    // `.123456Z` after the date and time; one text, checked as UTF-8 once.
+    let mut stamp = [0; 27];
+    stamp[..19].copy_from_slice(&date_time);
+    stamp[19..].copy_from_slice(b".000000Z");
     let mut n = since.subsec_micros();
-    for digit in micros[1..7].iter_mut().rev() {
+    for digit in stamp[20..26].iter_mut().rev() {
         *digit = b'0' + (n % 10) as u8;
         n /= 10;
     }
-    // Both arrays are ASCII digits and separators.
-    writer.write_str(std::str::from_utf8(&date_time).map_err(|_| fmt::Error)?)?;
-    writer.write_str(std::str::from_utf8(&micros).map_err(|_| fmt::Error)?)
+    // ASCII digits and separators.
+    writer.write_str(std::str::from_utf8(&stamp).map_err(|_| fmt::Error)?)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` of a Unix second (UTC, proleptic Gregorian).
@@ -310,13 +312,15 @@ mod tests {
         let client = "a\"quoted\\ model";
         tracing::info!(
             target: "tower_llm_failover::turn",
+            // As the library writes its turn line: the message a `&str`,
+            // first.
+            message = "turn",
             run_id = %"7f3a-01",
             attempts = 2u64,
             outcome = "after_hop",
             stop_reason = Option::<&str>::None,
             target = %"backup",
             duration_ms = 12u64,
-            "turn"
         );
         tracing::warn!(
             target: "tower_llm_failover::attempt",
@@ -361,6 +365,11 @@ mod tests {
             assert_eq!(a.split_once(' ').unwrap().0.len(), 27, "{a}");
         }
         assert!(ours.contains(r#"model="a\"quoted\\ model""#), "{ours}");
+        // A message given as a `&str` field is bare, as a format string's.
+        assert!(
+            ours.contains("tower_llm_failover::turn: turn run_id=7f3a-01 "),
+            "{ours}"
+        );
     }
 
     /// What `log` writes through [`LineFormat`] at the default level.
