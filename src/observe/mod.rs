@@ -16,6 +16,14 @@
 //! extensions. For a stream it is completed when the stream ends, so read it
 //! after the body is done (or watch it live).
 //!
+//! Each turn leaves one line, the `tower_llm_failover::turn` event (INFO),
+//! and each attempt one (`tower_llm_failover::attempt`: INFO when
+//! something went wrong, else DEBUG). A process that writes its log in a
+//! format of its own can take the turn's line as facts instead of the
+//! event ([`set_turn_line_writer`]): a line per request is the largest
+//! cost of a default log, and most of it is the event's dispatch and field
+//! visits.
+//!
 //! # Telemetry
 //!
 //! OpenTelemetry GenAI spans through `tracing`, and metrics
@@ -86,8 +94,11 @@
 //! names, classes, counts and the classifier's sanitized messages only.
 //! Client-chosen values (model, turn id) are escaped in log lines.
 
+mod line;
 mod record;
 mod telemetry;
+
+pub use line::{TurnLine, TurnLineWriter, push_log_safe, set_turn_line_writer};
 
 pub(crate) use record::*;
 pub use record::{AttemptRecord, TURN_ID_HEADER, TurnRecord};

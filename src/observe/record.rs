@@ -369,19 +369,19 @@ impl TurnRecord {
         let racing_spans = std::mem::take(&mut inner.racing_spans);
         drop(inner);
         drop((attempt_span, racing_spans));
-        tracing::info!(
-            target: "tower_llm_failover::turn",
-            // A `&str` field, not a format string: a formatter writes it
-            // as it is, where `format_args!` goes through `core::fmt`; and
-            // first, where a format string's message is.
-            message = "turn",
-            run_id = %self.turn_id.logged(),
+        let duration = self.started.elapsed();
+        let line = super::TurnLine {
+            turn_id: &self.turn_id,
             attempts,
-            outcome = outcome.as_str(),
-            stop_reason = reason.map(StopReason::as_str),
-            target = winner.as_deref().map(log_safe).map(tracing::field::display),
-            duration_ms = self.started.elapsed().as_millis() as u64,
-        );
+            outcome,
+            stop_reason: reason,
+            target: winner.as_deref(),
+            duration,
+        };
+        // The process's own writer, if it has one; else the event.
+        if !super::line::write_turn_line(&line) {
+            self.turn_event(&line);
+        }
         crate::observe::turn_ended(
             &TurnFacts {
                 span: span.as_ref(),
@@ -392,6 +392,31 @@ impl TurnRecord {
                 error_type,
             },
             self.meters(),
+        );
+    }
+
+    /// The turn's line as a `tracing` event.
+    fn turn_event(&self, line: &super::TurnLine<'_>) {
+        let super::TurnLine {
+            attempts,
+            outcome,
+            stop_reason: reason,
+            target: winner,
+            duration,
+            ..
+        } = *line;
+        tracing::info!(
+            target: "tower_llm_failover::turn",
+            // A `&str` field, not a format string: a formatter writes it
+            // as it is, where `format_args!` goes through `core::fmt`; and
+            // first, where a format string's message is.
+            message = "turn",
+            run_id = %self.turn_id.logged(),
+            attempts,
+            outcome = outcome.as_str(),
+            stop_reason = reason.map(StopReason::as_str),
+            target = winner.map(log_safe).map(tracing::field::display),
+            duration_ms = duration.as_millis() as u64,
         );
     }
 

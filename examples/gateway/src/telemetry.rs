@@ -87,7 +87,7 @@ where
     let fmt = match config.log_format.as_str() {
         // A file or a pipe: the lean line format (no colours, no span
         // context), about a third of the default format's instructions.
-        "text" if !terminal && !config.log_span_context => {
+        "text" if line_format(config, terminal) => {
             fmt.event_format(crate::log_line::LineFormat).boxed()
         }
         "text" => fmt.with_ansi(terminal).boxed(),
@@ -115,16 +115,27 @@ where
     Ok(fmt.with_filter(filter).boxed())
 }
 
+/// Whether the log is written in the lean line format: text to a file or
+/// a pipe, without span context.
+fn line_format(config: &TelemetryConfig, terminal: bool) -> bool {
+    config.log_format == "text" && !terminal && !config.log_span_context
+}
+
 impl Telemetry {
     /// Installs the process-wide subscriber and metrics recorder. Logs go
     /// to `writer` (stderr in the gateway).
     pub fn install<W>(config: &TelemetryConfig, writer: W) -> Result<Self, String>
     where
-        W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+        W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Clone + Send + Sync + 'static,
     {
         let filter = EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| "info,tower_llm_failover=info".into());
         let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        // The lean line format with no OTLP layer to see the events: the
+        // turn's line is made from its facts, not dispatched as an event
+        // (`TurnLines`; the same bytes).
+        let own_turn_lines = line_format(config, terminal) && config.otlp_endpoint.is_none();
+        let turn_lines = own_turn_lines.then(|| writer.clone());
         let logs = log_layer(config, writer, filter, terminal)?;
         let resource = Resource::builder()
             .with_service_name(config.service_name.clone())
@@ -175,6 +186,12 @@ impl Telemetry {
             None => logs.try_init(),
         }
         .map_err(|e| format!("telemetry: {e}"))?;
+        if let Some(writer) = turn_lines {
+            // Set once per process, as the subscriber just was.
+            let lines = Arc::new(crate::log_line::TurnLines::new(writer));
+            tower_llm_failover::observe::set_turn_line_writer(lines)
+                .map_err(|_| "telemetry: a turn-line writer is already set".to_owned())?;
+        }
 
         let prometheus = prometheus_builder()
             .map_err(|e| format!("telemetry: {e}"))?
