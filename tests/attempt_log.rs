@@ -12,9 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::failover::{Failover, Target};
@@ -92,18 +90,9 @@ fn all_lines_of(turn_id: &str) -> Vec<Fields> {
         .collect()
 }
 
-fn chat(stream: bool, turn_id: &str) -> Request<Full<Bytes>> {
-    let body = format!(
-        r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
-    );
-    let mut request = Request::post("/v1/chat/completions")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    request
-        .extensions_mut()
-        .insert(TurnLimits::new().start_with_turn_id(turn_id.into()));
-    request
-}
+#[path = "support/turn_request.rs"]
+mod turn_request;
+use turn_request::chat;
 
 #[tokio::test(start_paused = true)]
 async fn a_committed_stream_is_logged_once_with_its_final_figures() {

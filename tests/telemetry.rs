@@ -190,18 +190,9 @@ fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-fn chat(stream: bool, turn_id: &str) -> Request<Full<Bytes>> {
-    let body = format!(
-        r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
-    );
-    let mut request = Request::post("/v1/chat/completions")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    request
-        .extensions_mut()
-        .insert(TurnLimits::new().start_with_turn_id(turn_id.into()));
-    request
-}
+#[path = "support/turn_request.rs"]
+mod turn_request;
+use turn_request::chat;
 
 async fn read<B>(response: Response<B>) -> (TurnRecord, String)
 where

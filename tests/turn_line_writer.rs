@@ -8,11 +8,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_llm_failover::budget::TurnLimits;
 use tower_llm_failover::failover::{Failover, Target};
 use tower_llm_failover::observe::{TurnLine, TurnLineWriter, set_turn_line_writer};
 use tower_llm_failover::{StopReason, TurnOutcome};
@@ -77,16 +74,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TurnEvents {
     }
 }
 
-fn chat(turn_id: &str) -> Request<Full<Bytes>> {
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-    let mut request = Request::post("/v1/chat/completions")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap();
-    request
-        .extensions_mut()
-        .insert(TurnLimits::new().start_with_turn_id(turn_id.into()));
-    request
-}
+#[path = "support/turn_request.rs"]
+mod turn_request;
+use turn_request::chat;
 
 #[tokio::test(start_paused = true)]
 async fn the_writer_gets_each_turns_facts_and_a_declined_line_is_the_event() {
@@ -110,7 +100,7 @@ async fn the_writer_gets_each_turns_facts_and_a_declined_line_is_the_event() {
         .target(Target::new("backup", backup))
         .build();
     for id in ["written", "declined"] {
-        let response = failover.clone().oneshot(chat(id)).await.unwrap();
+        let response = failover.clone().oneshot(chat(false, id)).await.unwrap();
         assert_eq!(response.status(), 200);
         response.into_body().collect().await.unwrap();
     }
