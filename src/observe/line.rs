@@ -78,7 +78,7 @@ pub fn set_turn_line_writer(
 
 /// Hands `line` to the process's writer: `false` when there is none or it
 /// declined.
-pub(crate) fn write_turn_line(line: &TurnLine<'_>) -> bool {
+pub(crate) fn hand_to_writer(line: &TurnLine<'_>) -> bool {
     WRITER.get().is_some_and(|writer| writer.write(line))
 }
 

@@ -379,7 +379,7 @@ impl TurnRecord {
             duration,
         };
         // The process's own writer, if it has one; else the event.
-        if !super::line::write_turn_line(&line) {
+        if !super::line::hand_to_writer(&line) {
             self.turn_event(&line);
         }
         crate::observe::turn_ended(

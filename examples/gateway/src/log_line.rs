@@ -48,30 +48,32 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let own_line = |writer: &mut Writer<'_>| {
-            let mut line = String::new();
-            write_line(&mut line, event)?;
-            writer.write_str(&line)
-        };
-        let kept = LINE.try_with(|line| match line.try_borrow_mut() {
-            Ok(mut line) => {
-                line.clear();
-                let result = write_line(&mut line, event);
-                // A line that grew past what a usual one needs does not
-                // keep its memory for the thread's life.
-                let out = result.and_then(|()| writer.write_str(&line));
-                if line.capacity() > LINE_KEPT {
-                    *line = String::with_capacity(LINE_KEPT);
-                }
-                out
-            }
-            // In use by a line being formatted on this thread (tracing does
-            // not dispatch an event raised inside another's, so this is a
-            // guard against a panic, not a path taken).
-            Err(_) => own_line(&mut writer),
-        });
-        // The thread is ending and its buffer is gone: a buffer of its own.
-        kept.unwrap_or_else(|_| own_line(&mut writer))
+        with_line_buffer(|line| {
+            write_line(line, event)?;
+            writer.write_str(line)
+        })
+    }
+}
+
+/// Runs `write` on this thread's line buffer, cleared (see [`LINE`]); on a
+/// buffer of its own when that one is in use (tracing does not dispatch
+/// an event raised inside another's, so a guard against a panic, not a
+/// path taken) or gone (the thread is ending).
+fn with_line_buffer<R>(mut write: impl FnMut(&mut String) -> R) -> R {
+    let kept = LINE.try_with(|line| {
+        let mut line = line.try_borrow_mut().ok()?;
+        line.clear();
+        let out = write(&mut line);
+        // A line that grew past what a usual one needs does not keep its
+        // memory for the thread's life.
+        if line.capacity() > LINE_KEPT {
+            *line = String::with_capacity(LINE_KEPT);
+        }
+        Some(out)
+    });
+    match kept {
+        Ok(Some(out)) => out,
+        _ => write(&mut String::new()),
     }
 }
 
@@ -104,20 +106,11 @@ where
             return true;
         }
         let now = SystemTime::now();
-        let written = LINE.try_with(|kept| match kept.try_borrow_mut() {
-            Ok(mut text) => {
-                text.clear();
-                write_turn_line(&mut text, line, now);
-                self.writer.make_writer().write_all(text.as_bytes())
-            }
-            Err(_) => {
-                let mut text = String::new();
-                write_turn_line(&mut text, line, now);
-                self.writer.make_writer().write_all(text.as_bytes())
-            }
-        });
         // Nowhere to report a failing log: as a failing layer's line.
-        let _ = written;
+        let _ = with_line_buffer(|text| {
+            write_turn_line(text, line, now);
+            self.writer.make_writer().write_all(text.as_bytes())
+        });
         true
     }
 }
