@@ -37,6 +37,12 @@ impl<T: fmt::Display> fmt::Display for LogSafe<T> {
     }
 }
 
+/// Whether `escape_debug` leaves this byte as it is: printable ASCII but
+/// the backslash and the quotes.
+pub(crate) fn left_alone(byte: u8) -> bool {
+    (0x20..0x7f).contains(&byte) && !matches!(byte, b'\\' | b'\'' | b'"')
+}
+
 /// Writes through to a formatter, escaping as it goes, up to `left`
 /// characters of the value.
 struct Escaping<'a, 'b> {
@@ -58,7 +64,7 @@ impl fmt::Write for Escaping<'_, '_> {
             let run = s
                 .bytes()
                 .take(self.left)
-                .take_while(|&b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b'\'' | b'"'))
+                .take_while(|&b| left_alone(b))
                 .count();
             if run > 0 {
                 self.out.write_str(&s[..run])?;

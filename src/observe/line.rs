@@ -87,10 +87,9 @@ pub(crate) fn hand_to_writer(line: &TurnLine<'_>) -> bool {
 /// backslashes escaped as [`char::escape_debug`] does, cut at 256
 /// characters and marked `…`.
 pub fn push_log_safe(out: &mut String, value: &str) {
+    // Such bytes are ASCII: one character each.
     let plain = value.len() <= crate::util::LOG_SAFE_MAX_CHARS
-        && value
-            .bytes()
-            .all(|b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b'\'' | b'"'));
+        && value.bytes().all(crate::util::left_alone);
     if plain {
         out.push_str(value);
     } else {

@@ -380,7 +380,7 @@ impl TurnRecord {
         };
         // The process's own writer, if it has one; else the event.
         if !super::line::hand_to_writer(&line) {
-            self.turn_event(&line);
+            Self::turn_event(&line);
         }
         crate::observe::turn_ended(
             &TurnFacts {
@@ -396,14 +396,14 @@ impl TurnRecord {
     }
 
     /// The turn's line as a `tracing` event.
-    fn turn_event(&self, line: &super::TurnLine<'_>) {
+    fn turn_event(line: &super::TurnLine<'_>) {
         let super::TurnLine {
+            turn_id,
             attempts,
             outcome,
             stop_reason: reason,
             target: winner,
             duration,
-            ..
         } = *line;
         tracing::info!(
             target: "tower_llm_failover::turn",
@@ -411,7 +411,7 @@ impl TurnRecord {
             // as it is, where `format_args!` goes through `core::fmt`; and
             // first, where a format string's message is.
             message = "turn",
-            run_id = %self.turn_id.logged(),
+            run_id = %turn_id.logged(),
             attempts,
             outcome = outcome.as_str(),
             stop_reason = reason.map(StopReason::as_str),
