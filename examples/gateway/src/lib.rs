@@ -36,6 +36,7 @@
 
 pub mod app;
 mod front;
+pub mod head_timeout;
 pub mod keys;
 pub mod log_line;
 pub mod log_writer;

@@ -2,14 +2,16 @@
 //! greedy client cannot hold what other clients need.
 //!
 //! - **HTTP/1.1 only**: the gateway serves plain TCP, and every limit here
-//!   is one of HTTP/1's (hyper's header-read timeout applies to HTTP/1
+//!   is one of HTTP/1's (the header-read timeout applies to HTTP/1
 //!   only; an idle HTTP/2 connection would keep its connection slot for
 //!   ever). A client that opens with the HTTP/2 preface (h2c prior
 //!   knowledge) is refused and closed. Put HTTP/2 and TLS in front, in a
 //!   proxy that terminates them.
 //! - **Header-read timeout**: a connection that sends nothing, trickles its
 //!   request head or idles between requests is closed after
-//!   `header_read_timeout_ms` (hyper's, with a `TokioTimer`; the wait for
+//!   `header_read_timeout_ms`, counted from its start or the end of its
+//!   last answer ([`head_timeout`](crate::head_timeout): one alarm per
+//!   connection, where hyper's own arms a timer per request; the wait for
 //!   a connection's first byte is timed here too).
 //! - **Request body**: read within `body_read_timeout_ms` and, after
 //!   `body_min_rate_grace_ms`, at `body_min_bytes_per_second` on average
@@ -50,6 +52,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::front::Front;
+use crate::head_timeout::head_limit;
 use crate::repoll::Repoll;
 use http::header::{CONNECTION, HeaderValue};
 use hyper::server::conn::http1;
@@ -330,7 +333,9 @@ pub(crate) fn serve_on(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        // Kept by each connection instead (`head_timeout`): hyper's arms a
+        // timer for every request head.
+        .header_read_timeout(None::<Duration>)
         // Answers are copied into the connection's one write buffer, not
         // queued beside the head for a vectored write: they are small (a
         // completion, an event), and hyper's queue costs more per write
@@ -492,15 +497,21 @@ where
             permit,
             open,
         } = self;
+        let accepted = std::time::Instant::now();
         // A connection that never sends its first byte is closed at the
-        // header timeout, whatever hyper's timer does before a first read.
+        // header timeout (no read is made before a first byte).
         if !first_byte(&tcp, header_timeout).await {
             return;
         }
         // HTTP/1 only: the HTTP/2 preface is a parse error, and hyper
         // closes. Wrapped after the peek above, which needs the bare socket.
-        let io = TokioIo::new(WriteStallLimit::new(tcp, write_stall));
-        let conn = builder.serve_connection(io, TowerToHyperService::new(service));
+        let (io, service) = head_limit(
+            WriteStallLimit::new(tcp, write_stall),
+            service,
+            accepted,
+            header_timeout,
+        );
+        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
         // Reading a request body wakes this very task: poll it again here
         // rather than yield it to another worker (see `repoll`).
         if let Err(error) = Repoll::new(watcher.watch(conn)).await {

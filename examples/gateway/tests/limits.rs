@@ -380,6 +380,105 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
     assert!(got.contains("\"ok\""), "{got}");
 }
 
+/// Reads one answer with a `content-length` from `tcp`.
+async fn read_answer(tcp: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut byte))
+            .await
+            .expect("an answer arrives")
+            .unwrap();
+        assert_eq!(
+            n,
+            1,
+            "the answer's head arrives: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a content-length");
+    let mut body = vec![0u8; length];
+    tcp.read_exact(&mut body).await.unwrap();
+    head + &String::from_utf8_lossy(&body)
+}
+
+#[tokio::test]
+async fn answers_slower_than_the_header_timeout_keep_their_connection() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    // A whole answer whose head comes after 800 ms, then a stream of 8
+    // tokens 100 ms apart, on one connection: neither is a wait for a head.
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let slow =
+        r#"{"model":"m#fault:slow_first_token=800","messages":[{"role":"user","content":"hi"}]}"#;
+    let started = std::time::Instant::now();
+    tcp.write_all(chat_request(slow).as_bytes()).await.unwrap();
+    let answer = read_answer(&mut tcp).await;
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"finish_reason\""), "{answer}");
+    let paced = r#"{"model":"m#fault:tokens=8;pace_ms=100","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let started = std::time::Instant::now();
+    tcp.write_all(chat_request(paced).as_bytes()).await.unwrap();
+    // The stream's end, then 300 ms of idling: closed.
+    let got = read_to_close(&mut tcp).await;
+    // Seven gaps of 100 ms between the tokens, then the idle 300 ms.
+    assert!(started.elapsed() >= Duration::from_millis(700 + 300));
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.contains("data: [DONE]"), "{got}");
+}
+
+#[tokio::test]
+async fn requests_in_a_row_keep_their_connection_and_a_head_trickled_after_them_is_cut() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    // Ten requests 100 ms apart: a second in all, each head within the
+    // timeout of the answer before it.
+    for _ in 0..10 {
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_answer(&mut tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut tcp).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answered = std::time::Instant::now();
+    // Then a head a byte every 50 ms: cut 300 ms after the last answer.
+    let head = b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-slow: aaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut sent = 0;
+    for byte in head {
+        if tcp.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut probe = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => panic!("answered: {}", String::from_utf8_lossy(&probe[..n])),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        sent < head.len(),
+        "cut before the head was complete ({sent} of {})",
+        head.len()
+    );
+    within(answered.elapsed(), Duration::from_millis(300));
+}
+
 #[tokio::test]
 async fn a_trickled_body_is_cut_with_408() {
     let answer = trickle_a_body(chat_request(CHAT)).await;
