@@ -447,3 +447,76 @@ async fn failing_closed_a_turns_settlement_survives_a_store_outage() {
     assert_eq!(total(&store.inner, "acme").await, real);
     assert_eq!(spend.pending_settlements(), 0);
 }
+
+/// A store whose reservations never answer (a spend store unreachable
+/// without an error: a partitioned Redis).
+#[derive(Debug, Default)]
+struct Hanging {
+    inner: MemorySpendStore,
+}
+
+impl SpendStore for Hanging {
+    fn add_and_check<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        amount: Cost,
+        ceiling: Cost,
+    ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
+        self.inner.add_and_check(tenant, window, amount, ceiling)
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        _tenant: &'a str,
+        _window: SpendWindow,
+        _amount: Cost,
+        _ceiling: Cost,
+    ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn settle<'a>(
+        &'a self,
+        tenant: &'a str,
+        window: SpendWindow,
+        reserved: Cost,
+        actual: Cost,
+    ) -> SpendFuture<'a, Result<Cost, SpendError>> {
+        self.inner.settle(tenant, window, reserved, actual)
+    }
+}
+
+/// The failover layer bounds its own waits by the turn's deadline but a
+/// reservation with a spend store; a turn with a tenant therefore keeps
+/// the budget layer's deadline timer, and a store that never answers still
+/// ends the turn at its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_that_never_answers_ends_at_the_turns_deadline() {
+    let spend = TenantSpend::new(
+        Arc::new(Hanging::default()),
+        SpendWindow::Day,
+        Cost::from_usd(100.0),
+    );
+    let provider = FakeProvider::new("p");
+    let mut builder = Failover::builder();
+    builder = builder.target(Target::new("p", provider.clone()).pricing(pricing()));
+    let service = BudgetLayer::new()
+        .deadline(Duration::from_secs(3))
+        .tenant_spend(spend)
+        .layer(builder.build());
+    let started = tokio::time::Instant::now();
+    let response = tokio::time::timeout(
+        Duration::from_secs(60),
+        service.oneshot(request("acme", false)),
+    )
+    .await
+    .expect("the turn ends")
+    .unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("turn_deadline_exceeded"), "{body}");
+    assert_eq!(provider.calls(), 0, "no attempt was sent");
+}

@@ -110,9 +110,6 @@ where
                 None => return Poll::Pending,
             },
             StateProj::Called { future, mut sleep } => {
-                if sleep.is_none() {
-                    sleep.set(Some(sleep_until(this.budget.deadline())));
-                }
                 // The inner call first: an inner layer that answers at the
                 // deadline (a failover layer stopping the turn with its own
                 // error) is better than our bare error. The deadline is the
@@ -123,11 +120,21 @@ where
                         let _ = this.budget.try_begin_attempt();
                     }
                     result.map(|response| finish(response, this.budget, *this.pricing))
-                } else if sleep
-                    .as_mut()
-                    .as_pin_mut()
-                    .is_some_and(|sleep| sleep.poll(cx).is_ready())
-                {
+                } else {
+                    // Made when the inner call first waits, inside the
+                    // runtime; not at all when the inner layer said it
+                    // answers by the deadline itself (said before it
+                    // first waits without a bound).
+                    if sleep.is_none() && !this.budget.watched_inside() {
+                        sleep.set(Some(sleep_until(this.budget.deadline())));
+                    }
+                    let passed = sleep
+                        .as_mut()
+                        .as_pin_mut()
+                        .is_some_and(|sleep| sleep.poll(cx).is_ready());
+                    if !passed {
+                        return Poll::Pending;
+                    }
                     tracing::debug!(run_id = %crate::util::log_safe(this.budget.turn_id()), "turn deadline passed before the response head");
                     let deadline = DeadlineExceeded {
                         turn_id: this.budget.turn_id().clone(),
@@ -146,8 +153,6 @@ where
                             &deadline.to_string(),
                         ),
                     ))
-                } else {
-                    return Poll::Pending;
                 }
             }
             StateProj::Done => return Poll::Pending,

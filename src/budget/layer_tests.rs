@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -168,4 +169,49 @@ impl LayerExt for BudgetLayer {
     fn layer_service<S>(&self, inner: S) -> Budget<S> {
         tower::Layer::layer(self, inner)
     }
+}
+
+/// An inner call that never answers; it says it watches the deadline
+/// itself (as the failover layer does once the request is read) when
+/// `watch` is set.
+fn silent_inner(
+    watch: bool,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>>,
+> + Clone {
+    tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let budget = TurnBudget::from_extensions(req.extensions()).unwrap();
+        if watch {
+            budget.watch_inside();
+        }
+        std::future::pending::<Result<Response<Full<Bytes>>, Infallible>>()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_backstop_is_armed_unless_the_inner_layer_watches_the_deadline() {
+    // Not watched: the layer answers 504 at the deadline.
+    let svc = BudgetLayer::new()
+        .deadline(Duration::from_secs(2))
+        .layer_service(silent_inner(false));
+    let start = Instant::now();
+    let (status, json) = refusal(svc.oneshot(request()).await.unwrap()).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(status, 504);
+    assert_eq!(json["error"]["code"], "turn_deadline_exceeded");
+
+    // Watched: the layer leaves the deadline to the inner one and arms no
+    // timer (nothing wakes the call; it is still waiting long after).
+    let svc = BudgetLayer::new()
+        .deadline(Duration::from_secs(2))
+        .layer_service(silent_inner(true));
+    let mut call = std::pin::pin!(svc.oneshot(request()));
+    let pending = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending()));
+    assert!(pending.await);
+    advance(Duration::from_secs(60)).await;
+    let pending = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending()));
+    assert!(pending.await, "the layer answered at its own deadline");
 }

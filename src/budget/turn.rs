@@ -201,6 +201,7 @@ impl TurnLimits {
                 spend_ceiling: self.spend_ceiling,
                 spent: AtomicU64::new(0),
                 spent_estimated: AtomicBool::new(false),
+                watched_inside: AtomicBool::new(false),
                 backoff: self.backoff.clone(),
                 retry_budget: self.retry_budget.clone(),
                 client,
@@ -262,6 +263,8 @@ struct Inner {
     spend_ceiling: Option<Cost>,
     spent: AtomicU64,
     spent_estimated: AtomicBool,
+    /// An inner layer answers by the deadline itself ([`TurnBudget::watch_inside`]).
+    watched_inside: AtomicBool,
     backoff: Backoff,
     retry_budget: Option<RetryBudget>,
     /// Whose turn it is (the retry budget keeps a share per client).
@@ -541,6 +544,28 @@ impl TurnBudget {
     /// The tenant this turn's spend is metered with, if any.
     pub fn tenant(&self) -> Option<&str> {
         self.inner.tenant.get().map(|ledger| ledger.tenant())
+    }
+
+    /// Whether reserving spend for an attempt may wait on a store (the
+    /// turn has a tenant or ceiling accounts): a wait not bounded by the
+    /// deadline.
+    pub(crate) fn reserves_with_ledgers(&self) -> bool {
+        self.inner.tenant.get().is_some()
+            || self.inner.ceilings.get().is_some_and(|c| !c.is_empty())
+    }
+
+    /// An inner layer says it answers by the deadline itself: every wait
+    /// it makes from now on is bounded by the deadline. A budget layer
+    /// outside then arms no timer of its own for the head (a timer-wheel
+    /// entry per turn, made and cleared). Set by the failover layer once
+    /// the request is read, for a turn that reserves with no ledger.
+    pub(crate) fn watch_inside(&self) {
+        self.inner.watched_inside.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`watch_inside`](Self::watch_inside) was said.
+    pub(crate) fn watched_inside(&self) -> bool {
+        self.inner.watched_inside.load(Ordering::Relaxed)
     }
 
     /// Reserve an attempt's `estimate` with the turn's tenant before it is

@@ -70,6 +70,12 @@ where
         Some(parsed) => Ok((parsed.requirements, parsed.request)),
         None => read(&shared, body).await,
     };
+    // Read: from here every wait of the turn is bounded by its deadline,
+    // but a reservation with a spend store. A budget layer outside need
+    // not arm a timer of its own.
+    if !budget.reserves_with_ledgers() {
+        budget.watch_inside();
+    }
     // The span starts once the model is known, so its name is the
     // conventions' `chat {model}` (an OpenTelemetry bridge ignores a name
     // recorded after the span started).
