@@ -27,6 +27,11 @@ pin_project! {
     /// puts the [`TurnBudget`] into the response extensions and wraps the
     /// body in a [`BudgetBody`]. A refused turn and a deadline before the
     /// head are answered with an error response in the dialect's shape.
+    ///
+    /// The deadline's timer is armed when the inner call first waits,
+    /// unless the layer inside has said it answers by the deadline itself
+    /// (the failover layer, once it has read the request of a turn with no
+    /// spend store to wait on): a turn then costs no timer here.
     pub struct ResponseFuture<F, D> {
         #[pin]
         state: State<F>,
