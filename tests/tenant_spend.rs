@@ -373,11 +373,14 @@ impl SpendStore for Counted {
     }
 }
 
-/// A store whose settlements fail while `failures` lasts, then go through.
+/// A store whose settlements fail while `failures` lasts, then go through;
+/// with `hang_reservations`, its reservations never answer (a store
+/// unreachable without an error: a partitioned Redis).
 #[derive(Debug, Default)]
 struct Flaky {
     inner: MemorySpendStore,
     failures: std::sync::atomic::AtomicUsize,
+    hang_reservations: bool,
 }
 
 impl SpendStore for Flaky {
@@ -398,6 +401,9 @@ impl SpendStore for Flaky {
         amount: Cost,
         ceiling: Cost,
     ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
+        if self.hang_reservations {
+            return Box::pin(std::future::pending());
+        }
         self.inner.reserve(tenant, window, amount, ceiling)
     }
 
@@ -448,56 +454,17 @@ async fn failing_closed_a_turns_settlement_survives_a_store_outage() {
     assert_eq!(spend.pending_settlements(), 0);
 }
 
-/// A store whose reservations never answer (a spend store unreachable
-/// without an error: a partitioned Redis).
-#[derive(Debug, Default)]
-struct Hanging {
-    inner: MemorySpendStore,
-}
-
-impl SpendStore for Hanging {
-    fn add_and_check<'a>(
-        &'a self,
-        tenant: &'a str,
-        window: SpendWindow,
-        amount: Cost,
-        ceiling: Cost,
-    ) -> SpendFuture<'a, Result<SpendCheck, SpendError>> {
-        self.inner.add_and_check(tenant, window, amount, ceiling)
-    }
-
-    fn reserve<'a>(
-        &'a self,
-        _tenant: &'a str,
-        _window: SpendWindow,
-        _amount: Cost,
-        _ceiling: Cost,
-    ) -> SpendFuture<'a, Result<Reservation, SpendError>> {
-        Box::pin(std::future::pending())
-    }
-
-    fn settle<'a>(
-        &'a self,
-        tenant: &'a str,
-        window: SpendWindow,
-        reserved: Cost,
-        actual: Cost,
-    ) -> SpendFuture<'a, Result<Cost, SpendError>> {
-        self.inner.settle(tenant, window, reserved, actual)
-    }
-}
-
 /// The failover layer bounds its own waits by the turn's deadline but a
 /// reservation with a spend store; a turn with a tenant therefore keeps
 /// the budget layer's deadline timer, and a store that never answers still
 /// ends the turn at its deadline.
 #[tokio::test(start_paused = true)]
 async fn a_reservation_that_never_answers_ends_at_the_turns_deadline() {
-    let spend = TenantSpend::new(
-        Arc::new(Hanging::default()),
-        SpendWindow::Day,
-        Cost::from_usd(100.0),
-    );
+    let store = Flaky {
+        hang_reservations: true,
+        ..Flaky::default()
+    };
+    let spend = TenantSpend::new(Arc::new(store), SpendWindow::Day, Cost::from_usd(100.0));
     let provider = FakeProvider::new("p");
     let mut builder = Failover::builder();
     builder = builder.target(Target::new("p", provider.clone()).pricing(pricing()));

@@ -342,21 +342,9 @@ async fn headers_trickled_slowly_are_cut_at_the_header_timeout() {
     let request = chat_request(CHAT);
     let head_len = request.find("\r\n\r\n").unwrap();
     // One byte every 50 ms: the head would take seconds; the server must
-    // close the connection before it is complete.
-    let mut sent = 0;
-    for byte in request.as_bytes()[..head_len].iter() {
-        if tcp.write_all(&[*byte]).await.is_err() {
-            break;
-        }
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut probe = [0u8; 256];
-        match tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(_)) => break, // an error answer (408) counts as cut too
-            Err(_) => {}
-        }
-    }
+    // close the connection before it is complete (an error answer, 408,
+    // counts as cut too).
+    let (sent, _answer) = trickle(&mut tcp, &request.as_bytes()[..head_len]).await;
     assert!(
         sent < head_len,
         "the connection was cut before the head was complete ({sent} of {head_len} bytes)"
@@ -378,6 +366,31 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
     within(started.elapsed(), Duration::from_millis(300));
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     assert!(got.contains("\"ok\""), "{got}");
+}
+
+/// Sends `bytes` one every 50 ms until the server closes the connection
+/// or answers: how many were sent, and the answer's first bytes if one came.
+async fn trickle(tcp: &mut TcpStream, bytes: &[u8]) -> (usize, Option<String>) {
+    let mut sent = 0;
+    for byte in bytes {
+        if tcp.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut probe = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                return (
+                    sent,
+                    Some(String::from_utf8_lossy(&probe[..n]).into_owned()),
+                );
+            }
+            Err(_) => {}
+        }
+    }
+    (sent, None)
 }
 
 /// Reads one answer with a `content-length` from `tcp`.
@@ -457,20 +470,8 @@ async fn requests_in_a_row_keep_their_connection_and_a_head_trickled_after_them_
     let answered = std::time::Instant::now();
     // Then a head a byte every 50 ms: cut 300 ms after the last answer.
     let head = b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-slow: aaaaaaaaaaaaaaaa\r\n\r\n";
-    let mut sent = 0;
-    for byte in head {
-        if tcp.write_all(&[*byte]).await.is_err() {
-            break;
-        }
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut probe = [0u8; 256];
-        match tokio::time::timeout(Duration::from_millis(1), tcp.read(&mut probe)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => panic!("answered: {}", String::from_utf8_lossy(&probe[..n])),
-            Err(_) => {}
-        }
-    }
+    let (sent, answer) = trickle(&mut tcp, head).await;
+    assert_eq!(answer, None, "closed without an answer");
     assert!(
         sent < head.len(),
         "cut before the head was complete ({sent} of {})",
