@@ -167,7 +167,9 @@ impl<T: AsyncRead> AsyncRead for HeadLimit<T> {
             if alarm.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            if Instant::now() >= deadline {
+            // Within the timer's millisecond of the deadline counts as
+            // past it: an alarm moved there could fire again at once.
+            if deadline.saturating_duration_since(Instant::now()) < Duration::from_millis(1) {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     HeadTimedOut {
