@@ -243,7 +243,7 @@ pub struct HeadTimed<S> {
 
 /// One request being answered; its drop ends the answer.
 #[derive(Debug)]
-pub struct Answering(Arc<Idle>);
+struct Answering(Arc<Idle>);
 
 impl Answering {
     fn new(idle: &Arc<Idle>) -> Self {
