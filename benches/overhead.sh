@@ -473,6 +473,13 @@ echo "tower-llm-failover overhead, out of process: $UP_DESC, a bare hyper"
 echo "pass-through and the gateway (one provider, no routes) as separate release processes;"
 echo "wrk on 127.0.0.1 (1 thread at 1 conn, 2 threads at $HIGH_CONNS conns)."
 echo "$NCPU cores, $(uname -sr); $ROUNDS interleaved round(s) of ${DURATION} s per run; medians."
+# At one connection each thread sleeps between requests: how deep it
+# sleeps (the cpuidle driver and its states) sets how cold it wakes, and
+# moved the one-connection figures of unchanged code by +50 µs (see
+# benches/README.md, "Two timers fewer per turn").
+IDLE_DRIVER=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown)
+IDLE_STATES=$( (cat /sys/devices/system/cpu/cpu0/cpuidle/state*/name 2>/dev/null || true) | tr '\n' ' ')
+echo "cpuidle: ${IDLE_DRIVER}${IDLE_STATES:+ (states: ${IDLE_STATES% })}."
 ERRORS=0
 for w in "${WORKLOADS[@]}"; do
     for t in "${TARGETS[@]}"; do
