@@ -235,3 +235,38 @@ async fn a_budget_outside_the_stream_layer_hands_it_the_deadline() {
     assert!(text.contains("\"code\":\"timeout\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
 }
+
+/// The failover layer says it watches the turn's deadline only once it
+/// has read the request: a body that never ends is cut by the budget
+/// layer's own timer, at the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_request_body_that_never_ends_is_answered_at_the_turn_deadline() {
+    let provider = FakeProvider::new("primary");
+    let failover = Failover::builder()
+        .target(Target::new("primary", provider.clone()))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(BudgetLayer::new().deadline(Duration::from_secs(3)))
+        .service(failover);
+    // The start of a body, then nothing.
+    let frames = futures_util::StreamExt::chain(
+        futures_util::stream::iter([Ok::<_, std::convert::Infallible>(http_body::Frame::data(
+            Bytes::from_static(br#"{"model":"gpt-x","#),
+        ))]),
+        futures_util::stream::pending(),
+    );
+    let request = Request::post("/v1/chat/completions")
+        .body(http_body_util::StreamBody::new(frames))
+        .unwrap();
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(60), service.oneshot(request))
+        .await
+        .expect("the turn is answered")
+        .unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert_eq!(response.status(), 504);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("turn_deadline_exceeded"), "{body}");
+    assert_eq!(provider.calls(), 0, "nothing was sent upstream");
+}
