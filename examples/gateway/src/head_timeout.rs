@@ -37,23 +37,13 @@ use tokio::time::Sleep;
 /// Why a connection was closed: no request head within the timeout.
 /// Carried as the source of an [`io::Error`] of kind
 /// [`TimedOut`](io::ErrorKind::TimedOut).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no request head within {} ms of the connection's start or last answer", .after.as_millis())]
+#[non_exhaustive]
 pub struct HeadTimedOut {
     /// The header-read timeout that passed.
     pub after: Duration,
 }
-
-impl std::fmt::Display for HeadTimedOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "no request head within {} ms of the connection's last answer",
-            self.after.as_millis()
-        )
-    }
-}
-
-impl std::error::Error for HeadTimedOut {}
 
 /// What a connection's service and its socket share: how many requests
 /// are being answered, and when the last answer ended.
