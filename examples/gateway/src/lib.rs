@@ -35,6 +35,7 @@
 //! ```
 
 pub mod app;
+mod drain;
 mod front;
 pub mod head_timeout;
 pub mod keys;

@@ -51,13 +51,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::drain::Drain;
 use crate::front::Front;
 use crate::head_timeout::head_limit;
 use crate::repoll::Repoll;
 use http::header::{CONNECTION, HeaderValue};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
@@ -361,7 +361,7 @@ pub(crate) fn serve_on(
                 None => AbortOnDrop(tokio::spawn(timer_floor())),
             })
             .collect();
-        let graceful = GracefulShutdown::new();
+        let drain = Drain::new();
         // Dropped with this task: a connection left after the drain is
         // closed by the abort.
         let mut tasks = JoinSet::new();
@@ -391,7 +391,7 @@ pub(crate) fn serve_on(
                         let connection = Connection {
                             service: service.clone(),
                             builder: Arc::clone(&builder),
-                            watcher: graceful.watcher(),
+                            drain: drain.clone(),
                             header_timeout,
                             write_stall,
                             permit,
@@ -409,8 +409,8 @@ pub(crate) fn serve_on(
         }
         // New connections are refused from here on.
         drop(listener);
-        let drained = async { while tasks.join_next().await.is_some() {} };
-        tokio::join!(graceful.shutdown(), drained);
+        drain.start();
+        while tasks.join_next().await.is_some() {}
     });
     Running {
         addr,
@@ -449,7 +449,7 @@ async fn first_byte(tcp: &TcpStream, timeout: Duration) -> bool {
 struct Connection<S> {
     service: S,
     builder: Arc<http1::Builder>,
-    watcher: Watcher,
+    drain: Drain,
     header_timeout: Duration,
     write_stall: Duration,
     permit: OwnedSemaphorePermit,
@@ -491,7 +491,7 @@ where
         let Self {
             service,
             builder,
-            watcher,
+            drain,
             header_timeout,
             write_stall,
             permit,
@@ -514,7 +514,7 @@ where
         let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
         // Reading a request body wakes this very task: poll it again here
         // rather than yield it to another worker (see `repoll`).
-        if let Err(error) = Repoll::new(watcher.watch(conn)).await {
+        if let Err(error) = Repoll::new(drain.watch(conn)).await {
             if WriteStalled::find_in(&error).is_some() {
                 tracing::info!(
                     write_stall_timeout_ms = write_stall.as_millis() as u64,
