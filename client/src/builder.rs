@@ -214,13 +214,13 @@ impl UpstreamClientBuilder {
         Ok(UpstreamClient::from_parts(
             client,
             pool,
-            Arc::new(Shared {
+            Shared {
                 host: target.host_header(),
                 target,
                 credential,
                 auth_kind: self.auth.kind(),
                 strip_headers: self.strip_headers.into_boxed_slice(),
-            }),
+            },
         ))
     }
 }

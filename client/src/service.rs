@@ -50,15 +50,23 @@ pub(crate) struct Shared {
 /// - `Error = `[`SendError`], whose `source()` is hyper-util's error (or,
 ///   for a plain-`http` target, hyper's or the connect error).
 ///
-/// Cloning is cheap and clones share the connection pool. See the [module
-/// docs](super) for the URL join rule and the header rules.
+/// Cloning is cheap (one reference count: the failover layer clones a
+/// target's service for every attempt) and clones share the connection
+/// pool. See the [module docs](super) for the URL join rule and the header
+/// rules.
 #[derive(Clone)]
 pub struct UpstreamClient {
+    inner: Arc<Inner>,
+}
+
+/// What an [`UpstreamClient`] and its clones hold, behind one `Arc`:
+/// hyper-util's client alone is half a dozen of them.
+struct Inner {
     client: Client<CompactConnector, UpstreamBody>,
     /// A plain-`http` target reached directly: its own pool
     /// ([`Http1Pool`](super::pool::Http1Pool)), not hyper-util's.
     pool: Option<Arc<Http1Pool>>,
-    shared: Arc<Shared>,
+    shared: Shared,
 }
 
 impl UpstreamClient {
@@ -72,18 +80,20 @@ impl UpstreamClient {
     pub(crate) fn from_parts(
         client: Client<CompactConnector, UpstreamBody>,
         pool: Option<Arc<Http1Pool>>,
-        shared: Arc<Shared>,
+        shared: Shared,
     ) -> Self {
         Self {
-            client,
-            pool,
-            shared,
+            inner: Arc::new(Inner {
+                client,
+                pool,
+                shared,
+            }),
         }
     }
 
     /// The target's host and port, for logs.
     pub fn authority(&self) -> &Authority {
-        self.shared.target.authority()
+        self.inner.shared.target.authority()
     }
 
     /// Rewrites a gateway request into the upstream request this client
@@ -96,6 +106,7 @@ impl UpstreamClient {
     {
         let (mut parts, body) = request.into_parts();
         parts.uri = self
+            .inner
             .shared
             .target
             .join(parts.uri.path_and_query())
@@ -111,9 +122,9 @@ impl UpstreamClient {
         parts.version = Version::HTTP_11;
         headers::prepare(
             &mut parts.headers,
-            &self.shared.strip_headers,
-            self.shared.credential.as_ref(),
-            self.shared.host.as_ref(),
+            &self.inner.shared.strip_headers,
+            self.inner.shared.credential.as_ref(),
+            self.inner.shared.host.as_ref(),
             body.size_hint().exact().is_some(),
         );
         Ok(Request::from_parts(parts, body))
@@ -142,12 +153,12 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
             Ok(request) => {
                 let request =
                     request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
-                match &self.pool {
+                match &self.inner.pool {
                     Some(pool) => ResponseFuture::pooled(Box::pin(super::pool::send(
                         Arc::clone(pool),
                         request,
                     ))),
-                    None => ResponseFuture::sent(self.client.request(request)),
+                    None => ResponseFuture::sent(self.inner.client.request(request)),
                 }
             }
             Err(error) => ResponseFuture::rejected(error),
@@ -158,9 +169,9 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
 impl fmt::Debug for UpstreamClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UpstreamClient")
-            .field("target", &self.shared.target)
-            .field("auth", &self.shared.auth_kind)
-            .field("strip_headers", &self.shared.strip_headers)
+            .field("target", &self.inner.shared.target)
+            .field("auth", &self.inner.shared.auth_kind)
+            .field("strip_headers", &self.inner.shared.strip_headers)
             .finish_non_exhaustive()
     }
 }
@@ -196,12 +207,25 @@ mod tests {
         assert_eq!(out.headers().get_all("host").iter().count(), 1);
     }
 
+    /// The failover layer clones a target's service for every attempt:
+    /// one reference count, whatever the client holds.
+    #[test]
+    fn a_clone_shares_everything_through_one_reference_count() {
+        for base in ["http://127.0.0.1:9/v1", "https://upstream.local/v1"] {
+            let client = UpstreamClient::builder(base).build().unwrap();
+            let clone = client.clone();
+            assert!(Arc::ptr_eq(&client.inner, &clone.inner));
+            assert_eq!(Arc::strong_count(&client.inner), 2);
+        }
+    }
+
     #[test]
     fn the_host_header_is_made_once_for_plain_http_only() {
         let host = |base: &str| {
             UpstreamClient::builder(base)
                 .build()
                 .unwrap()
+                .inner
                 .shared
                 .host
                 .clone()
