@@ -112,6 +112,13 @@ impl TurnInner {
     fn take_span(&mut self, number: u32) -> Option<tracing::Span> {
         take_span(&mut self.attempt_span, &mut self.racing_spans, number)
     }
+
+    /// Attempt `number` runs in `span`; one still running races it.
+    fn begin_span(&mut self, number: u32, span: tracing::Span) {
+        if let Some(running) = self.attempt_span.replace((number, span)) {
+            self.racing_spans.push(running);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -220,20 +227,25 @@ impl TurnRecord {
     /// elsewhere (the target began resting meanwhile) was a reroute. An
     /// attempt still running (a hedge's race) keeps its span.
     pub(crate) fn begin_attempt(&self, number: u32, span: tracing::Span, target: &str) {
-        {
+        let held = {
             let mut inner = self.lock();
-            if let Some(held) = inner.held.as_mut()
-                && matches!(held.decision, Decision::RetrySame)
-                && *held.target != *target
-            {
-                held.decision = Decision::Reroute;
+            match inner.held.take() {
+                // The first attempt, and every one after a success or a
+                // race: one lock, not three.
+                None => {
+                    inner.begin_span(number, span);
+                    return;
+                }
+                Some(mut held) => {
+                    if matches!(held.decision, Decision::RetrySame) && *held.target != *target {
+                        held.decision = Decision::Reroute;
+                    }
+                    held
+                }
             }
-        }
-        self.release_held();
-        let mut inner = self.lock();
-        if let Some(running) = inner.attempt_span.replace((number, span)) {
-            inner.racing_spans.push(running);
-        }
+        };
+        self.push(*held);
+        self.lock().begin_span(number, span);
     }
 
     /// Adds a finished attempt's record, logged now.
@@ -250,13 +262,6 @@ impl TurnRecord {
         let earlier = self.lock().held.replace(Box::new(record));
         if let Some(earlier) = earlier {
             self.push(*earlier);
-        }
-    }
-
-    fn release_held(&self) {
-        let held = self.lock().held.take();
-        if let Some(record) = held {
-            self.push(*record);
         }
     }
 
@@ -323,18 +328,17 @@ impl TurnRecord {
     /// then the turn's line, metrics and span fields. Only the first call
     /// counts.
     pub(crate) fn conclude(&self) {
-        let held = {
-            let mut inner = self.lock();
-            if inner.done {
-                return;
-            }
-            inner.held.take()
-        };
-        if let Some(mut record) = held {
+        let mut inner = self.lock();
+        if inner.done {
+            return;
+        }
+        if let Some(mut record) = inner.held.take() {
+            // Logged without the lock (the log may read the turn).
+            drop(inner);
             record.decision = Decision::Stop;
             self.push(*record);
+            inner = self.lock();
         }
-        let mut inner = self.lock();
         inner.done = true;
         let committed = inner
             .attempts
