@@ -101,6 +101,49 @@ async fn a_tenant_header_is_read_only_when_trusted() {
     assert!(seen.0.lock().unwrap().is_empty());
 }
 
+/// The anonymous client is no entry in the extensions (`ClientId::of`
+/// reads it as anonymous; an entry would make a gateway's request map grow
+/// per request), and one an outer layer set does not stand; a named client
+/// is an entry.
+#[tokio::test]
+async fn the_anonymous_client_is_no_entry_and_a_named_one_is() {
+    let entries = |keys: ApiKeys, header: Option<&'static str>| async move {
+        let inner = tower::service_fn(|request: Request<Full<Bytes>>| async move {
+            let entry = request.extensions().get::<ClientId>().cloned();
+            let read = ClientId::of(request.extensions());
+            let seen = format!(
+                "{:?}|{:?}",
+                entry.map(|c| c.key_name().map(str::to_owned)),
+                read.key_name()
+            );
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(seen))))
+        });
+        let mut request = chat();
+        request
+            .extensions_mut()
+            .insert(ClientId::key("set-outside"));
+        if let Some(value) = header {
+            request
+                .headers_mut()
+                .insert("authorization", value.parse().unwrap());
+        }
+        let response = ServiceBuilder::new()
+            .layer(IdentityLayer::new(keys))
+            .service(inner)
+            .oneshot(request)
+            .await
+            .unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    };
+    assert_eq!(entries(ApiKeys::new(), None).await, "None|None");
+    let keys = ApiKeys::new().key(ClientId::key("ci"), "sk-ci");
+    assert_eq!(
+        entries(keys, Some("Bearer sk-ci")).await,
+        r#"Some(Some("ci"))|Some("ci")"#
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_clients_failures_spend_its_own_retry_share_not_anothers() {
     // Fleet: 20 extra attempts in reserve; each client's share: 10.

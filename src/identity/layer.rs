@@ -7,7 +7,10 @@ use crate::dialect::DefaultDialect;
 
 /// Names the client of each request: checks its key against an
 /// [`ApiKeys`] table and puts the [`ClientId`](super::ClientId) in the
-/// request extensions, or answers `401` in the dialect's error shape.
+/// request extensions, or answers `401` in the dialect's error shape. The
+/// anonymous client is put as no entry (and one already there is taken
+/// out): [`ClientId::of`](super::ClientId::of) reads a request without one
+/// as anonymous.
 ///
 /// - The key is read from `Authorization: Bearer <key>` or `x-api-key:
 ///   <key>` (what the OpenAI and Anthropic SDKs send).

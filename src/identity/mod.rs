@@ -51,6 +51,11 @@ impl ClientId {
         Self::default()
     }
 
+    /// Whether this is the anonymous client: no key and no tenant.
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.key.is_none() && self.tenant.is_none()
+    }
+
     /// With the tenant that pays for this client's turns.
     pub fn with_tenant(mut self, tenant: impl Into<Arc<str>>) -> Self {
         self.tenant = Some(tenant.into());
