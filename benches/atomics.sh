@@ -21,27 +21,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FEW=${1:-50}
 MANY=${2:-300}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-for tool in valgrind callgrind_control curl objdump; do
-    command -v "$tool" >/dev/null || { echo "benches/atomics.sh needs $tool" >&2; exit 1; }
-done
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-cargo build --release --quiet -p tower-llm-gateway \
-    --bin tower-llm-gateway --example prepared_upstream --example passthrough
-BIN="$TARGET_DIR/release/examples"
+# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
+# valgrind_bench_setup (WORK, BIN, TARGET_DIR, the upstream and its port)
+source benches/wait_ready.sh
+valgrind_bench_setup atomics.sh valgrind callgrind_control curl objdump
 # ATOMICS_GATEWAY: another build of the gateway to count (an A/B).
 GATEWAY=${ATOMICS_GATEWAY:-"$TARGET_DIR/release/tower-llm-gateway"}
 
-source benches/wait_ready.sh
-"$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
-PIDS+=($!)
-upstream_ready $! "$WORK/up.log" "$WORK"
 SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
 
 # The addresses of a binary's locked instructions, one per line (hex).

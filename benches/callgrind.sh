@@ -16,30 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FEW=${1:-100}
 MANY=${2:-600}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-for tool in valgrind curl; do
-    command -v "$tool" >/dev/null || { echo "benches/callgrind.sh needs $tool" >&2; exit 1; }
-done
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-cargo build --release --quiet -p tower-llm-gateway \
-    --bin tower-llm-gateway --example prepared_upstream --example passthrough
-BIN="$TARGET_DIR/release/examples"
+# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
+# valgrind_bench_setup (WORK, BIN, TARGET_DIR, the upstream and its port)
+source benches/wait_ready.sh
+valgrind_bench_setup callgrind.sh valgrind curl
 # CALLGRIND_GATEWAY: another build of the gateway to count (an A/B).
 GATEWAY=${CALLGRIND_GATEWAY:-"$TARGET_DIR/release/tower-llm-gateway"}
-
-# wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
-# upstream_ready PID LOG DIR
-source benches/wait_ready.sh
-
-"$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
-PIDS+=($!)
-upstream_ready $! "$WORK/up.log" "$WORK"
 
 SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
 STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'

@@ -30,3 +30,26 @@ name = "up"
 base_url = "$UP_BASE"
 TOML
 }
+
+# valgrind_bench_setup NAME TOOL...: the set-up of the callgrind scripts
+# (callgrind.sh, atomics.sh): checks that each TOOL is there, builds the
+# release gateway and its fixtures, and starts the prepared upstream. Sets
+# WORK (removed at exit, when every pid in PIDS is killed), TARGET_DIR,
+# BIN (the examples), UP_BASE, UP_PORT and WORK/gateway.toml.
+valgrind_bench_setup() {
+    local name=$1 tool
+    shift
+    WORK=$(mktemp -d)
+    PIDS=()
+    trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || { echo "benches/$name needs $tool" >&2; exit 1; }
+    done
+    TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    cargo build --release --quiet -p tower-llm-gateway \
+        --bin tower-llm-gateway --example prepared_upstream --example passthrough
+    BIN="$TARGET_DIR/release/examples"
+    "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
+    PIDS+=($!)
+    upstream_ready $! "$WORK/up.log" "$WORK"
+}
