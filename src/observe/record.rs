@@ -230,8 +230,8 @@ impl TurnRecord {
         let held = {
             let mut inner = self.lock();
             match inner.held.take() {
-                // The first attempt, and every one after a success or a
-                // race: one lock, not three.
+                // The first attempt, and a hedge beside a running one
+                // (nothing held): one lock, not three.
                 None => {
                     inner.begin_span(number, span);
                     return;

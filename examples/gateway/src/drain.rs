@@ -4,7 +4,7 @@
 //! hyper-util's `GracefulShutdown` hands each connection a receiver of one
 //! `tokio::sync::watch` channel, and polls its `changed()` at every poll of
 //! the connection: a lock of the channel's `Notify` taken and released
-//! each time (a dozen atomic read-modify-writes per small completion, on
+//! each time (six atomic read-modify-writes more per small completion, on
 //! lock words that every shard writes). [`Drain`] keeps the signal in a
 //! flag that connections only read: a connection registers its waker with
 //! the `Notify` once (again only if the waker polling it changes), and
@@ -26,8 +26,7 @@ use hyper::service::HttpService;
 use pin_project_lite::pin_project;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower_llm_failover::BoxError;
 
 /// The shutdown signal of a server's connections (see the module docs).
 #[derive(Clone, Debug, Default)]
