@@ -115,11 +115,14 @@ ensure_tool curl curl
 
 # --- build --------------------------------------------------------------------
 
+# build_bench_binaries EXAMPLE...; wait_ready PID LOG REGEX;
+# upstream_ready PID LOG DIR
+source benches/wait_ready.sh
+
 UPSTREAM=prepared_upstream
 ((FAKE_UPSTREAM)) && UPSTREAM=fake_upstream
 echo "building release binaries (tower-llm-gateway and its fixtures $UPSTREAM, passthrough)..." >&2
-cargo build --release --quiet -p tower-llm-gateway \
-    --bin tower-llm-gateway --example "$UPSTREAM" --example passthrough
+build_bench_binaries "$UPSTREAM" passthrough
 TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
@@ -149,9 +152,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# wait_ready PID LOG REGEX; upstream_ready PID LOG DIR
-source benches/wait_ready.sh
 
 if ((FAKE_UPSTREAM)); then
     "$BIN/fake_upstream" --port 0 --name up --tokens 8 --pace-ms 0 >"$WORK/upstream.log" 2>&1 &

@@ -1,4 +1,4 @@
-# Sourced by the bench scripts (overhead.sh, callgrind.sh).
+# Sourced by the bench scripts (overhead.sh, callgrind.sh, atomics.sh).
 # wait_ready PID LOG REGEX [SECS]: prints the first match of REGEX in LOG,
 # waiting up to SECS (10) while PID lives; otherwise shows LOG and exits.
 wait_ready() {
@@ -31,6 +31,19 @@ base_url = "$UP_BASE"
 TOML
 }
 
+# build_bench_binaries EXAMPLE...: the release gateway as its users build
+# it (`cargo run --release -p tower-llm-gateway`), then the fixtures. Two
+# builds, not one: an example in the same build brings the package's
+# dev-dependencies and their features into the gateway binary too (tokio's
+# `test-util` clock, which takes a lock at every clock read), and the
+# benches would measure a gateway nobody ships.
+build_bench_binaries() {
+    local example args=()
+    cargo build --release --quiet -p tower-llm-gateway --bin tower-llm-gateway
+    for example in "$@"; do args+=(--example "$example"); done
+    cargo build --release --quiet -p tower-llm-gateway "${args[@]}"
+}
+
 # valgrind_bench_setup NAME TOOL...: the set-up of the callgrind scripts
 # (callgrind.sh, atomics.sh): checks that each TOOL is there, builds the
 # release gateway and its fixtures, and starts the prepared upstream. Sets
@@ -46,8 +59,7 @@ valgrind_bench_setup() {
         command -v "$tool" >/dev/null || { echo "benches/$name needs $tool" >&2; exit 1; }
     done
     TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-    cargo build --release --quiet -p tower-llm-gateway \
-        --bin tower-llm-gateway --example prepared_upstream --example passthrough
+    build_bench_binaries prepared_upstream passthrough
     BIN="$TARGET_DIR/release/examples"
     "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
     PIDS+=($!)
