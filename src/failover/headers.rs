@@ -145,8 +145,8 @@ const NEVER: [&str; 9] = [
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderPolicy {
-    request: Vec<Box<str>>,
-    response: Vec<Box<str>>,
+    request: AllowList,
+    response: AllowList,
     /// The `anthropic-beta` values a forwarded header may carry.
     betas: Vec<Box<str>>,
 }
@@ -173,8 +173,8 @@ impl HeaderPolicy {
     /// gateway writes itself, such as `content-type` on a request).
     pub fn empty() -> Self {
         Self {
-            request: Vec::new(),
-            response: Vec::new(),
+            request: AllowList::default(),
+            response: AllowList::default(),
             betas: Vec::new(),
         }
     }
@@ -204,7 +204,7 @@ impl HeaderPolicy {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        add(&mut self.request, names);
+        self.request.add(names);
         self
     }
 
@@ -214,7 +214,7 @@ impl HeaderPolicy {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        add(&mut self.response, names);
+        self.response.add(names);
         self
     }
 
@@ -305,19 +305,59 @@ where
 }
 
 /// Whether `name` (lowercase) passes `list`, hop-by-hop rules first.
-fn allowed(list: &[Box<str>], name: &str) -> bool {
-    if NEVER.contains(&name) || name.starts_with("proxy-") {
-        return false;
-    }
-    let sensitive = SENSITIVE.contains(&name);
-    list.iter().any(|entry| match entry.strip_suffix('*') {
-        Some(prefix) => !sensitive && name.starts_with(prefix),
-        None => **entry == *name,
-    })
+/// One direction's allow-list: the names as configured, and the same split
+/// for the check each header of each turn makes (an exact name is one
+/// comparison; the never-forwarded and sensitive names are looked at only
+/// when a `prefix-*` entry matches).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct AllowList {
+    /// As configured: lowercase, trimmed, without repeats.
+    entries: Vec<Box<str>>,
+    /// The exact names that can pass (a never-forwarded name cannot).
+    exact: Vec<Box<str>>,
+    /// The prefixes of the `prefix-*` entries.
+    prefixes: Vec<Box<str>>,
 }
 
-fn passes(list: &[Box<str>], name: &HeaderName, named: &[String]) -> bool {
-    allowed(list, name.as_str()) && !named.iter().any(|n| n == name.as_str())
+impl AllowList {
+    fn add<I>(&mut self, names: I)
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        add(&mut self.entries, names);
+        self.exact.clear();
+        self.prefixes.clear();
+        for entry in &self.entries {
+            match entry.strip_suffix('*') {
+                Some(prefix) => self.prefixes.push(prefix.into()),
+                None if never(entry) => {}
+                None => self.exact.push(entry.clone()),
+            }
+        }
+    }
+
+    /// Whether a header of this (lowercase) name passes: named exactly,
+    /// or under a prefix and neither never forwarded nor sensitive.
+    fn allows(&self, name: &str) -> bool {
+        if self.exact.iter().any(|entry| **entry == *name) {
+            return true;
+        }
+        self.prefixes
+            .iter()
+            .any(|prefix| name.starts_with(&**prefix))
+            && !never(name)
+            && !SENSITIVE.contains(&name)
+    }
+}
+
+/// Hop-by-hop and framing headers: never forwarded, whatever the list.
+fn never(name: &str) -> bool {
+    NEVER.contains(&name) || name.starts_with("proxy-")
+}
+
+fn passes(list: &AllowList, name: &HeaderName, named: &[String]) -> bool {
+    list.allows(name.as_str()) && !named.iter().any(|n| n == name.as_str())
 }
 
 /// The headers a `Connection` header names: hop-by-hop as well.
@@ -338,23 +378,23 @@ impl HeaderPolicy {
     /// (when no `Connection` header names it; before the route's dialect
     /// adds its own).
     pub(crate) fn forwards_request_header(&self, name: &str) -> bool {
-        allowed(&self.request, &name.to_ascii_lowercase())
+        self.request.allows(&name.to_ascii_lowercase())
     }
 
     /// Whether a provider response header of this name reaches the client
     /// (when no `Connection` header names it).
     pub(crate) fn forwards_response_header(&self, name: &str) -> bool {
-        allowed(&self.response, &name.to_ascii_lowercase())
+        self.response.allows(&name.to_ascii_lowercase())
     }
 
     /// The client request headers that reach the provider, as configured.
     pub(crate) fn request_headers(&self) -> impl Iterator<Item = &str> {
-        self.request.iter().map(|n| &**n)
+        self.request.entries.iter().map(|n| &**n)
     }
 
     /// The provider response headers that reach the client, as configured.
     pub(crate) fn response_headers(&self) -> impl Iterator<Item = &str> {
-        self.response.iter().map(|n| &**n)
+        self.response.entries.iter().map(|n| &**n)
     }
 }
 
@@ -409,12 +449,20 @@ mod tests {
     #[test]
     fn hop_by_hop_never_passes_even_when_named() {
         let policy = HeaderPolicy::empty()
-            .forward_request_headers(["connection", "te", "proxy-*", "x-*", "*"])
+            .forward_request_headers([
+                "connection",
+                "te",
+                "proxy-authorization",
+                "proxy-*",
+                "x-*",
+                "*",
+            ])
             .forward_response_headers(["transfer-encoding", "keep-alive", "*"]);
         for name in [
             "connection",
             "te",
             "proxy-connection",
+            "proxy-authorization",
             "host",
             "content-length",
         ] {
