@@ -307,14 +307,16 @@ where
 /// Whether `name` (lowercase) passes `list`, hop-by-hop rules first.
 /// One direction's allow-list: the names as configured, and the same split
 /// for the check each header of each turn makes (an exact name is one
-/// comparison; the never-forwarded and sensitive names are looked at only
-/// when a `prefix-*` entry matches).
+/// comparison of header names, which for the standard names `http` knows
+/// is one of small numbers; the never-forwarded and sensitive names are
+/// looked at only when a `prefix-*` entry matches).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct AllowList {
     /// As configured: lowercase, trimmed, without repeats.
     entries: Vec<Box<str>>,
-    /// The exact names that can pass (a never-forwarded name cannot).
-    exact: Vec<Box<str>>,
+    /// The exact names that can pass (a never-forwarded name cannot, nor
+    /// one that is not a header name).
+    exact: Vec<HeaderName>,
     /// The prefixes of the `prefix-*` entries.
     prefixes: Vec<Box<str>>,
 }
@@ -332,17 +334,18 @@ impl AllowList {
             match entry.strip_suffix('*') {
                 Some(prefix) => self.prefixes.push(prefix.into()),
                 None if never(entry) => {}
-                None => self.exact.push(entry.clone()),
+                None => self.exact.extend(HeaderName::from_bytes(entry.as_bytes()).ok()),
             }
         }
     }
 
-    /// Whether a header of this (lowercase) name passes: named exactly,
-    /// or under a prefix and neither never forwarded nor sensitive.
-    fn allows(&self, name: &str) -> bool {
-        if self.exact.iter().any(|entry| **entry == *name) {
+    /// Whether a header of this name passes: named exactly, or under a
+    /// prefix and neither never forwarded nor sensitive.
+    fn allows(&self, name: &HeaderName) -> bool {
+        if self.exact.contains(name) {
             return true;
         }
+        let name = name.as_str();
         self.prefixes
             .iter()
             .any(|prefix| name.starts_with(&**prefix))
@@ -357,7 +360,7 @@ fn never(name: &str) -> bool {
 }
 
 fn passes(list: &AllowList, name: &HeaderName, named: &[String]) -> bool {
-    list.allows(name.as_str()) && !named.iter().any(|n| n == name.as_str())
+    list.allows(name) && !named.iter().any(|n| n == name.as_str())
 }
 
 /// The headers a `Connection` header names: hop-by-hop as well.
@@ -378,13 +381,13 @@ impl HeaderPolicy {
     /// (when no `Connection` header names it; before the route's dialect
     /// adds its own).
     pub(crate) fn forwards_request_header(&self, name: &str) -> bool {
-        self.request.allows(&name.to_ascii_lowercase())
+        HeaderName::from_bytes(name.as_bytes()).is_ok_and(|name| self.request.allows(&name))
     }
 
     /// Whether a provider response header of this name reaches the client
     /// (when no `Connection` header names it).
     pub(crate) fn forwards_response_header(&self, name: &str) -> bool {
-        self.response.allows(&name.to_ascii_lowercase())
+        HeaderName::from_bytes(name.as_bytes()).is_ok_and(|name| self.response.allows(&name))
     }
 
     /// The client request headers that reach the provider, as configured.
