@@ -334,7 +334,9 @@ impl AllowList {
             match entry.strip_suffix('*') {
                 Some(prefix) => self.prefixes.push(prefix.into()),
                 None if never(entry) => {}
-                None => self.exact.extend(HeaderName::from_bytes(entry.as_bytes()).ok()),
+                None => self
+                    .exact
+                    .extend(HeaderName::from_bytes(entry.as_bytes()).ok()),
             }
         }
     }

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
 use super::skim::{ChoiceSet, ChunkPrefix};
-use super::{oracle, reply, stream as openai};
+use super::{oracle, reply, request, stream as openai};
 use crate::dialect::Chunk;
 
 fn borrowed(cow: Option<&Cow<'_, str>>) -> Option<bool> {
@@ -1010,5 +1010,229 @@ fn generated_chunks_cover_every_outcome() {
     assert!(
         finish && usage && owned,
         "finish={finish} usage={usage} owned={owned}"
+    );
+}
+
+/// The request read (the skimmer first) against serde's reading alone:
+/// the same requirements, spans and errors.
+fn compare_request(body: &[u8]) -> Result<(), TestCaseError> {
+    let read = request::read(bytes::Bytes::copy_from_slice(body));
+    let reference = request::read_in_full(bytes::Bytes::copy_from_slice(body));
+    prop_assert_eq!(
+        format!("{read:?}"),
+        format!("{reference:?}"),
+        "{:?}",
+        String::from_utf8_lossy(body)
+    );
+    Ok(())
+}
+
+/// Requests from the dialect's tests, the provider contracts and the
+/// benches.
+const REQUESTS: &[&str] = &[
+    r#"{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}"#,
+    r#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}"#,
+    r#"{"model": "gpt-4o", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi \"there\"\n"}], "temperature": 0.2, "user": "u-1", "stream": false}"#,
+    r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"call_1","content":"42"}],"stream":null}"#,
+    r#"{"messages":[],"model":"","metadata":{"a":[1,2,{"b":null}]},"top_p":1e-3}"#,
+    r#"{"model":"m","messages":[{"content":"a","content":"b"},{"tool_calls":[],"content":7}]}"#,
+];
+
+/// Requests of other shapes, each read by serde: a judged field, escapes,
+/// repeated fields, arrays of parts, wrong types, trailing bytes.
+const SERDE_REQUESTS: &[&str] = &[
+    r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+    r#"{"model":"m","messages":[],"max_tokens":5}"#,
+    r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":false}}"#,
+    r#"{"model":"m","messages":[],"tools":[{"type":"function"}],"parallel_tool_calls":true}"#,
+    r#"{"model":"m\u0031","messages":[]}"#,
+    r#"{"m\u006fdel":"m","messages":[]}"#,
+    r#"{"model":"m","model":"n","messages":[]}"#,
+    r#"{"model":"m","messages":[],"messages":[]}"#,
+    r#"{"model":"m","stream":null,"messages":[],"stream":true}"#,
+    r#"{"model":"m","messages":[],"stream":"true"}"#,
+    r#"{"model":null,"messages":[]}"#,
+    r#"{"model":"m"}"#,
+    r#"{"model":"m","messages":{}}"#,
+    r#"{"model":"m","messages":[1,"two",[3]]}"#,
+    r#"{"model":"m","messages":[]} x"#,
+    r#"{"model":"m","messages":[]"#,
+    "{\"model\":\"m\",\"messages\":[],\"x\":\"\u{1}\"}",
+    "\u{c}{\"model\":\"m\",\"messages\":[]}",
+];
+
+#[test]
+fn fixture_requests_read_the_same() {
+    for body in REQUESTS {
+        for body in [body.to_string(), format!(" \n{body}\t\r\n")] {
+            if let Err(failure) = compare_request(body.as_bytes()) {
+                panic!("{failure}");
+            }
+            // The usual shapes take the skimmer's way: the read is not
+            // serde's under another name.
+            assert!(
+                super::skim::skim_request(body.as_bytes()).is_some(),
+                "{body}"
+            );
+        }
+    }
+    for body in SERDE_REQUESTS {
+        if let Err(failure) = compare_request(body.as_bytes()) {
+            panic!("{failure}");
+        }
+        assert!(
+            super::skim::skim_request(body.as_bytes()).is_none(),
+            "{body}"
+        );
+    }
+}
+
+/// A message: usually a role and string content, sometimes tool calls,
+/// parts, repeats, noise, or no object at all.
+fn message() -> impl Strategy<Value = String> {
+    let content = prop_oneof![
+        6 => string(),
+        1 => Just("null".to_owned()),
+        1 => Just(r#"[{"type":"text","text":"hi"}]"#.to_owned()),
+        1 => value(),
+    ];
+    let fields = vec![
+        entry("role", string()),
+        entry("content", content.clone()),
+        entry("tool_calls", value()),
+        entry("name", string()),
+        entry("cont\\u0065nt", content),
+        (key(), value()).boxed(),
+    ];
+    prop_oneof![
+        6 => (string(), string()).prop_map(|(role, content)| format!(r#"{{"role":{role},"content":{content}}}"#)),
+        3 => object(prop::strategy::Union::new(fields)),
+        1 => value(),
+    ]
+}
+
+/// A JSON text close to a chat request: usually a `model` and a list of
+/// messages, often `stream`, sometimes a field the read judges, noise or
+/// repeats, in any order.
+fn request_like() -> impl Strategy<Value = String> {
+    let model = prop_oneof![6 => string(), 1 => Just("null".to_owned()), 1 => value()];
+    let stream = prop_oneof![
+        2 => Just("true".to_owned()),
+        2 => Just("false".to_owned()),
+        1 => Just("null".to_owned()),
+        1 => scalar(),
+    ];
+    let messages = prop_oneof![
+        8 => prop::collection::vec(message(), 0..4)
+            .prop_map(|messages| format!("[{}]", messages.join(","))),
+        1 => value(),
+    ];
+    let judged = prop::sample::select(vec![
+        "tools",
+        "functions",
+        "response_format",
+        "stream_options",
+        "max_completion_tokens",
+        "max_tokens",
+        "parallel_tool_calls",
+        "n",
+        "reasoning_effort",
+        "reasoning",
+    ])
+    .prop_map(|k| format!("\"{k}\""));
+    let optional = |name: &'static str, values: BoxedStrategy<String>, p: f64| {
+        prop::option::weighted(p, values.prop_map(move |v| (format!("\"{name}\""), v)))
+    };
+    (
+        optional("model", model.boxed(), 0.95),
+        optional("messages", messages.boxed(), 0.95),
+        optional("stream", stream.boxed(), 0.5),
+        optional("temperature", number().boxed(), 0.3),
+        prop::option::weighted(0.2, (judged, value())),
+        prop::collection::vec(
+            prop_oneof![
+                3 => (key(), value()),
+                1 => (Just("\"model\"".to_owned()), string()),
+                1 => (Just("\"stream\"".to_owned()), Just("false".to_owned())),
+                1 => (Just("\"messages\"".to_owned()), Just("[]".to_owned())),
+            ],
+            0..2,
+        ),
+        ws(),
+    )
+        .prop_flat_map(
+            |(model, messages, stream, temperature, judged, noise, ws)| {
+                let mut entries: Vec<(String, String)> =
+                    [model, messages, stream, temperature, judged]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                entries.extend(noise);
+                Just(entries).prop_shuffle().prop_map(move |entries| {
+                    let entries: Vec<String> = entries
+                        .into_iter()
+                        .map(|(k, v)| format!("{ws}{k}:{ws}{v}"))
+                        .collect();
+                    format!("{{{}}}", entries.join(","))
+                })
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(config(3000))]
+
+    #[test]
+    fn generated_requests_read_the_same(text in request_like()) {
+        compare_request(text.as_bytes())?;
+    }
+
+    #[test]
+    fn mutated_requests_read_the_same(
+        text in prop_oneof![request_like(), prop::sample::select(REQUESTS).prop_map(str::to_owned)],
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        if let Some(mutated) = mutate(&text, &mutations) {
+            compare_request(mutated.as_bytes())?;
+        }
+    }
+
+    #[test]
+    fn requests_that_are_not_utf8_read_the_same(
+        body in prop::sample::select(REQUESTS),
+        at in any::<prop::sample::Index>(),
+        byte in 0x80u8..=0xff,
+    ) {
+        let mut body = body.as_bytes().to_vec();
+        let at = at.index(body.len());
+        body[at] = byte;
+        compare_request(&body)?;
+    }
+}
+
+/// Generated requests take both ways, skimmer and serde, and reach both
+/// outcomes, so the agreement above is not vacuous.
+#[test]
+fn generated_requests_cover_both_readings() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    let mut runner = TestRunner::deterministic();
+    let strategy = request_like();
+    let (mut skimmed, mut read, mut refused, mut streams) = (0, 0, 0, 0);
+    for _ in 0..3000 {
+        let text = strategy.new_tree(&mut runner).unwrap().current();
+        if let Some(usual) = super::skim::skim_request(text.as_bytes()) {
+            skimmed += 1;
+            streams += usize::from(usual.stream);
+        }
+        match request::read_in_full(bytes::Bytes::from(text)) {
+            Ok(_) => read += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(
+        skimmed >= 300 && read > skimmed && refused >= 300 && streams >= 50,
+        "skimmed={skimmed} read={read} refused={refused} streams={streams}"
     );
 }

@@ -140,6 +140,46 @@ fn asks_for_reasoning(effort: Option<&RawValue>, reasoning: Option<&RawValue>) -
 
 /// Reads a chat completion request.
 pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
+    match super::skim::skim_request(&body) {
+        Some(usual) => Ok(read_usual(body, usual)),
+        None => read_in_full(body),
+    }
+}
+
+/// A request of the usual shape, as [`skim_request`](super::skim::skim_request)
+/// read it: what [`read_in_full`] makes of the same body.
+fn read_usual(body: Bytes, usual: super::skim::RequestSkim) -> (Requirements, ChatRequest) {
+    let quoted = usual.model.start + 1..usual.model.end.saturating_sub(1);
+    let model = body
+        .get(quoted)
+        .and_then(|text| std::str::from_utf8(text).ok())
+        .unwrap_or_default();
+    let requirements = Requirements {
+        model: model.to_owned(),
+        stream: usual.stream,
+        input_tokens: usual.text_bytes.div_ceil(4),
+        ..Requirements::default()
+    };
+    let request = ChatRequest {
+        model: usual.model,
+        stream_options: None,
+        close: closing_brace(&body),
+        stream: usual.stream,
+        body,
+    };
+    (requirements, request)
+}
+
+/// Where the body's last byte other than whitespace is.
+fn closing_brace(body: &[u8]) -> usize {
+    body.iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .unwrap_or(0)
+}
+
+/// Reads a chat request by serde alone (every request the skimmer does
+/// not read, and the reference it is checked against).
+pub(super) fn read_in_full(body: Bytes) -> Result<(Requirements, ChatRequest), RequestError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if first != Some(b'{') {
         return Err(match serde_json::from_slice::<IgnoredAny>(&body) {
@@ -149,10 +189,7 @@ pub(super) fn read(body: Bytes) -> Result<(Requirements, ChatRequest), RequestEr
     }
     let top: Top<'_> =
         serde_json::from_slice(&body).map_err(|e| RequestError::NotJson(e.to_string()))?;
-    let close = body
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .unwrap_or(0);
+    let close = closing_brace(&body);
     let messages = top.messages.ok_or(RequestError::MissingMessages)?;
     let model_raw = top
         .model
