@@ -367,6 +367,12 @@ fn passes(list: &AllowList, name: &HeaderName, named: &[String]) -> bool {
 
 /// The headers a `Connection` header names: hop-by-hop as well.
 fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
+    // Most messages have no `Connection` header: a look at each name (a
+    // comparison of small numbers for the standard ones) is cheaper than
+    // the lookup.
+    if !headers.keys().any(|name| *name == CONNECTION) {
+        return Vec::new();
+    }
     headers
         .get_all(CONNECTION)
         .iter()
