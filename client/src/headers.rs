@@ -37,15 +37,18 @@ pub(crate) const CREDENTIALS: [HeaderName; 6] = [
 ///   the upstream URI for HTTP/1.1 (HTTP/2 carries `:authority`);
 /// - drops `accept-encoding`, so the upstream answers uncompressed bytes the
 ///   gateway can read (SSE scanning, error bodies);
-/// - drops `content-length` when the body knows its exact length (hyper sets
-///   the right one; a rewritten body may differ from the client's);
+/// - drops `content-length` when the body knows its exact length and the
+///   header does not state it, once (hyper then sets the right one; a
+///   rewritten body may differ from the client's). One that states it is
+///   kept: hyper sends it as it would its own, and removing it only to
+///   have hyper add it back costs two lookups per request;
 /// - sets the target's credential.
 pub(crate) fn prepare(
     headers: &mut HeaderMap,
     extra: &[HeaderName],
     credential: Option<&(HeaderName, HeaderValue)>,
     host: Option<&HeaderValue>,
-    body_length_known: bool,
+    body_length: Option<u64>,
 ) {
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
@@ -62,18 +65,26 @@ pub(crate) fn prepare(
     // One pass over the few headers present, then a removal for each one
     // dropped: removing every listed name (eighteen lookups, each hashing
     // the name) cost more than the rest of preparing the request.
-    let dropped: SmallVec<[HeaderName; 4]> = headers
-        .keys()
-        .filter(|name| {
-            HOP_BY_HOP.contains(name)
-                || CREDENTIALS.contains(name)
-                || extra.contains(name)
-                || *name == header::HOST
-                || *name == header::ACCEPT_ENCODING
-                || (body_length_known && *name == header::CONTENT_LENGTH)
-        })
-        .cloned()
-        .collect();
+    let mut digits = itoa::Buffer::new();
+    let length = body_length.map(|length| digits.format(length).as_bytes());
+    let mut lengths = 0;
+    let mut dropped: SmallVec<[HeaderName; 4]> = SmallVec::new();
+    for (name, value) in headers.iter() {
+        let drop = HOP_BY_HOP.contains(name)
+            || CREDENTIALS.contains(name)
+            || extra.contains(name)
+            || *name == header::HOST
+            || *name == header::ACCEPT_ENCODING
+            || (*name == header::CONTENT_LENGTH
+                && length.is_some_and(|length| {
+                    lengths += 1;
+                    lengths > 1 || value.as_bytes() != length
+                }));
+        // A name's values come together: one removal takes them all.
+        if drop && dropped.last() != Some(name) {
+            dropped.push(name.clone());
+        }
+    }
     for name in dropped {
         headers.remove(name);
     }
@@ -131,7 +142,7 @@ mod tests {
             &[HeaderName::from_static("x-team-secret")],
             Some(&own),
             None,
-            true,
+            Some(7),
         );
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
@@ -146,8 +157,24 @@ mod tests {
     #[test]
     fn content_length_stays_when_the_body_length_is_unknown() {
         let mut h = client_headers();
-        prepare(&mut h, &[], None, None, false);
+        prepare(&mut h, &[], None, None, None);
         assert_eq!(h[header::CONTENT_LENGTH], "12");
         assert!(!h.contains_key(header::AUTHORIZATION));
+    }
+
+    /// A known body length: a `content-length` stating it stays (once);
+    /// another value, or the header twice, goes for hyper to set.
+    #[test]
+    fn content_length_stays_only_when_it_states_the_body_length() {
+        let mut h = client_headers();
+        prepare(&mut h, &[], None, None, Some(12));
+        assert_eq!(h[header::CONTENT_LENGTH], "12");
+        let mut h = client_headers();
+        prepare(&mut h, &[], None, None, Some(13));
+        assert!(!h.contains_key(header::CONTENT_LENGTH));
+        let mut h = client_headers();
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
+        prepare(&mut h, &[], None, None, Some(12));
+        assert!(!h.contains_key(header::CONTENT_LENGTH));
     }
 }

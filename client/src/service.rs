@@ -125,7 +125,7 @@ impl UpstreamClient {
             &self.inner.shared.strip_headers,
             self.inner.shared.credential.as_ref(),
             self.inner.shared.host.as_ref(),
-            body.size_hint().exact().is_some(),
+            body.size_hint().exact(),
         );
         Ok(Request::from_parts(parts, body))
     }
