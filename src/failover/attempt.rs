@@ -7,7 +7,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -16,7 +15,6 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::body::FailoverBody;
-use super::headers::content_length;
 use super::later;
 use super::ledger::{AttemptStart, Charge};
 use super::shared::Shared;
@@ -355,9 +353,9 @@ where
     record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
     charge.fill(&mut record);
     run.push(record);
-    let length = content_length(parts.headers.get(CONTENT_LENGTH), bytes.len());
-    shared.headers.filter_response(&mut parts.headers);
-    parts.headers.insert(CONTENT_LENGTH, length);
+    shared
+        .headers
+        .filter_response(&mut parts.headers, Some(bytes.len()));
     Outcome::Committed {
         response: Response::from_parts(parts, FailoverBody::full(bytes)),
         whole: true,
@@ -427,7 +425,7 @@ where
     run.push_streaming(record);
     body.as_mut()
         .on_end(on_stream_end(shared, &plan, budget, run));
-    shared.headers.filter_response(&mut parts.headers);
+    shared.headers.filter_response(&mut parts.headers, None);
     parts.extensions.insert(state);
     // The commit machine ends the stream at the turn's deadline with a
     // terminal event; a budget layer outside leaves the cut to it.

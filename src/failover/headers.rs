@@ -2,7 +2,7 @@
 //! client's request headers (to the provider) and one for the provider's
 //! response headers (to the client). See [`HeaderPolicy`].
 
-use http::header::CONNECTION;
+use http::header::{CONNECTION, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
@@ -262,19 +262,39 @@ impl HeaderPolicy {
         }
     }
 
-    /// Drops the provider's headers this policy does not forward.
-    pub(crate) fn filter_response(&self, headers: &mut HeaderMap) {
+    /// Drops the provider's headers this policy does not forward. For a
+    /// whole answer of `body_length` bytes, a `content-length` (given once)
+    /// that states that length stays, and the gateway's own is set
+    /// otherwise: a provider's whole answer passed on as it came keeps its
+    /// header rather than losing it and getting the same one back (a
+    /// lookup, a removal and an insertion per turn).
+    pub(crate) fn filter_response(&self, headers: &mut HeaderMap, body_length: Option<usize>) {
         let named = named_by_connection(headers);
+        let mut digits = itoa::Buffer::new();
+        let length = body_length.map(|length| digits.format(length).as_bytes());
+        let mut lengths = 0;
         // Inline: a provider's answer always carries a few framing headers
         // to drop (`content-length`, `connection`), and a list on the heap
         // would cost an allocation per turn.
-        let dropped: SmallVec<[HeaderName; 6]> = headers
-            .keys()
-            .filter(|name| !passes(&self.response, name, &named))
-            .cloned()
-            .collect();
+        let mut dropped: SmallVec<[HeaderName; 6]> = SmallVec::new();
+        for (name, value) in headers.iter() {
+            let drop = if *name == CONTENT_LENGTH {
+                lengths += 1;
+                length.is_none_or(|length| lengths > 1 || value.as_bytes() != length)
+            } else {
+                !passes(&self.response, name, &named)
+            };
+            // A name's values come together: one removal takes them all.
+            if drop && dropped.last() != Some(name) {
+                dropped.push(name.clone());
+            }
+        }
+        let kept = lengths == 1 && !dropped.contains(&CONTENT_LENGTH);
         for name in dropped {
             headers.remove(name);
+        }
+        if let Some(length) = body_length.filter(|_| !kept) {
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
         }
     }
 }
@@ -413,6 +433,45 @@ impl HeaderPolicy {
 mod tests {
     use super::*;
 
+    /// A whole answer's `content-length` stays when it states the body's
+    /// length (once), and is the body's length otherwise; a stream's goes.
+    #[test]
+    fn a_whole_answer_keeps_a_content_length_that_states_its_length() {
+        let policy = HeaderPolicy::new();
+        let answer = |lengths: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            headers.insert("content-type", HeaderValue::from_static("application/json"));
+            headers.insert(
+                "date",
+                HeaderValue::from_static("Fri, 04 Dec 2026 21:00:00 GMT"),
+            );
+            for length in lengths {
+                headers.append(CONTENT_LENGTH, HeaderValue::from_static(length));
+            }
+            headers
+        };
+        let lengths = |headers: &HeaderMap| -> Vec<String> {
+            headers
+                .get_all(CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        for (given, body, sent) in [
+            (&["12"][..], Some(12), &["12"][..]),
+            (&["13"][..], Some(12), &["12"][..]),
+            (&["12", "12"][..], Some(12), &["12"][..]),
+            (&[][..], Some(12), &["12"][..]),
+            (&["12"][..], None, &[][..]),
+        ] {
+            let mut headers = answer(given);
+            policy.filter_response(&mut headers, body);
+            assert_eq!(lengths(&headers), sent, "{given:?} {body:?}");
+            assert!(headers.get("date").is_none());
+            assert_eq!(headers["content-type"], "application/json");
+        }
+    }
+
     #[test]
     fn content_length_is_the_stated_value_only_when_it_says_the_same() {
         let stated = HeaderValue::from_static("12");
@@ -540,7 +599,7 @@ mod tests {
         headers.insert("connection", "x-request-id".parse().unwrap());
         headers.insert("x-request-id", "r".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
-        HeaderPolicy::new().filter_response(&mut headers);
+        HeaderPolicy::new().filter_response(&mut headers, None);
         assert!(headers.get("x-request-id").is_none());
         assert!(headers.get("connection").is_none());
         assert_eq!(headers["content-type"], "application/json");
