@@ -210,9 +210,15 @@ impl RetryBudget {
 
     /// [`deposit`](Self::deposit) for a first attempt of `client`: the
     /// fleet's budget and the client's share both earn it.
+    #[cfg(test)]
     pub(crate) fn deposit_for(&self, client: &ClientId) {
-        // One clock read for both buckets: every first attempt comes here.
-        let now = Instant::now();
+        self.deposit_for_at(client, Instant::now());
+    }
+
+    /// [`deposit_for`](Self::deposit_for) at `now`: one clock read for
+    /// both buckets (and the turn's deadline check): every first attempt
+    /// comes here.
+    pub(crate) fn deposit_for_at(&self, client: &ClientId, now: Instant) {
         if let Some(shares) = &self.shares {
             shares.bucket(client, now).deposit_at(now);
         }
@@ -222,8 +228,13 @@ impl RetryBudget {
     /// [`withdraw`](Self::withdraw) for an extra attempt of `client`: the
     /// client's share is asked first, so a client whose share is spent
     /// takes nothing from the fleet's budget.
+    #[cfg(test)]
     pub(crate) fn withdraw_for(&self, client: &ClientId) -> bool {
-        let now = Instant::now();
+        self.withdraw_for_at(client, Instant::now())
+    }
+
+    /// [`withdraw_for`](Self::withdraw_for) at `now`.
+    pub(crate) fn withdraw_for_at(&self, client: &ClientId, now: Instant) -> bool {
         if let Some(shares) = &self.shares
             && !shares.bucket(client, now).withdraw_at(now)
         {

@@ -396,11 +396,13 @@ impl TurnBudget {
     /// Spend is checked separately, with [`check_spend`](Self::check_spend),
     /// because only the caller knows the next attempt's estimate.
     pub(crate) fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
-        let attempt = self.claim_attempt()?;
+        // One clock read for the deadline and the retry budget.
+        let now = Instant::now();
+        let attempt = self.claim_attempt_at(now)?;
         if let Some(retry_budget) = &self.inner.retry_budget {
             if attempt == 1 {
-                retry_budget.deposit_for(&self.inner.client);
-            } else if !retry_budget.withdraw_for(&self.inner.client) {
+                retry_budget.deposit_for_at(&self.inner.client, now);
+            } else if !retry_budget.withdraw_for_at(&self.inner.client, now) {
                 // Give the attempt back: it was never made.
                 self.inner.attempts.fetch_sub(1, Ordering::AcqRel);
                 return Err(BudgetExhausted::RetryBudget { attempt });
@@ -412,12 +414,12 @@ impl TurnBudget {
     /// Claims a hedge's attempt: like [`try_begin_attempt`](Self::try_begin_attempt),
     /// but a hedge draws from its own budget, not the retry budget.
     pub(crate) fn try_begin_hedge(&self) -> Result<u32, BudgetExhausted> {
-        self.claim_attempt()
+        self.claim_attempt_at(Instant::now())
     }
 
     /// The next attempt's number, within the deadline and the attempts.
-    fn claim_attempt(&self) -> Result<u32, BudgetExhausted> {
-        if self.is_expired() {
+    fn claim_attempt_at(&self, now: Instant) -> Result<u32, BudgetExhausted> {
+        if now >= self.inner.deadline {
             return Err(self.deadline_error());
         }
         let max = self.inner.max_attempts;

@@ -342,6 +342,9 @@ where
     let mut record = plan.start.record(Decision::Committed);
     record.hedged = plan.hedged;
     record.time_to_commit = Some(record.duration);
+    // The answer is whole as the record is made: its duration is the time
+    // to it (no second clock read).
+    let ttft = record.duration;
     record.response_model = response_model;
     if let Some(learn) = &plan.learn {
         learn.answer(facts.id.as_deref());
@@ -359,7 +362,7 @@ where
     Outcome::Committed {
         response: Response::from_parts(parts, FailoverBody::full(bytes)),
         whole: true,
-        ttft: Some(plan.start.clock.elapsed()),
+        ttft: Some(ttft),
     }
 }
 
