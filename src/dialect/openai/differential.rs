@@ -603,14 +603,22 @@ fn answer_like() -> impl Strategy<Value = String> {
             let mut entries = vec![("\"choices\"".to_owned(), choices)];
             entries.extend([id, model, usage, error].into_iter().flatten());
             entries.extend(noise);
-            Just(entries).prop_shuffle().prop_map(move |entries| {
-                let entries: Vec<String> = entries
-                    .into_iter()
-                    .map(|(k, v)| format!("{ws}{k}:{ws}{v}"))
-                    .collect();
-                format!("{{{}}}", entries.join(","))
-            })
+            shuffled_object(entries, ws)
         })
+}
+
+/// An object of `entries` in any order, `ws` around each key and value.
+fn shuffled_object(
+    entries: Vec<(String, String)>,
+    ws: &'static str,
+) -> impl Strategy<Value = String> {
+    Just(entries).prop_shuffle().prop_map(move |entries| {
+        let entries: Vec<String> = entries
+            .into_iter()
+            .map(|(k, v)| format!("{ws}{k}:{ws}{v}"))
+            .collect();
+        format!("{{{}}}", entries.join(","))
+    })
 }
 
 /// A whole-answer-shaped JSON text (`chat.completion`): close to a real
@@ -646,26 +654,44 @@ const ANSWERS: &[&str] = &[
     r#"{"id":7,"choices":[{"message":{"finish_reason":"no"}}]}"#,
 ];
 
-#[test]
-fn fixture_answers_read_the_same() {
-    for answer in ANSWERS {
-        for body in [answer.to_string(), format!(" \n{answer}\t\r\n")] {
-            if let Err(failure) = compare_answer(body.as_bytes()) {
+/// Each fixture read both ways by `compare`. The usual ones (as they are
+/// and with whitespace around) take the skimmer's way (`skimmed`): the
+/// reading is not serde's under another name. The others take the way
+/// `others_skimmed` says, when it says.
+fn fixtures_agree(
+    usual: &[&str],
+    others: &[&str],
+    compare: fn(&[u8]) -> Result<(), TestCaseError>,
+    skimmed: fn(&[u8]) -> bool,
+    others_skimmed: Option<bool>,
+) {
+    for fixture in usual {
+        for body in [fixture.to_string(), format!(" \n{fixture}\t\r\n")] {
+            if let Err(failure) = compare(body.as_bytes()) {
                 panic!("{failure}");
             }
-            // The usual shapes take the skimmer's way: the check is not
-            // serde's under another name.
-            assert!(
-                super::skim::skim_completion(body.as_bytes()).is_some(),
-                "{body}"
-            );
+            assert!(skimmed(body.as_bytes()), "{body}");
         }
     }
-    for body in FIXTURES {
-        if let Err(failure) = compare_answer(body.as_bytes()) {
+    for body in others {
+        if let Err(failure) = compare(body.as_bytes()) {
             panic!("{failure}");
         }
+        if let Some(expected) = others_skimmed {
+            assert_eq!(skimmed(body.as_bytes()), expected, "{body}");
+        }
     }
+}
+
+#[test]
+fn fixture_answers_read_the_same() {
+    fixtures_agree(
+        ANSWERS,
+        FIXTURES,
+        compare_answer,
+        |body| super::skim::skim_completion(body).is_some(),
+        None,
+    );
 }
 
 /// Bytes that make or break JSON when dropped into it.
@@ -796,36 +822,49 @@ proptest! {
     }
 }
 
-proptest! {
-    #![proptest_config(config(3000))]
+/// Three property tests of a reading against its reference (`compare`):
+/// on generated texts, on mutations of generated texts and fixtures, and
+/// on fixtures with a byte that is not UTF-8.
+macro_rules! readings_agree {
+    ($generated:ident, $mutated:ident, $not_utf8:ident: $texts:expr, $fixtures:expr, $compare:ident) => {
+        proptest! {
+            #![proptest_config(config(3000))]
 
-    #[test]
-    fn generated_answers_check_the_same(text in completion()) {
-        compare_answer(text.as_bytes())?;
-    }
+            #[test]
+            fn $generated(text in $texts) {
+                $compare(text.as_bytes())?;
+            }
 
-    #[test]
-    fn mutated_answers_check_the_same(
-        text in prop_oneof![completion(), prop::sample::select(ANSWERS).prop_map(str::to_owned)],
-        mutations in prop::collection::vec(mutation(), 1..4),
-    ) {
-        if let Some(mutated) = mutate(&text, &mutations) {
-            compare_answer(mutated.as_bytes())?;
+            #[test]
+            fn $mutated(
+                text in prop_oneof![$texts, prop::sample::select($fixtures).prop_map(str::to_owned)],
+                mutations in prop::collection::vec(mutation(), 1..4),
+            ) {
+                if let Some(mutated) = mutate(&text, &mutations) {
+                    $compare(mutated.as_bytes())?;
+                }
+            }
+
+            #[test]
+            fn $not_utf8(
+                fixture in prop::sample::select($fixtures),
+                at in any::<prop::sample::Index>(),
+                byte in 0x80u8..=0xff,
+            ) {
+                let mut body = fixture.as_bytes().to_vec();
+                let at = at.index(body.len());
+                body[at] = byte;
+                $compare(&body)?;
+            }
         }
-    }
-
-    #[test]
-    fn answers_that_are_not_utf8_check_the_same(
-        answer in prop::sample::select(ANSWERS),
-        at in any::<prop::sample::Index>(),
-        byte in 0x80u8..=0xff,
-    ) {
-        let mut body = answer.as_bytes().to_vec();
-        let at = at.index(body.len());
-        body[at] = byte;
-        compare_answer(&body)?;
-    }
+    };
 }
+
+readings_agree!(
+    generated_answers_check_the_same,
+    mutated_answers_check_the_same,
+    answers_that_are_not_utf8_check_the_same: completion(), ANSWERS, compare_answer
+);
 
 /// A stream of usual chunks keeps a template after its second chunk, and
 /// chunks that differ from it only in their output string read through it
@@ -1063,28 +1102,13 @@ const SERDE_REQUESTS: &[&str] = &[
 
 #[test]
 fn fixture_requests_read_the_same() {
-    for body in REQUESTS {
-        for body in [body.to_string(), format!(" \n{body}\t\r\n")] {
-            if let Err(failure) = compare_request(body.as_bytes()) {
-                panic!("{failure}");
-            }
-            // The usual shapes take the skimmer's way: the read is not
-            // serde's under another name.
-            assert!(
-                super::skim::skim_request(body.as_bytes()).is_some(),
-                "{body}"
-            );
-        }
-    }
-    for body in SERDE_REQUESTS {
-        if let Err(failure) = compare_request(body.as_bytes()) {
-            panic!("{failure}");
-        }
-        assert!(
-            super::skim::skim_request(body.as_bytes()).is_none(),
-            "{body}"
-        );
-    }
+    fixtures_agree(
+        REQUESTS,
+        SERDE_REQUESTS,
+        compare_request,
+        |body| super::skim::skim_request(body).is_some(),
+        Some(false),
+    );
 }
 
 /// A message: usually a role and string content, sometimes tool calls,
@@ -1168,47 +1192,16 @@ fn request_like() -> impl Strategy<Value = String> {
                         .flatten()
                         .collect();
                 entries.extend(noise);
-                Just(entries).prop_shuffle().prop_map(move |entries| {
-                    let entries: Vec<String> = entries
-                        .into_iter()
-                        .map(|(k, v)| format!("{ws}{k}:{ws}{v}"))
-                        .collect();
-                    format!("{{{}}}", entries.join(","))
-                })
+                shuffled_object(entries, ws)
             },
         )
 }
 
-proptest! {
-    #![proptest_config(config(3000))]
-
-    #[test]
-    fn generated_requests_read_the_same(text in request_like()) {
-        compare_request(text.as_bytes())?;
-    }
-
-    #[test]
-    fn mutated_requests_read_the_same(
-        text in prop_oneof![request_like(), prop::sample::select(REQUESTS).prop_map(str::to_owned)],
-        mutations in prop::collection::vec(mutation(), 1..4),
-    ) {
-        if let Some(mutated) = mutate(&text, &mutations) {
-            compare_request(mutated.as_bytes())?;
-        }
-    }
-
-    #[test]
-    fn requests_that_are_not_utf8_read_the_same(
-        body in prop::sample::select(REQUESTS),
-        at in any::<prop::sample::Index>(),
-        byte in 0x80u8..=0xff,
-    ) {
-        let mut body = body.as_bytes().to_vec();
-        let at = at.index(body.len());
-        body[at] = byte;
-        compare_request(&body)?;
-    }
-}
+readings_agree!(
+    generated_requests_read_the_same,
+    mutated_requests_read_the_same,
+    requests_that_are_not_utf8_read_the_same: request_like(), REQUESTS, compare_request
+);
 
 /// Generated requests take both ways, skimmer and serde, and reach both
 /// outcomes, so the agreement above is not vacuous.

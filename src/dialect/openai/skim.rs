@@ -611,13 +611,8 @@ pub(crate) fn skim_request(text: &[u8]) -> Option<RequestSkim> {
             judged if JUDGED_REQUEST_FIELDS.contains(&judged) => return None,
             _ => s.skip_value().ok()?,
         }
-        match s.ws()? {
-            b',' => s.pos += 1,
-            b'}' => {
-                s.pos += 1;
-                break;
-            }
-            _ => return None,
+        if !s.more(b'}')? {
+            break;
         }
     }
     // Nothing but whitespace after the object.
@@ -678,13 +673,8 @@ impl<'a> Skimmer<'a> {
                         }
                         _ => self.skip_value().ok()?,
                     }
-                    match self.ws()? {
-                        b',' => self.pos += 1,
-                        b'}' => {
-                            self.pos += 1;
-                            break;
-                        }
-                        _ => return None,
+                    if !self.more(b'}')? {
+                        break;
                     }
                 }
             }
@@ -692,15 +682,21 @@ impl<'a> Skimmer<'a> {
             if !repeated {
                 text_bytes += content.unwrap_or(0) + tool_calls.unwrap_or(0);
             }
-            match self.ws()? {
-                b',' => self.pos += 1,
-                b']' => {
-                    self.pos += 1;
-                    return Some(text_bytes);
-                }
-                _ => return None,
+            if !self.more(b']')? {
+                return Some(text_bytes);
             }
         }
+    }
+
+    /// After a member or an element: `Some(true)` past a comma (another
+    /// comes), `Some(false)` past `close`, `None` for anything else.
+    fn more(&mut self, close: u8) -> Option<bool> {
+        let next = self.ws()?;
+        if next != b',' && next != close {
+            return None;
+        }
+        self.pos += 1;
+        Some(next == b',')
     }
 }
 
