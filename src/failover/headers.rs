@@ -300,8 +300,9 @@ impl HeaderPolicy {
 }
 
 /// The `content-length` for a body of `length` bytes: the value `stated`
-/// (the client's or the provider's) when it says the same, shared rather
-/// than written again, else a new one.
+/// (the client's, for the upstream request) when it says the same, shared
+/// rather than written again, else a new one. (A whole answer's is kept
+/// in place by [`HeaderPolicy::filter_response`].)
 pub(crate) fn content_length(stated: Option<&HeaderValue>, length: usize) -> HeaderValue {
     let mut digits = itoa::Buffer::new();
     let text = digits.format(length);
