@@ -1075,13 +1075,18 @@ const REQUESTS: &[&str] = &[
     r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"call_1","content":"42"}],"stream":null}"#,
     r#"{"messages":[],"model":"","metadata":{"a":[1,2,{"b":null}]},"top_p":1e-3}"#,
     r#"{"model":"m","messages":[{"content":"a","content":"b"},{"tool_calls":[],"content":7}]}"#,
+    r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":256,"max_completion_tokens":null}"#,
+    r#"{"model":"o3","max_completion_tokens":0,"messages":[],"max_tokens":18446744073709551615}"#,
 ];
 
 /// Requests of other shapes, each read by serde: a judged field, escapes,
 /// repeated fields, arrays of parts, wrong types, trailing bytes.
 const SERDE_REQUESTS: &[&str] = &[
     r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
-    r#"{"model":"m","messages":[],"max_tokens":5}"#,
+    r#"{"model":"m","messages":[],"max_tokens":5.0}"#,
+    r#"{"model":"m","messages":[],"max_tokens":-1}"#,
+    r#"{"model":"m","messages":[],"max_completion_tokens":18446744073709551616}"#,
+    r#"{"model":"m","messages":[],"max_tokens":1,"max_tokens":2}"#,
     r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":false}}"#,
     r#"{"model":"m","messages":[],"tools":[{"type":"function"}],"parallel_tool_calls":true}"#,
     r#"{"model":"m\u0031","messages":[]}"#,
@@ -1164,6 +1169,11 @@ fn request_like() -> impl Strategy<Value = String> {
         "reasoning",
     ])
     .prop_map(|k| format!("\"{k}\""));
+    let count = prop_oneof![
+        4 => any::<u32>().prop_map(|n| n.to_string()),
+        1 => Just("null".to_owned()),
+        1 => number(),
+    ];
     let optional = |name: &'static str, values: BoxedStrategy<String>, p: f64| {
         prop::option::weighted(p, values.prop_map(move |v| (format!("\"{name}\""), v)))
     };
@@ -1172,6 +1182,8 @@ fn request_like() -> impl Strategy<Value = String> {
         optional("messages", messages.boxed(), 0.95),
         optional("stream", stream.boxed(), 0.5),
         optional("temperature", number().boxed(), 0.3),
+        optional("max_tokens", count.clone().boxed(), 0.3),
+        optional("max_completion_tokens", count.boxed(), 0.2),
         prop::option::weighted(0.2, (judged, value())),
         prop::collection::vec(
             prop_oneof![
@@ -1185,12 +1197,29 @@ fn request_like() -> impl Strategy<Value = String> {
         ws(),
     )
         .prop_flat_map(
-            |(model, messages, stream, temperature, judged, noise, ws)| {
-                let mut entries: Vec<(String, String)> =
-                    [model, messages, stream, temperature, judged]
-                        .into_iter()
-                        .flatten()
-                        .collect();
+            |(
+                model,
+                messages,
+                stream,
+                temperature,
+                max_tokens,
+                max_completion,
+                judged,
+                noise,
+                ws,
+            )| {
+                let mut entries: Vec<(String, String)> = [
+                    model,
+                    messages,
+                    stream,
+                    temperature,
+                    max_tokens,
+                    max_completion,
+                    judged,
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
                 entries.extend(noise);
                 shuffled_object(entries, ws)
             },

@@ -158,6 +158,7 @@ fn read_usual(body: Bytes, usual: super::skim::RequestSkim) -> (Requirements, Ch
         model: model.to_owned(),
         stream: usual.stream,
         input_tokens: usual.text_bytes.div_ceil(4),
+        max_output_tokens: usual.max_output_tokens,
         ..Requirements::default()
     };
     let request = ChatRequest {

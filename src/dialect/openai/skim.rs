@@ -547,18 +547,18 @@ pub(crate) struct RequestSkim {
     /// The prompt's size as the estimate counts it: 16 per message, and
     /// the raw length of each message's string `content` and `tool_calls`.
     pub(crate) text_bytes: u64,
+    /// `max_completion_tokens`, or else `max_tokens`.
+    pub(crate) max_output_tokens: Option<u64>,
 }
 
-/// The top-level fields of a chat request other than `model`, `messages`
-/// and `stream` that its reading judges: a request with one of them is
-/// read by serde.
-const JUDGED_REQUEST_FIELDS: [&[u8]; 10] = [
+/// The top-level fields of a chat request other than `model`, `messages`,
+/// `stream`, `max_tokens` and `max_completion_tokens` that its reading
+/// judges: a request with one of them is read by serde.
+const JUDGED_REQUEST_FIELDS: [&[u8]; 8] = [
     b"tools",
     b"functions",
     b"response_format",
     b"stream_options",
-    b"max_completion_tokens",
-    b"max_tokens",
     b"parallel_tool_calls",
     b"n",
     b"reasoning_effort",
@@ -568,9 +568,11 @@ const JUDGED_REQUEST_FIELDS: [&[u8]; 10] = [
 /// Reads a chat request of the usual shape, or says `None` for anything
 /// else: text that is not UTF-8 or not JSON, a key with escapes, a
 /// repeated field, a `model` that is not a string without escapes, a
-/// `stream` that is not `true`, `false` or `null`, a `messages` that is
-/// not an array of objects, a message whose `content` is an array, and
-/// any other field the request read judges ([`JUDGED_REQUEST_FIELDS`]).
+/// `stream` that is not `true`, `false` or `null`, a `max_tokens` or
+/// `max_completion_tokens` that is not `null` or an integer `u64` holds, a
+/// `messages` that is not an array of objects, a message whose `content`
+/// is an array, and any other field the request read judges
+/// ([`JUDGED_REQUEST_FIELDS`]).
 /// Other fields (`temperature`, `user`, ...) are skipped and validated as
 /// serde skips them. The caller then reads the body with serde, so a
 /// request read here is one serde reads the same (`differential` checks
@@ -583,6 +585,8 @@ pub(crate) fn skim_request(text: &[u8]) -> Option<RequestSkim> {
     let mut s = Skimmer::new(text, 0);
     s.expect(b'{').ok()?;
     let (mut model, mut stream, mut text_bytes) = (None, None, None);
+    // Each `Some` once read: `Some(None)` for `null`.
+    let (mut max_tokens, mut max_completion_tokens) = (None, None);
     loop {
         let key = s.plain_key()?;
         match key {
@@ -607,7 +611,13 @@ pub(crate) fn skim_request(text: &[u8]) -> Option<RequestSkim> {
                 stream = Some(value.ok()?);
             }
             b"messages" if text_bytes.is_none() => text_bytes = Some(s.messages()?),
-            b"model" | b"stream" | b"messages" => return None,
+            b"max_tokens" if max_tokens.is_none() => max_tokens = Some(s.optional_u64().ok()?),
+            b"max_completion_tokens" if max_completion_tokens.is_none() => {
+                max_completion_tokens = Some(s.optional_u64().ok()?);
+            }
+            b"model" | b"stream" | b"messages" | b"max_tokens" | b"max_completion_tokens" => {
+                return None;
+            }
             judged if JUDGED_REQUEST_FIELDS.contains(&judged) => return None,
             _ => s.skip_value().ok()?,
         }
@@ -623,6 +633,7 @@ pub(crate) fn skim_request(text: &[u8]) -> Option<RequestSkim> {
         model: model?,
         stream: stream.unwrap_or(false),
         text_bytes: text_bytes?,
+        max_output_tokens: max_completion_tokens.flatten().or(max_tokens.flatten()),
     })
 }
 
