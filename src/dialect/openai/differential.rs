@@ -1175,55 +1175,31 @@ fn request_like() -> impl Strategy<Value = String> {
         1 => number(),
     ];
     let optional = |name: &'static str, values: BoxedStrategy<String>, p: f64| {
-        prop::option::weighted(p, values.prop_map(move |v| (format!("\"{name}\""), v)))
+        prop::option::weighted(p, values.prop_map(move |v| (format!("\"{name}\""), v))).boxed()
     };
-    (
+    let fields = vec![
         optional("model", model.boxed(), 0.95),
         optional("messages", messages.boxed(), 0.95),
         optional("stream", stream.boxed(), 0.5),
         optional("temperature", number().boxed(), 0.3),
         optional("max_tokens", count.clone().boxed(), 0.3),
         optional("max_completion_tokens", count.boxed(), 0.2),
-        prop::option::weighted(0.2, (judged, value())),
-        prop::collection::vec(
-            prop_oneof![
-                3 => (key(), value()),
-                1 => (Just("\"model\"".to_owned()), string()),
-                1 => (Just("\"stream\"".to_owned()), Just("false".to_owned())),
-                1 => (Just("\"messages\"".to_owned()), Just("[]".to_owned())),
-            ],
-            0..2,
-        ),
-        ws(),
-    )
-        .prop_flat_map(
-            |(
-                model,
-                messages,
-                stream,
-                temperature,
-                max_tokens,
-                max_completion,
-                judged,
-                noise,
-                ws,
-            )| {
-                let mut entries: Vec<(String, String)> = [
-                    model,
-                    messages,
-                    stream,
-                    temperature,
-                    max_tokens,
-                    max_completion,
-                    judged,
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
-                entries.extend(noise);
-                shuffled_object(entries, ws)
-            },
-        )
+        prop::option::weighted(0.2, (judged, value())).boxed(),
+    ];
+    let noise = prop::collection::vec(
+        prop_oneof![
+            3 => (key(), value()),
+            1 => (Just("\"model\"".to_owned()), string()),
+            1 => (Just("\"stream\"".to_owned()), Just("false".to_owned())),
+            1 => (Just("\"messages\"".to_owned()), Just("[]".to_owned())),
+        ],
+        0..2,
+    );
+    (fields, noise, ws()).prop_flat_map(|(fields, noise, ws)| {
+        let mut entries: Vec<(String, String)> = fields.into_iter().flatten().collect();
+        entries.extend(noise);
+        shuffled_object(entries, ws)
+    })
 }
 
 readings_agree!(
