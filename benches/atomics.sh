@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 FEW=${1:-50}
 MANY=${2:-300}
 # wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
-# valgrind_bench_setup (WORK, BIN, TARGET_DIR, the upstream and its port)
+# valgrind_bench_setup (WORK, BIN, PASSTHROUGH, TARGET_DIR, the upstream and its port)
 source benches/wait_ready.sh
 valgrind_bench_setup atomics.sh valgrind callgrind_control curl objdump
 # ATOMICS_GATEWAY: another build of the gateway to count (an A/B).
@@ -89,7 +89,7 @@ count() { # binary kind requests
 printf '%-12s %16s %16s\n' proxy 'instr/request' 'atomics/request'
 for proxy in passthrough gateway; do
     binary=$GATEWAY
-    [[ $proxy == passthrough ]] && binary="$BIN/passthrough"
+    [[ $proxy == passthrough ]] && binary="$PASSTHROUGH"
     read -r few_i few_a < <(count "$binary" $proxy "$FEW")
     read -r many_i many_a < <(count "$binary" $proxy "$MANY")
     n=$((MANY - FEW))

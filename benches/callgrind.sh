@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 FEW=${1:-100}
 MANY=${2:-600}
 # wait_ready PID LOG REGEX [SECS] (valgrind starts slowly: 60 s);
-# valgrind_bench_setup (WORK, BIN, TARGET_DIR, the upstream and its port)
+# valgrind_bench_setup (WORK, BIN, PASSTHROUGH, TARGET_DIR, the upstream and its port)
 source benches/wait_ready.sh
 valgrind_bench_setup callgrind.sh valgrind curl
 # CALLGRIND_GATEWAY: another build of the gateway to count (an A/B).
@@ -44,7 +44,7 @@ instructions() { # proxy requests body
     case $1 in
         passthrough)
             valgrind --tool=callgrind --callgrind-out-file="$out" \
-                "$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
+                "$PASSTHROUGH" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
                 >"$log" 2>&1 &
             pid=$!
             addr=$(wait_ready $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+' 60)

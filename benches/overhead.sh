@@ -7,8 +7,9 @@
 #     built once and answered from those bytes, so that it is not the
 #     bottleneck; or, with --fake-upstream, the scripted fake
 #     (examples/gateway/fixtures/fake_upstream.rs, no pacing), which is;
-#   - a bare hyper pass-through proxy (examples/gateway/fixtures/passthrough.rs),
-#     the baseline;
+#   - a bare hyper pass-through proxy (examples/gateway/fixtures/passthrough.rs,
+#     built as binary `passthrough` of benches/fixtures, without the
+#     gateway's dev-dependencies' features), the baseline;
 #   - the gateway (target/release/tower-llm-gateway, package tower-llm-gateway)
 #     with one provider, no routes, twice: with RUST_LOG=warn, and as shipped
 #     (RUST_LOG unset: the default filter, one log line per turn, to a
@@ -121,13 +122,14 @@ source benches/wait_ready.sh
 
 UPSTREAM=prepared_upstream
 ((FAKE_UPSTREAM)) && UPSTREAM=fake_upstream
-echo "building release binaries (tower-llm-gateway and its fixtures $UPSTREAM, passthrough)..." >&2
-build_bench_binaries "$UPSTREAM" passthrough
+echo "building release binaries (tower-llm-gateway, passthrough, $UPSTREAM)..." >&2
+build_bench_binaries "$UPSTREAM"
 TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
-for b in "$BIN/$UPSTREAM" "$BIN/passthrough" "$GATEWAY" "${COMPARE[@]#*=}"; do
+PASSTHROUGH="$TARGET_DIR/release/passthrough"
+for b in "$BIN/$UPSTREAM" "$PASSTHROUGH" "$GATEWAY" "${COMPARE[@]#*=}"; do
     [[ -x $b ]] || die "missing $b"
 done
 
@@ -182,7 +184,7 @@ if ((DEFAULT_LOG)); then
 fi
 log_truncate() { ((DEFAULT_LOG)) && : >"$WORK/gateway-default.err"; return 0; }
 
-"$BIN/passthrough" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
+"$PASSTHROUGH" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \
     >"$WORK/passthrough.log" 2>&1 &
 PT_PID=$!
 PIDS+=("$PT_PID")

@@ -32,14 +32,17 @@ TOML
 }
 
 # build_bench_binaries EXAMPLE...: the release gateway as its users build
-# it (`cargo run --release -p tower-llm-gateway`), then the fixtures. Two
-# builds, not one: an example in the same build brings the package's
-# dev-dependencies and their features into the gateway binary too (tokio's
-# `test-util` clock, which takes a lock at every clock read), and the
-# benches would measure a gateway nobody ships.
+# it (`cargo run --release -p tower-llm-gateway`), the bare pass-through
+# (binary `passthrough` of `benches/fixtures`), then the gateway's example
+# fixtures. Separate builds, not one: an example in a build brings its
+# package's dev-dependencies and their features into every binary of that
+# build (tokio's `test-util` clock, which takes a lock at every clock read;
+# its `process` driver, which tries a process-wide lock at every park),
+# and the benches would compare a gateway and a baseline nobody ships.
 build_bench_binaries() {
     local example args=()
     cargo build --release --quiet -p tower-llm-gateway --bin tower-llm-gateway
+    cargo build --release --quiet -p tower-llm-bench-fixtures --bin passthrough
     for example in "$@"; do args+=(--example "$example"); done
     cargo build --release --quiet -p tower-llm-gateway "${args[@]}"
 }
@@ -48,7 +51,7 @@ build_bench_binaries() {
 # (callgrind.sh, atomics.sh): checks that each TOOL is there, builds the
 # release gateway and its fixtures, and starts the prepared upstream. Sets
 # WORK (removed at exit, when every pid in PIDS is killed), TARGET_DIR,
-# BIN (the examples), UP_BASE, UP_PORT and WORK/gateway.toml.
+# BIN (the examples), PASSTHROUGH, UP_BASE, UP_PORT and WORK/gateway.toml.
 valgrind_bench_setup() {
     local name=$1 tool
     shift
@@ -59,8 +62,9 @@ valgrind_bench_setup() {
         command -v "$tool" >/dev/null || { echo "benches/$name needs $tool" >&2; exit 1; }
     done
     TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-    build_bench_binaries prepared_upstream passthrough
+    build_bench_binaries prepared_upstream
     BIN="$TARGET_DIR/release/examples"
+    PASSTHROUGH="$TARGET_DIR/release/passthrough"
     "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
     PIDS+=($!)
     upstream_ready $! "$WORK/up.log" "$WORK"
