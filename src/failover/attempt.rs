@@ -112,13 +112,14 @@ impl Until {
     }
 }
 
-pub(crate) async fn run<S, D, B>(
+#[allow(clippy::manual_async_fn, reason = "arguments used in place")]
+pub(crate) fn run<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     request: Request<Full<Bytes>>,
     budget: &TurnBudget,
     run: &TurnRecord,
-) -> Outcome<B, D>
+) -> impl Future<Output = Outcome<B, D>>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send,
@@ -127,38 +128,43 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let target = &shared.targets[plan.index];
-    let head_deadline = head_deadline(shared, &plan, budget);
-    let service: Classify<S> = target.service.clone();
-    let head = tokio::time::timeout_at(head_deadline.at, service.oneshot(request)).await;
-    let response = match head {
-        Err(_) => {
-            // A silent upstream: never waited on again within this turn.
-            return failed(
-                head_deadline.timed_out(
-                    Classification::timeout(Phase::Head, "the response head")
-                        .with_recovery(crate::Decision::Reroute),
-                ),
+    // An `async` block, not an `async fn`: an `async fn` copies its
+    // arguments into its body's locals at the first poll and keeps both in
+    // its state (a plan, a response, a parsed request: hundreds of bytes).
+    async move {
+        let target = &shared.targets[plan.index];
+        let head_deadline = head_deadline(shared, &plan, budget);
+        let service: Classify<S> = target.service.clone();
+        let head = tokio::time::timeout_at(head_deadline.at, service.oneshot(request)).await;
+        let response = match head {
+            Err(_) => {
+                // A silent upstream: never waited on again within this turn.
+                return failed(
+                    head_deadline.timed_out(
+                        Classification::timeout(Phase::Head, "the response head")
+                            .with_recovery(crate::Decision::Reroute),
+                    ),
+                    0,
+                );
+            }
+            Ok(Err(error)) => return failed(error.into_classification(), 0),
+            Ok(Ok(response)) => response,
+        };
+        match (
+            plan.stream,
+            crate::stream::commit::is_event_stream(&response),
+        ) {
+            (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
+            (false, _) => receive_whole(shared, plan, budget, run, response).await,
+            // A client reading a stream cannot read a whole JSON body: the
+            // provider broke the contract, another may keep it.
+            (true, false) => failed(
+                Classification::new(FailureClass::InvalidResponse, Phase::Head)
+                    .with_status(response.status())
+                    .with_message("a streaming request was answered without an event stream"),
                 0,
-            );
+            ),
         }
-        Ok(Err(error)) => return failed(error.into_classification(), 0),
-        Ok(Ok(response)) => response,
-    };
-    match (
-        plan.stream,
-        crate::stream::commit::is_event_stream(&response),
-    ) {
-        (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
-        (false, _) => receive_whole(shared, plan, budget, run, response).await,
-        // A client reading a stream cannot read a whole JSON body: the
-        // provider broke the contract, another may keep it.
-        (true, false) => failed(
-            Classification::new(FailureClass::InvalidResponse, Phase::Head)
-                .with_status(response.status())
-                .with_message("a streaming request was answered without an event stream"),
-            0,
-        ),
     }
 }
 
@@ -251,118 +257,122 @@ where
 
 /// A whole body: received with a cap, a deadline and an idle limit,
 /// checked by the dialect, then released.
-async fn receive_whole<S, D, B>(
+#[allow(clippy::manual_async_fn, reason = "arguments used in place")]
+fn receive_whole<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
     run: &TurnRecord,
     response: Response<B>,
-) -> Outcome<B, D>
+) -> impl Future<Output = Outcome<B, D>>
 where
     D: Dialect,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let target = &shared.targets[plan.index];
-    let provider = Some(&*target.provider);
-    let status = response.status();
-    let (mut parts, body) = response.into_parts();
-    let until = whole_deadline(shared, &plan, budget);
-    let collected = collect_whole(body, shared.max_response_bytes, until.at, shared.idle).await;
-    let bytes = match collected {
-        Err(NotReceived::TimedOut) => {
-            return failed(
-                until.timed_out(Classification::timeout(
-                    Phase::Preamble,
-                    "the response body",
-                )),
-                0,
-            );
-        }
-        Err(NotReceived::Stalled) => {
-            // A body gone silent: never waited on again within this turn.
-            return failed(
-                Classification::timeout(Phase::Preamble, "the next frame of the response body")
-                    .with_recovery(crate::Decision::Reroute),
-                0,
-            );
-        }
-        Err(NotReceived::Failed(error)) => {
-            let failure = if error.is::<http_body_util::LengthLimitError>() {
-                Classification::oversize(Phase::Preamble, "response body")
-            } else {
-                shared
-                    .classifier
-                    .classify_transport(provider, error.as_ref(), true)
-            };
-            return failed(failure, 0);
-        }
-        Ok(bytes) => bytes,
-    };
-    let validated = match &plan.foreign {
-        None => shared
-            .classifier
-            .validate_answer(&shared.dialect, provider, &bytes),
-        Some(foreign) => shared.classifier.validate_checked(
-            foreign.0.check_answer(&bytes),
-            || foreign.0.error_facts(ErrorSource::Body(&bytes)),
-            provider,
-            &bytes,
-        ),
-    };
-    let (usage, response_model, facts) = match validated {
-        Ok(read) => read,
-        Err(failure) => return failed(failure.with_status(status), 0),
-    };
-    // From a target of another dialect: the answer in the client's.
-    let bytes = match &plan.foreign {
-        None => bytes,
-        Some(foreign) => match foreign
-            .0
-            .decode_answer(&bytes)
-            .and_then(|events| shared.dialect.encode_answer(&events))
-        {
-            Some(translated) => translated,
-            None => {
+    // An `async` block: arguments used in place (see `run`).
+    async move {
+        let target = &shared.targets[plan.index];
+        let provider = Some(&*target.provider);
+        let status = response.status();
+        let (mut parts, body) = response.into_parts();
+        let until = whole_deadline(shared, &plan, budget);
+        let collected = collect_whole(body, shared.max_response_bytes, until.at, shared.idle).await;
+        let bytes = match collected {
+            Err(NotReceived::TimedOut) => {
                 return failed(
-                    Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
-                        .with_status(status)
-                        .with_message(format!(
-                            "the {} answer could not be translated for this client",
-                            foreign.0.name()
-                        )),
+                    until.timed_out(Classification::timeout(
+                        Phase::Preamble,
+                        "the response body",
+                    )),
                     0,
                 );
             }
-        },
-    };
-    // No usage reported: about four bytes of answer per token.
-    let estimate = Usage::new(plan.input_tokens, (bytes.len() as u64).div_ceil(4));
-    let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
-    let mut record = plan.start.record(Decision::Committed);
-    record.hedged = plan.hedged;
-    record.time_to_commit = Some(record.duration);
-    // The answer is whole as the record is made: its duration is the time
-    // to it (no second clock read).
-    let ttft = record.duration;
-    record.response_model = response_model;
-    if let Some(learn) = &plan.learn {
-        learn.answer(facts.id.as_deref());
-    }
-    record.response_id = facts.id;
-    record.finish_reason = facts.finish_reason;
-    record.status = Some(status.as_u16());
-    record.bytes_flushed = bytes.len() as u64;
-    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
-    charge.fill(&mut record);
-    run.push(record);
-    shared
-        .headers
-        .filter_response(&mut parts.headers, Some(bytes.len()));
-    Outcome::Committed {
-        response: Response::from_parts(parts, FailoverBody::full(bytes)),
-        whole: true,
-        ttft: Some(ttft),
+            Err(NotReceived::Stalled) => {
+                // A body gone silent: never waited on again within this turn.
+                return failed(
+                    Classification::timeout(Phase::Preamble, "the next frame of the response body")
+                        .with_recovery(crate::Decision::Reroute),
+                    0,
+                );
+            }
+            Err(NotReceived::Failed(error)) => {
+                let failure = if error.is::<http_body_util::LengthLimitError>() {
+                    Classification::oversize(Phase::Preamble, "response body")
+                } else {
+                    shared
+                        .classifier
+                        .classify_transport(provider, error.as_ref(), true)
+                };
+                return failed(failure, 0);
+            }
+            Ok(bytes) => bytes,
+        };
+        let validated = match &plan.foreign {
+            None => shared
+                .classifier
+                .validate_answer(&shared.dialect, provider, &bytes),
+            Some(foreign) => shared.classifier.validate_checked(
+                foreign.0.check_answer(&bytes),
+                || foreign.0.error_facts(ErrorSource::Body(&bytes)),
+                provider,
+                &bytes,
+            ),
+        };
+        let (usage, response_model, facts) = match validated {
+            Ok(read) => read,
+            Err(failure) => return failed(failure.with_status(status), 0),
+        };
+        // From a target of another dialect: the answer in the client's.
+        let bytes = match &plan.foreign {
+            None => bytes,
+            Some(foreign) => match foreign
+                .0
+                .decode_answer(&bytes)
+                .and_then(|events| shared.dialect.encode_answer(&events))
+            {
+                Some(translated) => translated,
+                None => {
+                    return failed(
+                        Classification::new(FailureClass::InvalidResponse, Phase::Preamble)
+                            .with_status(status)
+                            .with_message(format!(
+                                "the {} answer could not be translated for this client",
+                                foreign.0.name()
+                            )),
+                        0,
+                    );
+                }
+            },
+        };
+        // No usage reported: about four bytes of answer per token.
+        let estimate = Usage::new(plan.input_tokens, (bytes.len() as u64).div_ceil(4));
+        let charge = Charge::to_turn(budget, target.pricing, usage, estimate);
+        let mut record = plan.start.record(Decision::Committed);
+        record.hedged = plan.hedged;
+        record.time_to_commit = Some(record.duration);
+        // The answer is whole as the record is made: its duration is the time
+        // to it (no second clock read).
+        let ttft = record.duration;
+        record.response_model = response_model;
+        if let Some(learn) = &plan.learn {
+            learn.answer(facts.id.as_deref());
+        }
+        record.response_id = facts.id;
+        record.finish_reason = facts.finish_reason;
+        record.status = Some(status.as_u16());
+        record.bytes_flushed = bytes.len() as u64;
+        record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
+        charge.fill(&mut record);
+        run.push(record);
+        shared
+            .headers
+            .filter_response(&mut parts.headers, Some(bytes.len()));
+        Outcome::Committed {
+            response: Response::from_parts(parts, FailoverBody::full(bytes)),
+            whole: true,
+            ttft: Some(ttft),
+        }
     }
 }
 
@@ -375,70 +385,74 @@ fn failed<B, D: Dialect>(failure: Classification, output_events: u64) -> Outcome
 
 /// Holds a streamed answer back in the commit machine until the commit
 /// window is reached (release the response) or the attempt fails.
-async fn hold_until_commit<S, D, B>(
+#[allow(clippy::manual_async_fn, reason = "arguments used in place")]
+fn hold_until_commit<S, D, B>(
     shared: &Shared<S, D>,
     plan: AttemptPlan,
     budget: &TurnBudget,
     run: &TurnRecord,
     response: Response<B>,
-) -> Outcome<B, D>
+) -> impl Future<Output = Outcome<B, D>>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     D: Dialect,
 {
-    let target = &shared.targets[plan.index];
-    let (mut parts, body) = response.into_parts();
-    // Always given for a stream; a fresh one would only go unread.
-    let state = plan.state.clone().unwrap_or_else(StreamState::new);
-    let hold = Hold {
-        window: shared.commit,
-        first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),
-        max_held_bytes: shared.max_held_bytes,
-    };
-    let mut body = Box::pin(StreamStateBody::inspect(
-        body,
-        &shared.stream,
-        state.clone(),
-        Some(Arc::clone(&target.provider)),
-        plan.strip_usage,
-        Some(budget.deadline()),
-        Some(hold),
-        plan.foreign.as_ref().map(|f| f.0.reader()),
-    ));
-    match std::future::poll_fn(|cx| body.as_mut().poll_release(cx)).await {
-        Release::Released => {}
-        Release::Failed {
-            failure,
-            output_events,
-        } => return failed(failure, output_events),
-    }
-    // Commit: the held frames and the rest of the upstream go to the
-    // client through the same body, which ends a later failure cleanly.
-    let ttft = body
-        .first_output_at()
-        .map(|f| f.saturating_duration_since(plan.start.clock));
-    let mut record = plan.start.record(Decision::Committed);
-    record.hedged = plan.hedged;
-    record.time_to_commit = Some(record.duration);
-    record.status = Some(StatusCode::OK.as_u16());
-    record.output_events = state.output_events();
-    record.time_to_first_output = ttft;
-    record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
-    run.push_streaming(record);
-    body.as_mut()
-        .on_end(on_stream_end(shared, &plan, budget, run));
-    shared.headers.filter_response(&mut parts.headers, None);
-    parts.extensions.insert(state);
-    // The commit machine ends the stream at the turn's deadline with a
-    // terminal event; a budget layer outside leaves the cut to it.
-    parts
-        .extensions
-        .insert(crate::time::EndsItselfAt(budget.deadline()));
-    Outcome::Committed {
-        response: Response::from_parts(parts, FailoverBody::stream(body)),
-        whole: false,
-        ttft,
+    // An `async` block: arguments used in place (see `run`).
+    async move {
+        let target = &shared.targets[plan.index];
+        let (mut parts, body) = response.into_parts();
+        // Always given for a stream; a fresh one would only go unread.
+        let state = plan.state.clone().unwrap_or_else(StreamState::new);
+        let hold = Hold {
+            window: shared.commit,
+            first_output_by: later(plan.start.clock, plan.first_output).min(budget.deadline()),
+            max_held_bytes: shared.max_held_bytes,
+        };
+        let mut body = Box::pin(StreamStateBody::inspect(
+            body,
+            &shared.stream,
+            state.clone(),
+            Some(Arc::clone(&target.provider)),
+            plan.strip_usage,
+            Some(budget.deadline()),
+            Some(hold),
+            plan.foreign.as_ref().map(|f| f.0.reader()),
+        ));
+        match std::future::poll_fn(|cx| body.as_mut().poll_release(cx)).await {
+            Release::Released => {}
+            Release::Failed {
+                failure,
+                output_events,
+            } => return failed(failure, output_events),
+        }
+        // Commit: the held frames and the rest of the upstream go to the
+        // client through the same body, which ends a later failure cleanly.
+        let ttft = body
+            .first_output_at()
+            .map(|f| f.saturating_duration_since(plan.start.clock));
+        let mut record = plan.start.record(Decision::Committed);
+        record.hedged = plan.hedged;
+        record.time_to_commit = Some(record.duration);
+        record.status = Some(StatusCode::OK.as_u16());
+        record.output_events = state.output_events();
+        record.time_to_first_output = ttft;
+        record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
+        run.push_streaming(record);
+        body.as_mut()
+            .on_end(on_stream_end(shared, &plan, budget, run));
+        shared.headers.filter_response(&mut parts.headers, None);
+        parts.extensions.insert(state);
+        // The commit machine ends the stream at the turn's deadline with a
+        // terminal event; a budget layer outside leaves the cut to it.
+        parts
+            .extensions
+            .insert(crate::time::EndsItselfAt(budget.deadline()));
+        Outcome::Committed {
+            response: Response::from_parts(parts, FailoverBody::stream(body)),
+            whole: false,
+            ttft,
+        }
     }
 }
 

@@ -82,7 +82,7 @@ where
     let model = parsed.as_ref().ok().map(|(r, _)| r.model.as_str());
     let span = observe::turn_span(budget.turn_id().as_str(), model);
     run.set_turn_span(span.clone());
-    let response = answer(&shared, parts, parsed, &budget, &run)
+    let response = answer(&shared, &parts, parsed, &budget, &run)
         .instrument(span)
         .await;
     let response = reply::finish(response, &run, &budget);
@@ -105,13 +105,14 @@ impl Drop for Unanswered<'_> {
 
 /// The turn's answer to the request as read: attempts, or the refusal of
 /// a request that could not be read.
-async fn answer<S, D, ResBody>(
+#[allow(clippy::manual_async_fn, reason = "arguments used in place")]
+fn answer<S, D, ResBody>(
     shared: &Arc<Shared<S, D>>,
-    parts: http::request::Parts,
+    parts: &http::request::Parts,
     parsed: Read<D, ResBody>,
     budget: &TurnBudget,
     run: &TurnRecord,
-) -> Response<FailoverBody<ResBody, D>>
+) -> impl Future<Output = Response<FailoverBody<ResBody, D>>>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -120,62 +121,70 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    match parsed {
-        Err(response) => {
-            run.stop(StopReason::InvalidRequest);
-            response
-        }
-        Ok((requirements, request)) => {
-            let turn = Turn {
-                shared,
-                parts: &parts,
-                budget,
-                run,
-                output_tokens: requirements
-                    .max_output_tokens
-                    .unwrap_or(shared.default_output_tokens),
-                client_model: Arc::from(requirements.model.as_str()),
-                requirements,
-                request,
-                queue: Queue::default(),
-                excluded: Vec::new(),
-                first_failure: None,
-                resting: Resting::new(shared.refuse_when_cooling),
-                translations: Translations::default(),
-                retries_here: 0,
-                witness: ClientId::of(&parts.extensions).witness(),
-                hedges_left: 0,
-                no_hedge_for: None,
-            };
-            let Some(signal) = shared.shutdown.as_ref() else {
-                return turn.run().await;
-            };
-            // A turn that has not answered when the gateway stops answers
-            // at once, cleanly, rather than being cut with its connection.
-            // Nothing was sent to the client yet, so any answer is whole.
-            let refuse = || {
-                run.stop(StopReason::Shutdown);
-                reply::error(
-                    &shared.dialect,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &ErrorReply::coded(
-                        FailureClass::Shutdown,
-                        "shutdown",
-                        "the gateway is shutting down; retry the request",
-                    ),
-                )
-            };
-            // A turn that starts after the signal tries no target.
-            if signal.is_ending() {
-                return refuse();
+    // An `async` block, not an `async fn`: an `async fn` copies its
+    // arguments into its body's locals at the first poll and keeps both in
+    // its state (a plan, a response, a parsed request: hundreds of bytes).
+    async move {
+        match parsed {
+            Err(response) => {
+                run.stop(StopReason::InvalidRequest);
+                response
             }
-            let ending = signal.ending();
-            // Then the turn first: a poll that finds its answer ready does
-            // not look at the signal.
-            tokio::select! {
-                biased;
-                response = turn.run() => response,
-                () = ending => refuse(),
+            Ok((requirements, request)) => {
+                // The turn stays here and its run borrows it: an `async fn`
+                // taking it by value would hold it twice (its argument, then
+                // the body's own), copied at the first poll.
+                let mut turn = Turn {
+                    shared,
+                    parts,
+                    budget,
+                    run,
+                    output_tokens: requirements
+                        .max_output_tokens
+                        .unwrap_or(shared.default_output_tokens),
+                    client_model: Arc::from(requirements.model.as_str()),
+                    requirements,
+                    request,
+                    queue: Queue::default(),
+                    excluded: Vec::new(),
+                    first_failure: None,
+                    resting: Resting::new(shared.refuse_when_cooling),
+                    translations: Translations::default(),
+                    retries_here: 0,
+                    witness: ClientId::of(&parts.extensions).witness(),
+                    hedges_left: 0,
+                    no_hedge_for: None,
+                };
+                let Some(signal) = shared.shutdown.as_ref() else {
+                    return turn.run().await;
+                };
+                // A turn that has not answered when the gateway stops answers
+                // at once, cleanly, rather than being cut with its connection.
+                // Nothing was sent to the client yet, so any answer is whole.
+                let refuse = || {
+                    run.stop(StopReason::Shutdown);
+                    reply::error(
+                        &shared.dialect,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &ErrorReply::coded(
+                            FailureClass::Shutdown,
+                            "shutdown",
+                            "the gateway is shutting down; retry the request",
+                        ),
+                    )
+                };
+                // A turn that starts after the signal tries no target.
+                if signal.is_ending() {
+                    return refuse();
+                }
+                let ending = signal.ending();
+                // Then the turn first: a poll that finds its answer ready does
+                // not look at the signal.
+                tokio::select! {
+                    biased;
+                    response = turn.run() => response,
+                    () = ending => refuse(),
+                }
             }
         }
     }
@@ -316,7 +325,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    async fn run(mut self) -> Response<FailoverBody<ResBody, D>> {
+    async fn run(&mut self) -> Response<FailoverBody<ResBody, D>> {
         if let Err(response) = self.pick_candidates() {
             return *response;
         }
