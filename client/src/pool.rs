@@ -154,41 +154,47 @@ impl Http1Pool {
 }
 
 /// Sends `request` on a pooled or new connection of `pool`.
-pub(crate) async fn send(
+#[allow(clippy::manual_async_fn, reason = "arguments used in place")]
+pub(crate) fn send(
     pool: Arc<Http1Pool>,
     mut request: Request<UpstreamBody>,
-) -> Result<Response<ResponseBody>, SendError> {
-    // HTTP/1.1 to an origin: the request line names the path only.
-    if let Some(path) = request.uri().path_and_query().cloned() {
-        *request.uri_mut() = Uri::from(path);
-    }
-    loop {
-        let (mut sender, reused) = match pool.checkout() {
-            Some(sender) => (sender, true),
-            None => {
-                // A connection whose response was just read may be on its
-                // way back (its task not run yet): it goes first.
-                tokio::task::yield_now().await;
-                match pool.checkout() {
-                    Some(sender) => (sender, true),
-                    None => (pool.connect().await?, false),
+) -> impl Future<Output = Result<Response<ResponseBody>, SendError>> {
+    // An `async` block, not an `async fn`: an `async fn` copies its
+    // arguments into its body's locals at the first poll (the request's
+    // 240 bytes) and keeps both in its state.
+    async move {
+        // HTTP/1.1 to an origin: the request line names the path only.
+        if let Some(path) = request.uri().path_and_query().cloned() {
+            *request.uri_mut() = Uri::from(path);
+        }
+        loop {
+            let (mut sender, reused) = match pool.checkout() {
+                Some(sender) => (sender, true),
+                None => {
+                    // A connection whose response was just read may be on its
+                    // way back (its task not run yet): it goes first.
+                    tokio::task::yield_now().await;
+                    match pool.checkout() {
+                        Some(sender) => (sender, true),
+                        None => (pool.connect().await?, false),
+                    }
                 }
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    // The body takes the connection back when it has been read.
+                    let returning = Returning::new(pool, sender);
+                    return Ok(response.map(|body| ResponseBody::returning(body, returning)));
+                }
+                Err(mut failed) => match failed.take_message() {
+                    // A pooled connection the upstream had closed: the request
+                    // never left; on another (this one is dropped, so the loop
+                    // ends at a new connection, whose failure is final).
+                    Some(unsent) if reused => request = unsent,
+                    Some(_) => return Err(SendError::NotSent(NotSent::new(failed.into_error()))),
+                    None => return Err(SendError::Http(failed.into_error())),
+                },
             }
-        };
-        match sender.try_send_request(request).await {
-            Ok(response) => {
-                // The body takes the connection back when it has been read.
-                let returning = Returning::new(pool, sender);
-                return Ok(response.map(|body| ResponseBody::returning(body, returning)));
-            }
-            Err(mut failed) => match failed.take_message() {
-                // A pooled connection the upstream had closed: the request
-                // never left; on another (this one is dropped, so the loop
-                // ends at a new connection, whose failure is final).
-                Some(unsent) if reused => request = unsent,
-                Some(_) => return Err(SendError::NotSent(NotSent::new(failed.into_error()))),
-                None => return Err(SendError::Http(failed.into_error())),
-            },
         }
     }
 }
