@@ -14,7 +14,7 @@ use axum::routing::{get, post_service};
 
 use http_body_util::Full;
 use serde::Deserialize;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_llm_client::{Auth, UpstreamClient, UpstreamClientBuilder};
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::dialect::{
@@ -1273,13 +1273,23 @@ pub(crate) async fn chat_completions(
         request: chat,
     });
     let request = http::Request::from_parts(parts, Full::new(bytes));
-    let turn = async move {
-        match route.service.clone().oneshot(request).await {
-            Ok(response) => response.map(Body::new),
-            Err(never) => match never {},
-        }
-    };
-    keys::hold(turn.await, slot)
+    keys::hold(run_turn(&route.service, request).await, slot)
+}
+
+/// The turn of `request` on a route's stack. The stack is called in
+/// place, not through `oneshot`, whose state would take the request and
+/// then the turn's future, each moved in; an `async` block, not an
+/// `async fn`, which would copy the request into its body's locals.
+pub(crate) fn run_turn<D: Dialect>(
+    service: &Budget<Failover<UpstreamClient, D>, D>,
+    request: http::Request<Full<bytes::Bytes>>,
+) -> impl Future<Output = Response> + Send + use<D> {
+    let mut service = service.clone();
+    async move {
+        let Ok(ready) = ServiceExt::<http::Request<Full<bytes::Bytes>>>::ready(&mut service).await;
+        let Ok(response) = ready.call(request).await;
+        response.map(Body::new)
+    }
 }
 
 /// `GET /v1/models`: the model names a client can ask for (a wildcard

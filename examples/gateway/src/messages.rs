@@ -9,12 +9,10 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::Full;
-use tower::ServiceExt;
 use tower_llm_client::UpstreamClient;
 use tower_llm_failover::FailureClass;
 use tower_llm_failover::budget::Budget;
@@ -215,13 +213,7 @@ async fn serve_turn<D: Dialect>(
         request: parsed,
     });
     let request = http::Request::from_parts(parts, Full::new(bytes));
-    let turn = async move {
-        match route.service.clone().oneshot(request).await {
-            Ok(response) => response.map(Body::new),
-            Err(never) => match never {},
-        }
-    };
-    crate::keys::hold(turn.await, slot)
+    crate::keys::hold(crate::app::run_turn(&route.service, request).await, slot)
 }
 
 /// The embedded demo's Messages providers and routes (TOML to append to the
