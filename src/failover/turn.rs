@@ -480,6 +480,12 @@ where
             output_if_cut: self.output_if_cut(),
             state,
         };
+        // The box first, then the future written into it: `Box::pin`
+        // builds the future (about 2.8 KB) on the stack and copies it.
+        let attempt = Box::write(
+            Box::new_uninit(),
+            attempt::run(shared, plan, request, budget, run).instrument(span),
+        );
         Running {
             index,
             in_flight: InFlight::new(run, start.clone(), unfinished),
@@ -487,7 +493,7 @@ where
             admitted,
             hedged,
             estimate,
-            attempt: Box::pin(attempt::run(shared, plan, request, budget, run).instrument(span)),
+            attempt: Box::into_pin(attempt),
         }
     }
 
