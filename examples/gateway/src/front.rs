@@ -184,16 +184,29 @@ impl Service<Request> for Handler {
 }
 
 /// `POST /v1/chat/completions`.
+///
+/// The box first, then the handler's future written into it (here and
+/// below): `Box::pin` builds the future (over 1 KB) on the stack and
+/// copies it.
 pub(crate) fn chat(gateway: Arc<Gateway>, request: Request) -> HandlerFuture {
-    Box::pin(async move { Ok(crate::app::chat_completions(State(gateway), request).await) })
+    let future = Box::write(Box::new_uninit(), async move {
+        Ok(crate::app::chat_completions(State(gateway), request).await)
+    });
+    Box::into_pin(future)
 }
 
 /// `POST /v1/messages`.
 pub(crate) fn messages(gateway: Arc<Gateway>, request: Request) -> HandlerFuture {
-    Box::pin(async move { Ok(crate::messages::handler(State(gateway), request).await) })
+    let future = Box::write(Box::new_uninit(), async move {
+        Ok(crate::messages::handler(State(gateway), request).await)
+    });
+    Box::into_pin(future)
 }
 
 /// `POST /v1/responses`.
 pub(crate) fn responses(gateway: Arc<Gateway>, request: Request) -> HandlerFuture {
-    Box::pin(async move { Ok(crate::messages::responses_handler(State(gateway), request).await) })
+    let future = Box::write(Box::new_uninit(), async move {
+        Ok(crate::messages::responses_handler(State(gateway), request).await)
+    });
+    Box::into_pin(future)
 }
