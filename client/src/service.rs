@@ -154,10 +154,15 @@ impl Service<Request<Full<Bytes>>> for UpstreamClient {
                 let request =
                     request.map(|body| body.map_err(|never| match never {}).boxed_unsync());
                 match &self.inner.pool {
-                    Some(pool) => ResponseFuture::pooled(Box::pin(super::pool::send(
-                        Arc::clone(pool),
-                        request,
-                    ))),
+                    Some(pool) => {
+                        // Written into its box, not built on the stack and
+                        // copied in (`Box::pin`).
+                        let send = Box::write(
+                            Box::new_uninit(),
+                            super::pool::send(Arc::clone(pool), request),
+                        );
+                        ResponseFuture::pooled(Box::into_pin(send))
+                    }
                     None => ResponseFuture::sent(self.inner.client.request(request)),
                 }
             }

@@ -520,8 +520,14 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The box first, the turn's future (some 5 KB) written into it:
+        // `Box::pin` would build it on the stack and copy it in.
+        let turn = Box::write(
+            Box::new_uninit(),
+            super::turn::run(Arc::clone(&self.shared), request),
+        );
         ResponseFuture {
-            inner: Box::pin(super::turn::run(Arc::clone(&self.shared), request)),
+            inner: Box::into_pin(turn),
         }
     }
 }
