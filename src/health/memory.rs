@@ -113,22 +113,51 @@ impl Entries {
     /// keys; a key the operator configured leaves that order for good.
     /// Says whether there is an entry.
     fn touch(&mut self, key: &HealthKey) -> bool {
-        let Some(entry) = self.map.get_mut(key) else {
+        let Entries { map, lru, tick } = self;
+        let Some(entry) = map.get_mut(key) else {
             return false;
         };
-        self.tick += 1;
-        let tick = self.tick;
-        let Some(old) = entry.lru else {
-            return true;
-        };
-        let stored = self.lru.remove(&old);
-        if key.client_named {
-            entry.lru = Some(tick);
-            self.lru.insert(tick, stored.unwrap_or_else(|| key.clone()));
-        } else {
-            entry.lru = None;
-        }
+        mark(entry, key, lru, tick);
         true
+    }
+}
+
+/// A success clears `entry`'s cooldown and probe; a whole answer also
+/// its streak of failures.
+fn succeeded(entry: &mut Entry, key: &HealthKey, ttft: Option<Duration>, whole: bool) {
+    if entry.cooling_until.is_some() {
+        tracing::info!(key = %log_safe(key), "target recovered; back in rotation");
+    }
+    entry.cooling_until = None;
+    entry.probe_started = None;
+    entry.record_ttft(ttft);
+    if whole {
+        entry.streak = 0;
+        entry.cooldowns = 0;
+        entry.recent.clear();
+    }
+}
+
+/// Marks `entry` (of `key`) as just written in the order `lru` of
+/// client-named keys, whose newest position is `tick`.
+fn mark(entry: &mut Entry, key: &HealthKey, lru: &mut BTreeMap<u64, HealthKey>, tick: &mut u64) {
+    let Some(old) = entry.lru else {
+        return;
+    };
+    // Positions are handed out in order and only to client-named keys:
+    // the newest position is the last one handed out, and a key already
+    // there stays (a gateway serving one model marks the same key every
+    // turn).
+    if key.client_named && old == *tick {
+        return;
+    }
+    let stored = lru.remove(&old);
+    if key.client_named {
+        *tick += 1;
+        entry.lru = Some(*tick);
+        lru.insert(*tick, stored.unwrap_or_else(|| key.clone()));
+    } else {
+        entry.lru = None;
     }
 }
 
@@ -199,8 +228,10 @@ impl MemoryHealthStore {
             tracing::warn!(key = %log_safe(key), "health store full; key not tracked");
             return None;
         }
-        entries.tick += 1;
-        let lru = key.client_named.then_some(entries.tick);
+        let lru = key.client_named.then(|| {
+            entries.tick += 1;
+            entries.tick
+        });
         if let Some(tick) = lru {
             entries.lru.insert(tick, key.clone());
         }
@@ -416,23 +447,26 @@ impl HealthStore for MemoryHealthStore {
                 account.cooldowns = 0;
             }
         }
-        // A success with nothing to clear or measure needs no entry.
-        if ttft.is_none() && map.get(key).is_none_or(Entry::is_idle) {
-            return;
-        }
-        let Some(entry) = self.entry(&mut map, key) else {
-            return;
-        };
-        if entry.cooling_until.is_some() {
-            tracing::info!(key = %log_safe(key), "target recovered; back in rotation");
-        }
-        entry.cooling_until = None;
-        entry.probe_started = None;
-        entry.record_ttft(ttft);
-        if whole {
-            entry.streak = 0;
-            entry.cooldowns = 0;
-            entry.recent.clear();
+        // A success with nothing to clear or measure needs no entry, nor
+        // a new place in the order of client-named keys. One lookup for a
+        // key that has an entry: every turn's success comes here.
+        let Entries {
+            map: held,
+            lru,
+            tick,
+        } = &mut *map;
+        match held.get_mut(key) {
+            Some(entry) if ttft.is_none() && entry.is_idle() => {}
+            Some(entry) => {
+                mark(entry, key, lru, tick);
+                succeeded(entry, key, ttft, whole);
+            }
+            None if ttft.is_none() => {}
+            None => {
+                if let Some(entry) = self.entry(&mut map, key) {
+                    succeeded(entry, key, ttft, whole);
+                }
+            }
         }
     }
 
@@ -619,6 +653,43 @@ mod tests {
             retry_after: Some(Duration::from_secs(after)),
             ..FailureReport::new(FailureClass::RateLimited, scope)
         }
+    }
+
+    /// The order of client-named keys follows their writes, successes
+    /// included: a key written again while it is the newest stays so, one
+    /// written again after others moves to the newest place, and the
+    /// oldest is the one forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn client_named_keys_are_forgotten_least_recently_written_first() {
+        let store = MemoryHealthStore::default().max_client_named_keys(2);
+        let [a, b, c] = ["a", "b", "c"].map(|m| HealthKey::client_model("p", m));
+        let failed = FailureReport::new(FailureClass::ServerError, Scope::Model);
+        let answered = || SuccessReport::Whole {
+            ttft: Some(Duration::from_millis(5)),
+        };
+        let kept = |store: &MemoryHealthStore| {
+            let mut models: Vec<String> = store
+                .snapshot()
+                .into_iter()
+                .map(|e| e.key.to_string())
+                .collect();
+            models.sort();
+            models
+        };
+        store.failure(&a, failed.clone());
+        store.failure(&b, failed.clone());
+        // `b` is the newest; written again, it stays the newest.
+        store.success(&b, answered());
+        store.success(&b, answered());
+        // `a` written again: now `b` is the oldest.
+        store.success(&a, answered());
+        store.success(&a, answered());
+        store.failure(&c, failed.clone());
+        assert_eq!(kept(&store), [a.to_string(), c.to_string()]);
+        // `c` is the newest, `a` the oldest.
+        store.success(&c, answered());
+        store.failure(&b, failed);
+        assert_eq!(kept(&store), [b.to_string(), c.to_string()]);
     }
 
     #[tokio::test(start_paused = true)]
