@@ -220,7 +220,7 @@ impl RetryBudget {
     /// comes here.
     pub(crate) fn deposit_for_at(&self, client: &ClientId, now: Instant) {
         if let Some(shares) = &self.shares {
-            shares.bucket(client, now).deposit_at(now);
+            shares.with_bucket(client, now, |bucket| bucket.deposit_at(now));
         }
         self.deposit_at(now);
     }
@@ -236,7 +236,7 @@ impl RetryBudget {
     /// [`withdraw_for`](Self::withdraw_for) at `now`.
     pub(crate) fn withdraw_for_at(&self, client: &ClientId, now: Instant) -> bool {
         if let Some(shares) = &self.shares
-            && !shares.bucket(client, now).withdraw_at(now)
+            && !shares.with_bucket(client, now, |bucket| bucket.withdraw_at(now))
         {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -319,18 +319,24 @@ struct ClientShares {
     /// Each client's bucket and when it was last used.
     // foldhash, not SipHash: looked up on every attempt; its per-process
     // seed still keeps client names from being chosen to collide.
-    buckets: Mutex<HashMap<ClientId, (Arc<TokenBucket>, Instant), foldhash::fast::RandomState>>,
+    buckets: Mutex<HashMap<ClientId, (TokenBucket, Instant), foldhash::fast::RandomState>>,
 }
 
 impl ClientShares {
-    /// `client`'s bucket, made on first use; past `max_clients`, the least
-    /// recently used is forgotten (it starts whole if it comes back, which
-    /// only ever gives it its reserve again).
-    fn bucket(&self, client: &ClientId, now: Instant) -> Arc<TokenBucket> {
+    /// `client`'s bucket, made on first use, lent to `with` under the
+    /// map's lock (no reference count taken and dropped per attempt); past
+    /// `max_clients`, the least recently used is forgotten (it starts whole
+    /// if it comes back, which only ever gives it its reserve again).
+    fn with_bucket<R>(
+        &self,
+        client: &ClientId,
+        now: Instant,
+        with: impl FnOnce(&TokenBucket) -> R,
+    ) -> R {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((bucket, used)) = buckets.get_mut(client) {
             *used = now;
-            return Arc::clone(bucket);
+            return with(bucket);
         }
         if buckets.len() >= self.max_clients
             && let Some(oldest) = buckets
@@ -340,9 +346,10 @@ impl ClientShares {
         {
             buckets.remove(&oldest);
         }
-        let bucket = Arc::new(TokenBucket::new(self.config));
-        buckets.insert(client.clone(), (Arc::clone(&bucket), now));
-        bucket
+        let bucket = TokenBucket::new(self.config);
+        let answer = with(&bucket);
+        buckets.insert(client.clone(), (bucket, now));
+        answer
     }
 }
 
@@ -493,7 +500,7 @@ impl RetryBudget {
     pub(crate) fn client_level(&self, client: &ClientId) -> Option<f64> {
         self.shares
             .as_ref()
-            .map(|s| s.bucket(client, Instant::now()).level())
+            .map(|s| s.with_bucket(client, Instant::now(), TokenBucket::level))
     }
 }
 
