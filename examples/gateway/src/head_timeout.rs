@@ -25,7 +25,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -99,6 +99,7 @@ pub fn head_limit<T, S>(
             idle: Arc::clone(&idle),
             timeout,
             alarm: None,
+            armed: None,
             write_waiting: false,
         },
         HeadTimed {
@@ -119,6 +120,11 @@ pin_project! {
         timeout: Duration,
         // Made by the first wait for a head; reset only when it fires.
         alarm: Option<Pin<Box<Sleep>>>,
+        // The task the alarm wakes once it was polled `Pending` by it: polled
+        // again by that task before it fired, it need not be polled at all.
+        // A full poll swaps the waker and takes the timer's state, about
+        // 0.5k instructions per request on a kept-alive connection.
+        armed: Option<Waker>,
         // A write returned `Pending` and has not been taken since.
         write_waiting: bool,
     }
@@ -154,7 +160,20 @@ impl<T: AsyncRead> AsyncRead for HeadLimit<T> {
         // The alarm keeps an earlier deadline while requests come and go:
         // when it fires before the head's deadline it is moved there, once.
         loop {
-            if alarm.as_mut().poll(cx).is_pending() {
+            if !alarm.is_elapsed()
+                && this
+                    .armed
+                    .as_ref()
+                    .is_some_and(|task| task.will_wake(cx.waker()))
+            {
+                return Poll::Pending;
+            }
+            // Outside the task's coop budget: a `Sleep` polled with the
+            // budget spent answers `Pending` without registering its timer,
+            // and the alarm, marked armed, would never be polled again.
+            let mut unconstrained = tokio::task::unconstrained(alarm.as_mut());
+            if Pin::new(&mut unconstrained).poll(cx).is_pending() {
+                *this.armed = Some(cx.waker().clone());
                 return Poll::Pending;
             }
             // Within the timer's millisecond of the deadline counts as
@@ -168,6 +187,7 @@ impl<T: AsyncRead> AsyncRead for HeadLimit<T> {
                 )));
             }
             alarm.as_mut().reset(deadline.into());
+            *this.armed = None;
         }
     }
 }

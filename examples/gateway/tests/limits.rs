@@ -480,6 +480,35 @@ async fn requests_in_a_row_keep_their_connection_and_a_head_trickled_after_them_
     within(answered.elapsed(), Duration::from_millis(300));
 }
 
+/// The connection's alarm, set at the first head's wait, fires while
+/// requests still come and is moved to the head now awaited; then
+/// nothing but the alarm wakes the idle connection, and it is closed at
+/// the timeout after the last answer.
+#[tokio::test]
+async fn a_connection_idle_after_requests_that_outlast_the_timeout_is_closed_at_it() {
+    let upstream = FakeUpstream::start("primary").await;
+    let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    // Six requests 100 ms apart: past the first alarm.
+    for _ in 0..6 {
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_answer(&mut tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut tcp).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answered = std::time::Instant::now();
+    let got = read_to_close(&mut tcp).await;
+    assert_eq!(got, "", "closed without another answer");
+    within(answered.elapsed(), Duration::from_millis(300));
+}
+
 #[tokio::test]
 async fn a_trickled_body_is_cut_with_408() {
     let answer = trickle_a_body(chat_request(CHAT)).await;
