@@ -197,14 +197,20 @@ impl Telemetry {
             .map_err(|e| format!("telemetry: {e}"))?
             .build_recorder();
         let handle = prometheus.handle();
-        let mut recorders =
-            metrics_util::layers::FanoutBuilder::default().add_recorder(TotalSuffix(prometheus));
-        if let Some(meter) = &meter {
-            use opentelemetry::metrics::MeterProvider as _;
-            recorders =
-                recorders.add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
+        let prometheus = TotalSuffix(prometheus);
+        // A fan-out only when there are two recorders: through one, every
+        // handle's update goes through a list and a second indirection.
+        match &meter {
+            Some(meter) => {
+                use opentelemetry::metrics::MeterProvider as _;
+                let recorders = metrics_util::layers::FanoutBuilder::default()
+                    .add_recorder(prometheus)
+                    .add_recorder(OtelRecorder::new(meter.meter("tower-llm-failover")));
+                metrics::set_global_recorder(recorders.build()).map_err(|e| e.to_string())
+            }
+            None => metrics::set_global_recorder(prometheus).map_err(|e| e.to_string()),
         }
-        metrics::set_global_recorder(recorders.build()).map_err(|e| format!("telemetry: {e}"))?;
+        .map_err(|e| format!("telemetry: {e}"))?;
         tower_llm_failover::observe::describe_metrics();
         tower_llm_actions::describe_metrics();
         upkeep_every(UPKEEP_EVERY, handle.clone())
