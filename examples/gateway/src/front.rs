@@ -28,7 +28,7 @@ use tower::{Service, ServiceExt};
 use tower_llm_failover::BoxError;
 use tower_llm_failover::dialect::{AnthropicMessages, Dialect, OpenAiChat, OpenAiResponses};
 use tower_llm_failover::identity::{Identity, IdentityLayer};
-use tower_llm_failover::limit::{InFlightLimit, InFlightLimitLayer};
+use tower_llm_failover::limit::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 
 use crate::app::Gateway;
 
@@ -84,7 +84,7 @@ where
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    type Response = Response;
+    type Response = http::Response<FrontBody>;
     type Error = Infallible;
     type Future = FrontFuture;
 
@@ -133,16 +133,64 @@ pin_project! {
 }
 
 impl Future for FrontFuture {
-    type Output = Result<Response, Infallible>;
+    type Output = Result<http::Response<FrontBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let response = match self.project() {
             FrontProj::Chat { future } => futures_ready(future.poll(cx)),
             FrontProj::Messages { future } => futures_ready(future.poll(cx)),
             FrontProj::Responses { future } => futures_ready(future.poll(cx)),
-            FrontProj::Other { future } => return future.poll(cx),
+            FrontProj::Other { future } => {
+                return future
+                    .poll(cx)
+                    .map_ok(|response| response.map(|body| FrontBody::Other { body }));
+            }
         };
-        response.map(|response| Ok(response.map(Body::new)))
+        response.map(|response| Ok(response.map(|body| FrontBody::Model { body })))
+    }
+}
+
+/// A model route's answer body, as its stack gives it: the stack's own
+/// refusal, or the handler's body holding its in-flight slot.
+type ModelBody = http_body_util::Either<http_body_util::Full<Bytes>, InFlightBody<Body>>;
+
+pin_project! {
+    /// The body of the front's answers: a model route's as its stack gives
+    /// it, not boxed again (an allocation and an indirect call per frame
+    /// per answer), or the router's.
+    #[project = FrontBodyProj]
+    pub(crate) enum FrontBody {
+        Model { #[pin] body: ModelBody },
+        Other { #[pin] body: Body },
+    }
+}
+
+impl HttpBody for FrontBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.project() {
+            FrontBodyProj::Model { body } => body.poll_frame(cx),
+            FrontBodyProj::Other { body } => body.poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            FrontBody::Model { body } => body.is_end_stream(),
+            FrontBody::Other { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            FrontBody::Model { body } => body.size_hint(),
+            FrontBody::Other { body } => body.size_hint(),
+        }
     }
 }
 

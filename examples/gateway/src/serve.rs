@@ -460,7 +460,7 @@ impl<S> Connection<S>
 where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
-            Response = http::Response<axum::body::Body>,
+            Response = http::Response<crate::front::FrontBody>,
             Error = std::convert::Infallible,
         > + Clone
         + Send
