@@ -163,6 +163,9 @@ pub type BoxUpstream =
 #[derive(Debug, Clone)]
 pub struct Target<S> {
     pub(crate) name: Arc<str>,
+    /// The name as the summary header's value, made once: a turn it answers
+    /// shares it rather than copy the name into a new one.
+    pub(crate) name_value: Option<http::HeaderValue>,
     pub(crate) provider: Arc<str>,
     /// An `Arc` so that a health key shares it rather than copy it.
     pub(crate) model: Option<Arc<str>>,
@@ -209,6 +212,7 @@ impl<S> Target<S> {
         let name = name.into();
         Self {
             provider: Arc::clone(&name),
+            name_value: http::HeaderValue::from_str(&name).ok(),
             name,
             model: None,
             capabilities: Capabilities::default(),
@@ -330,6 +334,7 @@ impl<S> Target<S> {
         Target {
             service: tower_layer::Layer::layer(&layer, self.service),
             name: self.name,
+            name_value: self.name_value,
             provider: self.provider,
             model: self.model,
             capabilities: self.capabilities,

@@ -386,6 +386,8 @@ where
                             } else {
                                 ended.admitted.committed(ttft);
                             }
+                            self.run
+                                .answered_by(self.shared.targets[ended.index].name_value.as_ref());
                             self.end_race(ended.index, ended.hedged, ended.start, running);
                             return response;
                         }

@@ -125,6 +125,8 @@ impl TurnInner {
 struct TurnInner {
     attempts: Vec<AttemptRecord>,
     winner: Option<Arc<str>>,
+    /// The winner's name as a header value, when its target made one.
+    winner_value: Option<HeaderValue>,
     /// The attempt number of the winner.
     served: Option<u32>,
     done: bool,
@@ -269,6 +271,12 @@ impl TurnRecord {
     /// ([`finish_last`](Self::finish_last)) with its final figures.
     pub(crate) fn push_streaming(&self, record: AttemptRecord) {
         self.push_quietly(record);
+    }
+
+    /// The answering target's name as a header value, made once by its
+    /// target (see [`write_summary_headers`](Self::write_summary_headers)).
+    pub(crate) fn answered_by(&self, name_value: Option<&HeaderValue>) {
+        self.lock().winner_value = name_value.cloned();
     }
 
     fn push_quietly(&self, record: AttemptRecord) {
@@ -435,11 +443,17 @@ impl TurnRecord {
         const SERVED: HeaderName = HeaderName::from_static(SERVED_ATTEMPT_HEADER);
         const TURN_ID: HeaderName = HeaderName::from_static(TURN_ID_HEADER);
         let inner = self.lock();
+        // Room for all four at once: a provider's answer comes with a map
+        // sized for its own few headers, which would otherwise grow twice.
+        headers.reserve(4);
         let count = inner.attempts.len() + usize::from(inner.held.is_some());
         headers.insert(ATTEMPTS, count_value(count));
-        if let Some(winner) = &inner.winner
-            && let Ok(value) = HeaderValue::from_str(winner)
-        {
+        let target = match (&inner.winner_value, &inner.winner) {
+            (Some(value), _) => Some(value.clone()),
+            (None, Some(winner)) => HeaderValue::from_str(winner).ok(),
+            (None, None) => None,
+        };
+        if let Some(value) = target {
             headers.insert(TARGET, value);
         }
         if let Some(served) = inner.served {
