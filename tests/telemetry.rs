@@ -274,6 +274,62 @@ async fn a_turn_with_one_reroute_has_a_turn_span_and_two_attempt_spans() {
     assert!(!won.contains_key("error.type"));
 }
 
+/// A target's service runs within its attempt's span (a span it starts
+/// is the attempt's child), for a failed attempt and for the one that
+/// answered.
+#[tokio::test(start_paused = true)]
+async fn a_targets_service_runs_within_its_attempts_span() {
+    globals();
+    // Each call starts a span named after its target, then answers.
+    fn traced(
+        target: &'static str,
+        provider: FakeProvider,
+    ) -> Target<
+        impl tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_llm_testing::ScriptedBody>,
+            Error = std::io::Error,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    > {
+        let service = tower::service_fn(move |request| {
+            let provider = provider.clone();
+            async move {
+                drop(tracing::info_span!("inspan.upstream_call", target));
+                provider.oneshot(request).await
+            }
+        });
+        Target::new(target, service)
+    }
+    let primary = FakeProvider::new("inspan-primary").always(Reply::status(429, RATE_LIMITED));
+    let backup = FakeProvider::new("inspan-backup").always(Reply::completion("inspan-model"));
+    let failover = Failover::builder()
+        .target(traced("inspan-primary", primary))
+        .target(traced("inspan-backup", backup))
+        .caps(|c| Caps {
+            retries_per_target: 0,
+            ..c
+        })
+        .build();
+    let response = failover.oneshot(chat(false, "inspan-turn")).await.unwrap();
+    let (run, _) = read(response).await;
+    assert_eq!(run.outcome(), Some(TurnOutcome::AfterHop));
+    let (_, attempts) = spans_of("inspan-turn");
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    let spans = globals().capture.spans.lock().unwrap();
+    for attempt in &attempts {
+        let target = &attempt.fields["failover.target"];
+        let calls: Vec<&CapturedSpan> = spans
+            .values()
+            .filter(|s| s.name == "inspan.upstream_call" && s.fields["target"] == *target)
+            .collect();
+        assert_eq!(calls.len(), 1, "{calls:#?}");
+        assert_eq!(calls[0].parent, Some(attempt.id), "{target}: {calls:#?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn failures_before_and_after_commit_land_under_different_phases() {
     globals();

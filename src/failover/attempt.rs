@@ -135,7 +135,13 @@ where
         let target = &shared.targets[plan.index];
         let head_deadline = head_deadline(shared, &plan, budget);
         let service: Classify<S> = target.service.clone();
-        let head = tokio::time::timeout_at(head_deadline.at, service.oneshot(request)).await;
+        // Each large future pinned where it is made: `.await` on the future
+        // itself would move it into this block's state first.
+        let head = std::pin::pin!(tokio::time::timeout_at(
+            head_deadline.at,
+            service.oneshot(request)
+        ))
+        .await;
         let response = match head {
             Err(_) => {
                 // A silent upstream: never waited on again within this turn.
@@ -154,8 +160,10 @@ where
             plan.stream,
             crate::stream::commit::is_event_stream(&response),
         ) {
-            (true, true) => hold_until_commit(shared, plan, budget, run, response).await,
-            (false, _) => receive_whole(shared, plan, budget, run, response).await,
+            (true, true) => {
+                std::pin::pin!(hold_until_commit(shared, plan, budget, run, response)).await
+            }
+            (false, _) => std::pin::pin!(receive_whole(shared, plan, budget, run, response)).await,
             // A client reading a stream cannot read a whole JSON body: the
             // provider broke the contract, another may keep it.
             (true, false) => failed(

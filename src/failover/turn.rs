@@ -9,7 +9,6 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
 use tower_service::Service;
-use tracing::Instrument;
 
 use super::attempt::{self, AttemptPlan, Outcome};
 use super::body::FailoverBody;
@@ -17,7 +16,7 @@ use super::decision::{Step, decide};
 use super::later;
 use super::ledger::{AttemptStart, Charge, InFlight, Unfinished};
 use super::owners::Learn;
-use super::race::{self, Raced, Running};
+use super::race::{self, InSpan, Raced, Running};
 use super::reply;
 use super::resting::Resting;
 use super::select::{Candidate, Selector};
@@ -82,9 +81,12 @@ where
     let model = parsed.as_ref().ok().map(|(r, _)| r.model.as_str());
     let span = observe::turn_span(budget.turn_id().as_str(), model);
     run.set_turn_span(span.clone());
-    let response = answer(&shared, &parts, parsed, &budget, &run)
-        .instrument(span)
-        .await;
+    // Written into its box, not wrapped and moved (see `InSpan`).
+    let answering = Box::write(
+        Box::new_uninit(),
+        answer(&shared, &parts, parsed, &budget, &run),
+    );
+    let response = InSpan::new(span, Box::into_pin(answering)).await;
     let response = reply::finish(response, &run, &budget);
     std::mem::forget(unanswered);
     response
@@ -155,8 +157,11 @@ where
                     hedges_left: 0,
                     no_hedge_for: None,
                 };
+                // Pinned where it is made: `.await` on the future itself
+                // would move it (about 1.2 KB) into this block's state.
+                let running = std::pin::pin!(turn.run());
                 let Some(signal) = shared.shutdown.as_ref() else {
-                    return turn.run().await;
+                    return running.await;
                 };
                 // A turn that has not answered when the gateway stops answers
                 // at once, cleanly, rather than being cut with its connection.
@@ -182,7 +187,7 @@ where
                 // not look at the signal.
                 tokio::select! {
                     biased;
-                    response = turn.run() => response,
+                    response = running => response,
                     () = ending => refuse(),
                 }
             }
@@ -388,7 +393,7 @@ where
                             }
                             self.run
                                 .answered_by(self.shared.targets[ended.index].name_value.as_ref());
-                            self.end_race(ended.index, ended.hedged, ended.start, running);
+                            self.end_race(ended.index, ended.hedged, ended.start, &mut running);
                             return response;
                         }
                         Outcome::Failed {
@@ -486,7 +491,7 @@ where
         // builds the future (about 2.8 KB) on the stack and copies it.
         let attempt = Box::write(
             Box::new_uninit(),
-            attempt::run(shared, plan, request, budget, run).instrument(span),
+            attempt::run(shared, plan, request, budget, run),
         );
         Running {
             index,
@@ -495,7 +500,7 @@ where
             admitted,
             hedged,
             estimate,
-            attempt: Box::into_pin(attempt),
+            attempt: InSpan::new(span, Box::into_pin(attempt)),
         }
     }
 
@@ -611,7 +616,14 @@ where
     /// Another attempt committed: the ones still running lose the race
     /// (dropped, which closes their upstream connections), and what each
     /// took is learned for the hedge percentile.
-    fn end_race<F>(&self, index: usize, hedged: bool, start: AttemptStart, running: Racing<'_, F>) {
+    fn end_race<F>(
+        &self,
+        index: usize,
+        hedged: bool,
+        start: AttemptStart,
+        // Borrowed, not moved in: the list holds an attempt inline.
+        running: &mut Racing<'_, F>,
+    ) {
         let Some(hedging) = self.shared.hedging.as_ref() else {
             return;
         };
@@ -620,7 +632,7 @@ where
         if hedged {
             observe::hedge(&start.target, "won");
         }
-        for loser in running {
+        for loser in running.drain(..) {
             hedging.observe(loser.index, stream, loser.start.clock.elapsed());
             if loser.hedged {
                 observe::hedge(&loser.start.target, "lost");
