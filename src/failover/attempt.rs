@@ -372,7 +372,7 @@ where
         record.bytes_flushed = bytes.len() as u64;
         record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
         charge.fill(&mut record);
-        run.push(record);
+        run.push_answer(record, target.name_value.as_ref());
         shared
             .headers
             .filter_response(&mut parts.headers, Some(bytes.len()));
@@ -446,7 +446,7 @@ where
         record.output_events = state.output_events();
         record.time_to_first_output = ttft;
         record.rate_limits = RateLimitHeaders::from_headers(&parts.headers);
-        run.push_streaming(record);
+        run.push_streaming(record, shared.targets[plan.index].name_value.as_ref());
         body.as_mut()
             .on_end(on_stream_end(shared, &plan, budget, run));
         shared.headers.filter_response(&mut parts.headers, None);

@@ -391,8 +391,6 @@ where
                             } else {
                                 ended.admitted.committed(ttft);
                             }
-                            self.run
-                                .answered_by(self.shared.targets[ended.index].name_value.as_ref());
                             self.end_race(ended.index, ended.hedged, ended.start, &mut running);
                             return response;
                         }

@@ -252,9 +252,16 @@ impl TurnRecord {
 
     /// Adds a finished attempt's record, logged now.
     pub(crate) fn push(&self, record: AttemptRecord) {
+        self.push_answer(record, None);
+    }
+
+    /// [`push`](Self::push) for the attempt that answered whole, with its
+    /// target's name as a header value, made once by the target (see
+    /// [`write_summary_headers`](Self::write_summary_headers)).
+    pub(crate) fn push_answer(&self, record: AttemptRecord, name_value: Option<&HeaderValue>) {
         let span = self.lock().take_span(record.attempt);
         emit(&self.turn_id, &record, span.as_ref(), self.meters());
-        self.push_quietly(record);
+        self.push_quietly(record, name_value);
     }
 
     /// Keeps a failed attempt's record until its decision is certain: the
@@ -269,20 +276,17 @@ impl TurnRecord {
 
     /// Adds a committed stream's record, logged once, when the stream ends
     /// ([`finish_last`](Self::finish_last)) with its final figures.
-    pub(crate) fn push_streaming(&self, record: AttemptRecord) {
-        self.push_quietly(record);
+    /// The stream's target's name comes as a header value, as for
+    /// [`push_answer`](Self::push_answer).
+    pub(crate) fn push_streaming(&self, record: AttemptRecord, name_value: Option<&HeaderValue>) {
+        self.push_quietly(record, name_value);
     }
 
-    /// The answering target's name as a header value, made once by its
-    /// target (see [`write_summary_headers`](Self::write_summary_headers)).
-    pub(crate) fn answered_by(&self, name_value: Option<&HeaderValue>) {
-        self.lock().winner_value = name_value.cloned();
-    }
-
-    fn push_quietly(&self, record: AttemptRecord) {
+    fn push_quietly(&self, record: AttemptRecord, name_value: Option<&HeaderValue>) {
         let mut inner = self.lock();
         if record.decision == Decision::Committed {
             inner.winner = Some(record.target.clone());
+            inner.winner_value = name_value.cloned();
             inner.served = Some(record.attempt);
         }
         // Most turns make one attempt, and a committed stream holds its
