@@ -21,7 +21,9 @@
 # round; prints medians, throughput ratios and p50 gaps against the
 # pass-through, the CPU time (user + system) each proxy and the upstream
 # spent per request, the upstream's and the host's CPU share during the
-# runs, the issue 29 targets met or missed, then the client-side writes
+# runs, the issue 29 targets met or missed (each CPU verdict with the
+# median of the rounds' own ratios beside it, and every round's ratio as a
+# noise check), then the client-side writes
 # per stream of the pass-through and the RUST_LOG=warn gateway (strace with
 # per-fd attribution, cross-checked with /proc/PID/io).
 #
