@@ -452,22 +452,9 @@ async fn requests_in_a_row_keep_their_connection_and_a_head_trickled_after_them_
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    // Ten requests 100 ms apart: a second in all, each head within the
+    // Eleven requests 100 ms apart: a second in all, each head within the
     // timeout of the answer before it.
-    for _ in 0..10 {
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-            .await
-            .unwrap();
-        let answer = read_answer(&mut tcp).await;
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-        .await
-        .unwrap();
-    let answer = read_answer(&mut tcp).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let answered = std::time::Instant::now();
+    let answered = answer_in_a_row(&mut tcp, 11).await;
     // Then a head a byte every 50 ms: cut 300 ms after the last answer.
     let head = b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-slow: aaaaaaaaaaaaaaaa\r\n\r\n";
     let (sent, answer) = trickle(&mut tcp, head).await;
@@ -480,6 +467,22 @@ async fn requests_in_a_row_keep_their_connection_and_a_head_trickled_after_them_
     within(answered.elapsed(), Duration::from_millis(300));
 }
 
+/// Sends `count` health checks on `tcp`, 100 ms apart, each after the
+/// answer before it; when the last answer came.
+async fn answer_in_a_row(tcp: &mut TcpStream, count: usize) -> std::time::Instant {
+    for sent in 1..=count {
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_answer(tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        if sent < count {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    std::time::Instant::now()
+}
+
 /// The connection's alarm, set at the first head's wait, fires while
 /// requests still come and is moved to the head now awaited; then
 /// nothing but the alarm wakes the idle connection, and it is closed at
@@ -489,21 +492,8 @@ async fn a_connection_idle_after_requests_that_outlast_the_timeout_is_closed_at_
     let upstream = FakeUpstream::start("primary").await;
     let gw = gateway("header_read_timeout_ms = 300", &upstream).await;
     let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    // Six requests 100 ms apart: past the first alarm.
-    for _ in 0..6 {
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-            .await
-            .unwrap();
-        let answer = read_answer(&mut tcp).await;
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-        .await
-        .unwrap();
-    let answer = read_answer(&mut tcp).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let answered = std::time::Instant::now();
+    // Seven requests 100 ms apart: past the first alarm.
+    let answered = answer_in_a_row(&mut tcp, 7).await;
     let got = read_to_close(&mut tcp).await;
     assert_eq!(got, "", "closed without another answer");
     within(answered.elapsed(), Duration::from_millis(300));
