@@ -67,8 +67,8 @@ impl<F: Future> Future for InSpan<F> {
 
 impl<F> Drop for InSpan<F> {
     fn drop(&mut self) {
-        // What the future does as it is dropped (closing its connection,
-        // say) is within the attempt's span too.
+        // What the future does as it is dropped (an attempt closing its
+        // connection, say) is within its span too.
         let _entered = self.span.enter();
         drop(self.future.take());
     }

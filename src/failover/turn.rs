@@ -486,7 +486,7 @@ where
             state,
         };
         // The box first, then the future written into it: `Box::pin`
-        // builds the future (about 2.8 KB) on the stack and copies it.
+        // builds the future (about 2.1 KB) on the stack and copies it.
         let attempt = Box::write(
             Box::new_uninit(),
             attempt::run(shared, plan, request, budget, run),
