@@ -330,6 +330,42 @@ async fn a_targets_service_runs_within_its_attempts_span() {
     }
 }
 
+/// An attempt dropped before it answered (here with its turn: the client
+/// left) is dropped within its span: what its service does as it is
+/// dropped is the attempt's child.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_dropped_unanswered_is_dropped_within_its_span() {
+    globals();
+    /// Starts a span as it is dropped.
+    struct SpanOnDrop;
+    impl Drop for SpanOnDrop {
+        fn drop(&mut self) {
+            drop(tracing::info_span!("dropspan.upstream_dropped"));
+        }
+    }
+    let silent = tower::service_fn(|_request: Request<Full<Bytes>>| async move {
+        let _guard = SpanOnDrop;
+        std::future::pending::<Result<Response<tower_llm_testing::ScriptedBody>, std::io::Error>>()
+            .await
+    });
+    let failover = Failover::builder()
+        .target(Target::new("dropspan-silent", silent))
+        .build();
+    let turn = failover.oneshot(chat(false, "dropspan-turn"));
+    // The client leaves while the attempt waits for its head.
+    let left = tokio::time::timeout(std::time::Duration::from_millis(10), turn).await;
+    assert!(left.is_err(), "the silent target never answered");
+    let (_, attempts) = spans_of("dropspan-turn");
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    let spans = globals().capture.spans.lock().unwrap();
+    let dropped: Vec<&CapturedSpan> = spans
+        .values()
+        .filter(|s| s.name == "dropspan.upstream_dropped")
+        .collect();
+    assert_eq!(dropped.len(), 1, "{dropped:#?}");
+    assert_eq!(dropped[0].parent, Some(attempts[0].id), "{dropped:#?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn failures_before_and_after_commit_land_under_different_phases() {
     globals();
