@@ -48,7 +48,9 @@ pin_project! {
         #[pin]
         inner: B,
         limits: ReadLimits,
-        // Set at the first poll: a body nobody reads is not timed.
+        // Set when the body first has to wait: a body nobody reads is not
+        // timed, and frames ready at once (a small body comes with its
+        // head) take no time, nor a clock read.
         started: Option<Instant>,
         read: u64,
         // Armed at the earliest instant a limit could be broken and
@@ -122,7 +124,6 @@ where
         if *this.failed {
             return Poll::Ready(None);
         }
-        let started = *this.started.get_or_insert_with(Instant::now);
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -136,6 +137,7 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
+                let started = *this.started.get_or_insert_with(Instant::now);
                 let Some((at, error)) = due(this.limits, started, *this.read) else {
                     return Poll::Pending;
                 };
@@ -258,6 +260,64 @@ where
             Kind::Shed { body } => {
                 SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::pin::pin;
+
+    use super::*;
+
+    /// A body with one frame ready, then nothing (and no wake-up: the test
+    /// polls it itself).
+    struct OneFrameThenWaits(Option<Bytes>);
+
+    impl Body for OneFrameThenWaits {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            match self.0.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// The read timeout runs from the first time the reader waits: a frame
+    /// that was there at once took the client no time, however long the
+    /// reader took before it read on.
+    #[tokio::test(start_paused = true)]
+    async fn the_read_timeout_runs_from_the_first_wait_not_from_frames_ready_at_once() {
+        let limits = ReadLimits {
+            timeout: Some(Duration::from_secs(5)),
+            ..ReadLimits::new()
+        };
+        let first = Bytes::from_static(b"{\"model\":");
+        let mut body = pin!(ReadLimitBody::new(OneFrameThenWaits(Some(first)), limits));
+        let mut poll = async || poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+        match poll().await {
+            Poll::Ready(Some(Ok(frame))) => assert_eq!(frame.data_ref().map(Bytes::len), Some(9)),
+            other => panic!("the ready frame, not {other:?}"),
+        }
+        // The reader is busy for longer than the timeout before it reads on.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(poll().await.is_pending(), "the first wait starts the clock");
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(poll().await.is_pending(), "4 s into the wait");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        match poll().await {
+            Poll::Ready(Some(Err(error))) => assert_eq!(
+                error.downcast_ref::<ReadLimitError>(),
+                Some(&ReadLimitError::Timeout(Duration::from_secs(5)))
+            ),
+            other => panic!("the timeout 6 s into the wait, not {other:?}"),
         }
     }
 }

@@ -65,9 +65,10 @@ use crate::dialect::{Dialect, ErrorReply};
 /// How a request body must arrive (see [`ReadLimitLayer`]).
 ///
 /// The minimum rate is cumulative: after the `grace` period, a body that has
-/// sent `n` bytes must go on by `grace + n / rate` after it started. A
-/// client that sends its first bytes fast and then one byte a minute is cut
-/// as soon as the average falls below the rate.
+/// sent `n` bytes must go on by `grace + n / rate` after it started (the
+/// first time its reader waited for it). A client that sends its first
+/// bytes fast and then one byte a minute is cut as soon as the average
+/// falls below the rate.
 ///
 /// Plain data; the default (and [`ReadLimits::new`]) sets no limit.
 ///
@@ -85,8 +86,10 @@ use crate::dialect::{Dialect, ErrorReply};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReadLimits {
-    /// The whole body must be read within this long of the first poll;
-    /// `None`: no total limit.
+    /// The whole body must be read within this long of the first time its
+    /// reader waited for it (frames ready at once, such as a small body
+    /// that came with the request's head, take no time); `None`: no total
+    /// limit.
     pub timeout: Option<Duration>,
     /// After [`grace`](Self::grace), the body must average at least this
     /// many bytes per second; `None` (or zero): no rate check.
