@@ -396,8 +396,13 @@ impl TurnBudget {
     /// Spend is checked separately, with [`check_spend`](Self::check_spend),
     /// because only the caller knows the next attempt's estimate.
     pub(crate) fn try_begin_attempt(&self) -> Result<u32, BudgetExhausted> {
-        // One clock read for the deadline and the retry budget.
-        let now = Instant::now();
+        self.try_begin_attempt_at(Instant::now())
+    }
+
+    /// [`try_begin_attempt`](Self::try_begin_attempt) at `now`: one clock
+    /// read for the deadline, the retry budget and the caller's record of
+    /// when the attempt started.
+    pub(crate) fn try_begin_attempt_at(&self, now: Instant) -> Result<u32, BudgetExhausted> {
         let attempt = self.claim_attempt_at(now)?;
         if let Some(retry_budget) = &self.inner.retry_budget {
             if attempt == 1 {
@@ -413,8 +418,9 @@ impl TurnBudget {
 
     /// Claims a hedge's attempt: like [`try_begin_attempt`](Self::try_begin_attempt),
     /// but a hedge draws from its own budget, not the retry budget.
-    pub(crate) fn try_begin_hedge(&self) -> Result<u32, BudgetExhausted> {
-        self.claim_attempt_at(Instant::now())
+    /// `now` as for [`try_begin_attempt_at`](Self::try_begin_attempt_at).
+    pub(crate) fn try_begin_hedge_at(&self, now: Instant) -> Result<u32, BudgetExhausted> {
+        self.claim_attempt_at(now)
     }
 
     /// The next attempt's number, within the deadline and the attempts.

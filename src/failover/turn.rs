@@ -2,12 +2,14 @@
 //! until one commits or every option is spent.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::attempt::{self, AttemptPlan, Outcome};
@@ -30,6 +32,7 @@ use crate::health::{Admitted, FailureReport, Scope};
 use crate::identity::ClientId;
 use crate::observe;
 use crate::stream::StreamState;
+use crate::time::ArmedFor;
 use crate::{Cost, budget::BudgetExhausted, budget::TurnBudget};
 use crate::{Decision, FailureClass, classify::Classification};
 use crate::{StopReason, observe::TurnRecord, util::log_safe};
@@ -182,14 +185,22 @@ where
                 if signal.is_ending() {
                     return refuse();
                 }
-                let ending = signal.ending();
                 // Then the turn first: a poll that finds its answer ready does
-                // not look at the signal.
-                tokio::select! {
-                    biased;
-                    response = running => response,
-                    () = ending => refuse(),
-                }
+                // not look at the signal. The signal's wait is polled once per
+                // task (each full poll takes its lock), its flag read after.
+                let mut running = running;
+                let mut ending = std::pin::pin!(signal.ending());
+                let mut armed = ArmedFor::default();
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(response) = running.as_mut().poll(cx) {
+                        return Poll::Ready(response);
+                    }
+                    if signal.is_ending() {
+                        return Poll::Ready(refuse());
+                    }
+                    armed.poll(&mut ending, cx).map(|()| refuse())
+                })
+                .await
             }
         }
     }
@@ -262,9 +273,9 @@ struct Turn<'a, S, D: Dialect> {
     no_hedge_for: Option<u32>,
 }
 
-/// An attempt the budget allowed: its target, number, admission and cost
-/// estimate.
-type Begun = (usize, u32, Admitted, Cost);
+/// An attempt the budget allowed: its target, number, admission, cost
+/// estimate and the instant it began.
+type Begun = (usize, u32, Admitted, Cost, Instant);
 
 /// An answer that ends the turn early (boxed: it is the rare path).
 type Early<B, D> = Box<Response<FailoverBody<B, D>>>;
@@ -347,11 +358,11 @@ where
                     Ok(next) => next,
                     Err(response) => return *response,
                 };
-                let (number, estimate) = match self.begin_attempt(index).await {
+                let (number, estimate, clock) = match self.begin_attempt(index).await {
                     Ok(begun) => begun,
                     Err(response) => return *response,
                 };
-                running.push(self.launch(index, number, admitted, estimate, false));
+                running.push(self.launch(index, number, admitted, estimate, clock, false));
             }
             let hedge_at = self.hedge_at(&running);
             match race::race(&mut running, hedge_at).await {
@@ -370,8 +381,9 @@ where
                         None => None,
                     };
                     match hedge {
-                        Some((index, number, admitted, estimate)) => {
-                            running.push(self.launch(index, number, admitted, estimate, true));
+                        Some((index, number, admitted, estimate, clock)) => {
+                            running
+                                .push(self.launch(index, number, admitted, estimate, clock, true));
                         }
                         // Not asked again for this attempt.
                         None => self.no_hedge_for = latest,
@@ -417,14 +429,15 @@ where
         }
     }
 
-    /// Starts attempt `number` on target `index`: its record and span
-    /// begin, and its future is returned to be raced.
+    /// Starts attempt `number` on target `index`, begun at `clock`: its
+    /// record and span begin, and its future is returned to be raced.
     fn launch(
         &mut self,
         index: usize,
         number: u32,
         admitted: Admitted,
         estimate: Cost,
+        clock: Instant,
         hedged: bool,
     ) -> Running<'a, impl Future<Output = Outcome<ResBody, D>> + use<'a, S, D, ResBody>> {
         let shared: &'a Shared<S, D> = self.shared;
@@ -437,7 +450,7 @@ where
             upstream_model: target.upstream_model_shared(&self.client_model),
             dialect: target.dialect_name(shared.dialect.name()),
             wall: SystemTime::now(),
-            clock: tokio::time::Instant::now(),
+            clock,
         };
         let foreign = target.dialect.clone();
         let request = upstream::request(
@@ -604,11 +617,12 @@ where
         {
             return None;
         }
-        let number = self.budget.try_begin_hedge().ok()?;
+        let clock = Instant::now();
+        let number = self.budget.try_begin_hedge_at(clock).ok()?;
         self.resting.attempted(index);
         self.queue.remove(at);
         self.hedges_left -= 1;
-        Some((index, number, admitted, estimate))
+        Some((index, number, admitted, estimate, clock))
     }
 
     /// Another attempt committed: the ones still running lose the race
@@ -851,8 +865,12 @@ where
     /// Draws one attempt from the turn's budget: checks the turn's spend
     /// ceiling, then reserves the attempt's estimate with the turn's tenant
     /// (the first reservation is the turn's admission) before anything is
-    /// sent.
-    async fn begin_attempt(&mut self, index: usize) -> Result<(u32, Cost), Early<ResBody, D>> {
+    /// sent. With the attempt's number and estimate comes the instant it
+    /// began, read once for the budget and the attempt's record.
+    async fn begin_attempt(
+        &mut self,
+        index: usize,
+    ) -> Result<(u32, Cost, Instant), Early<ResBody, D>> {
         let target = &self.shared.targets[index];
         let estimate = target.estimate(self.requirements.input_tokens, self.output_tokens);
         if let Some(estimate) = estimate
@@ -871,7 +889,9 @@ where
         }
         // A reservation left unused (no attempt left) is given back when
         // the turn settles.
-        let number = match self.budget.try_begin_attempt() {
+        // One clock read for the budget's checks and the attempt's start.
+        let clock = Instant::now();
+        let number = match self.budget.try_begin_attempt_at(clock) {
             Ok(number) => number,
             Err(refusal) => return Err(self.refuse(&refusal)),
         };
@@ -882,7 +902,7 @@ where
         {
             hedging.policy.budget.deposit();
         }
-        Ok((number, estimate.unwrap_or(Cost::ZERO)))
+        Ok((number, estimate.unwrap_or(Cost::ZERO), clock))
     }
 
     /// The turn stops, refused by its budget.
