@@ -33,6 +33,20 @@ struct Entry {
 }
 
 impl Entry {
+    /// [`availability`](Self::availability) with the clock read only for
+    /// a key that cooled (once for all the keys sharing `now`): a healthy
+    /// key, the usual one, is admitted without a clock read.
+    fn availability_lazily(
+        &self,
+        policy: &CooldownPolicy,
+        now: &mut Option<Instant>,
+    ) -> Availability {
+        if self.cooling_until.is_none() {
+            return Availability::Healthy;
+        }
+        self.availability(policy, *now.get_or_insert_with(Instant::now))
+    }
+
     fn availability(&self, policy: &CooldownPolicy, now: Instant) -> Availability {
         match self.cooling_until {
             None => Availability::Healthy,
@@ -372,11 +386,12 @@ impl MemoryHealthStore {
 
 impl HealthStore for MemoryHealthStore {
     fn availability(&self, key: &HealthKey) -> Availability {
-        let now = Instant::now();
+        let mut now = None;
         let map = self.lock();
-        let of = |k: &HealthKey| {
-            map.get(k)
-                .map_or(Availability::Healthy, |e| e.availability(&self.policy, now))
+        let mut of = |k: &HealthKey| {
+            map.get(k).map_or(Availability::Healthy, |e| {
+                e.availability_lazily(&self.policy, &mut now)
+            })
         };
         let own = of(key);
         if key.model.is_none() {
@@ -386,7 +401,7 @@ impl HealthStore for MemoryHealthStore {
     }
 
     fn admit(&self, key: &HealthKey, force: bool) -> Admission {
-        let now = Instant::now();
+        let mut now = None;
         let account = key.to_account();
         let mut map = self.lock();
         let mut probe_keys: [Option<&HealthKey>; 2] = [None, None];
@@ -394,9 +409,9 @@ impl HealthStore for MemoryHealthStore {
             if slot == 0 && key.model.is_none() {
                 continue;
             }
-            let availability = map
-                .get(k)
-                .map_or(Availability::Healthy, |e| e.availability(&self.policy, now));
+            let availability = map.get(k).map_or(Availability::Healthy, |e| {
+                e.availability_lazily(&self.policy, &mut now)
+            });
             match availability {
                 Availability::Healthy => {}
                 Availability::Probe => probe_keys[slot] = Some(k),
@@ -411,6 +426,7 @@ impl HealthStore for MemoryHealthStore {
         }
         // A forced probe leaves the cooldown as it is: if the probe is never
         // sent (a refused budget, a cancelled turn) nobody else is let in.
+        let now = *now.get_or_insert_with(Instant::now);
         for k in probe_keys.into_iter().flatten() {
             if let Some(entry) = map.get_mut(k) {
                 entry.probe_started = Some(now);
