@@ -48,12 +48,13 @@ FAKE_UPSTREAM=0
 DEFAULT_LOG=1
 COMPARE=()
 QUICK=0
+ONLY=
 
 usage() {
     cat <<'EOF'
 usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick]
                            [--fake-upstream] [--no-default-log] [--keep]
-                           [--compare NAME=BINARY]...
+                           [--only WORKLOAD[,WORKLOAD...]] [--compare NAME=BINARY]...
 
   --rounds N        interleaved rounds; medians are reported (default 3)
   --duration SECS   length of each wrk run (default 10)
@@ -66,6 +67,12 @@ usage: benches/overhead.sh [--rounds N] [--duration SECS] [--streams N] [--quick
   --no-default-log  skip the gateway as shipped (RUST_LOG unset); only the
                     RUST_LOG=warn gateway runs
   --keep            keep the work directory (logs, strace output, raw results)
+  --only WORKLOADS  run only these workloads (comma-separated: small1, small32,
+                    stream1, stream32, paced1, paced32), and skip counting
+                    writes per stream: e.g. --only small32 --rounds 20
+                    --duration 5 for the CPU target of a small completion by
+                    twenty interleaved triples, the steadier measure on a
+                    noisy host (about 6 min)
   --compare NAME=BINARY
                     also run this gateway binary, with RUST_LOG=warn and the
                     same configuration, interleaved with the others and
@@ -82,6 +89,9 @@ while (($#)); do
     --fake-upstream) FAKE_UPSTREAM=1; shift ;;
     --no-default-log) DEFAULT_LOG=0; shift ;;
     --keep) KEEP=1; shift ;;
+    --only)
+        [[ ${2:-} =~ ^[a-z0-9]+(,[a-z0-9]+)*$ ]] || { echo "--only needs WORKLOAD[,WORKLOAD...]" >&2; exit 2; }
+        ONLY=$2; shift 2 ;;
     --compare)
         [[ ${2:-} =~ ^[A-Za-z0-9_]+=.+$ ]] || { echo "--compare needs NAME=BINARY" >&2; exit 2; }
         COMPARE+=("$2"); shift 2 ;;
@@ -91,6 +101,9 @@ while (($#)); do
 done
 for n in "$ROUNDS" "$DURATION" "$STREAMS"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "not a positive number: $n" >&2; exit 2; }
+done
+for w in ${ONLY//,/ }; do
+    [[ $w =~ ^(small|stream|paced)(1|32)$ ]] || { echo "--only: no workload $w" >&2; exit 2; }
 done
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -260,6 +273,15 @@ WORKLOADS=(small1 small32 stream1 stream32)
 # figures are those before issue 29), and not in a --quick run, which stays
 # under a minute.
 ((FAKE_UPSTREAM || QUICK)) || WORKLOADS+=(paced1 paced32)
+if [[ -n $ONLY ]]; then
+    picked=()
+    for w in ${ONLY//,/ }; do
+        [[ " ${WORKLOADS[*]} " == *" $w "* ]] ||
+            die "--only: no workload $w in this run (${WORKLOADS[*]})"
+        picked+=("$w")
+    done
+    WORKLOADS=("${picked[@]}")
+fi
 declare -A W_LUA=([small1]=small [small32]=small [stream1]=stream [stream32]=stream
     [paced1]=paced [paced32]=paced)
 declare -A W_CONNS=([small1]=1 [small32]=$HIGH_CONNS [stream1]=1 [stream32]=$HIGH_CONNS
@@ -372,8 +394,10 @@ trace_writes() {
         }' "$trace")
 }
 
-echo "counting writes per stream ($STREAMS streams each, 1 connection)..." >&2
 declare -A TRACE SYSCW_STREAM SYSCW_SMALL
+# Writes per stream are not counted in a run of --only some workloads.
+[[ -n $ONLY ]] && TRACED=()
+((${#TRACED[@]})) && echo "counting writes per stream ($STREAMS streams each, 1 connection)..." >&2
 for t in "${TRACED[@]}"; do
     post_many "http://${ADDR[$t]}$PATH_CC" "$STREAM_BODY" 20 >/dev/null # warm-up
     trace_writes "$t"
@@ -550,9 +574,10 @@ awk -v ncpu="$NCPU" '$11 > m { m = $11 } END {
 
 # The targets name a small completion and a 100-token stream; the paced
 # stream is checked against the stream's.
-AT_HIGH=(small32 stream32)
-AT_ONE=(small1 stream1)
-((FAKE_UPSTREAM || QUICK)) || { AT_HIGH+=(paced32); AT_ONE+=(paced1); }
+AT_HIGH=()
+AT_ONE=()
+for w in small32 stream32 paced32; do [[ " ${WORKLOADS[*]} " == *" $w "* ]] && AT_HIGH+=("$w"); done
+for w in small1 stream1 paced1; do [[ " ${WORKLOADS[*]} " == *" $w "* ]] && AT_ONE+=("$w"); done
 echo
 echo "Issue 29 targets (gateway against the pass-through, same run, medians):"
 for g in "${GATEWAYS[@]}"; do
@@ -618,6 +643,7 @@ for g in "${GATEWAYS[@]}"; do
     done
 done
 
+((${#TRACED[@]})) || exit 0
 echo
 echo "Writes per 100-token stream, $STREAMS streams one after another on one connection."
 echo "strace -f (per-fd: client = fds from accept4 in the trace; upstream = fds connected"
