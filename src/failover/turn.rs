@@ -2,7 +2,6 @@
 //! until one commits or every option is spent.
 
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -32,7 +31,6 @@ use crate::health::{Admitted, FailureReport, Scope};
 use crate::identity::ClientId;
 use crate::observe;
 use crate::stream::StreamState;
-use crate::time::ArmedFor;
 use crate::{Cost, budget::BudgetExhausted, budget::TurnBudget};
 use crate::{Decision, FailureClass, classify::Classification};
 use crate::{StopReason, observe::TurnRecord, util::log_safe};
@@ -185,22 +183,17 @@ where
                 if signal.is_ending() {
                     return refuse();
                 }
+                let ending = signal.ending();
                 // Then the turn first: a poll that finds its answer ready does
-                // not look at the signal. The signal's wait is polled once per
-                // task (each full poll takes its lock), its flag read after.
-                let mut running = running;
-                let mut ending = std::pin::pin!(signal.ending());
-                let mut armed = ArmedFor::default();
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready(response) = running.as_mut().poll(cx) {
-                        return Poll::Ready(response);
-                    }
-                    if signal.is_ending() {
-                        return Poll::Ready(refuse());
-                    }
-                    armed.poll(&mut ending, cx).map(|()| refuse())
-                })
-                .await
+                // not look at the signal. (Its wait polled once per task, as a
+                // stream's is, saved one poll per turn but moved LTO's inlining
+                // of the connection's write path: 11.5k instructions more per
+                // 100-token stream.)
+                tokio::select! {
+                    biased;
+                    response = running => response,
+                    () = ending => refuse(),
+                }
             }
         }
     }
