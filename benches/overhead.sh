@@ -508,6 +508,10 @@ echo "$NCPU cores, $(uname -sr); $ROUNDS interleaved round(s) of ${DURATION} s p
 IDLE_DRIVER=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown)
 IDLE_STATES=$( (cat /sys/devices/system/cpu/cpu0/cpuidle/state*/name 2>/dev/null || true) | tr '\n' ' ')
 echo "cpuidle: ${IDLE_DRIVER}${IDLE_STATES:+ (states: ${IDLE_STATES% })}."
+# Whether the gateway's per-request functions lie side by side (cold, at
+# one connection, that was worth 4 to 16 µs of p50; benches/README.md,
+# "Hot functions side by side").
+echo "gateway $(HOT_GATEWAY="$GATEWAY" benches/hot-functions.sh --check 2>&1 | head -2 | tr '\n' ' ')"
 ERRORS=0
 for w in "${WORKLOADS[@]}"; do
     for t in "${TARGETS[@]}"; do
