@@ -23,19 +23,8 @@ valgrind_bench_setup callgrind.sh valgrind curl
 # CALLGRIND_GATEWAY: another build of the gateway to count (an A/B).
 GATEWAY=${CALLGRIND_GATEWAY:-"$TARGET_DIR/release/tower-llm-gateway"}
 
-SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
-STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
-# A 64 KB prompt (20 messages of about 3.2 KB, with quotes, newlines and
-# a non-ASCII letter escaped as JSON writes them) for a small completion:
-# the request's reading is what grows with it.
-SENTENCE='Lorem ipsum dolor sit amet, \"quoted\" text with a newline\n and unicode \u00e9. '
-TEXT=$(for _ in $(seq 40); do printf '%s' "$SENTENCE"; done)
-LARGE='{"model":"bench","messages":['
-for i in $(seq 20); do
-    ((i > 1)) && LARGE+=','
-    LARGE+="{\"role\":\"user\",\"content\":\"$TEXT\"}"
-done
-LARGE+=']}'
+# SMALL, STREAM and LARGE (a 64 KB prompt), as hot-functions.sh sends them.
+bench_bodies
 
 # Instructions the proxy ran serving $2 requests of body $3; $1 names it.
 instructions() { # proxy requests body

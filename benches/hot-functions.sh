@@ -63,15 +63,8 @@ fi
 source benches/wait_ready.sh
 valgrind_bench_setup hot-functions.sh valgrind curl
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
-SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
-STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
-TEXT=$(for _ in $(seq 40); do printf '%s' 'Lorem ipsum dolor sit amet, \"quoted\" text with a newline\n and unicode \u00e9. '; done)
-LARGE='{"model":"bench","messages":['
-for i in $(seq 20); do
-    ((i > 1)) && LARGE+=','
-    LARGE+="{\"role\":\"user\",\"content\":\"$TEXT\"}"
-done
-LARGE+=']}'
+# SMALL, STREAM and LARGE (a 64 KB prompt), as callgrind.sh sends them.
+bench_bodies
 
 # Self instructions per function of the gateway's own binary serving $1
 # requests of body $2 (after one that warms it up: start-up, first

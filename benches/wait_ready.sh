@@ -69,3 +69,23 @@ valgrind_bench_setup() {
     PIDS+=($!)
     upstream_ready $! "$WORK/up.log" "$WORK"
 }
+
+# bench_bodies: sets SMALL, STREAM and LARGE, the request bodies the
+# callgrind scripts send (callgrind.sh, hot-functions.sh): a small
+# completion, a stream, and a small completion asked with a 64 KB prompt
+# (20 messages of about 3.2 KB, with quotes, newlines and a non-ASCII
+# letter escaped as JSON writes them: the request's reading is what grows
+# with it).
+bench_bodies() {
+    local sentence text i
+    SMALL='{"model":"bench","messages":[{"role":"user","content":"Say hello."}]}'
+    STREAM='{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+    sentence='Lorem ipsum dolor sit amet, \"quoted\" text with a newline\n and unicode \u00e9. '
+    text=$(for _ in $(seq 40); do printf '%s' "$sentence"; done)
+    LARGE='{"model":"bench","messages":['
+    for i in $(seq 20); do
+        ((i > 1)) && LARGE+=','
+        LARGE+="{\"role\":\"user\",\"content\":\"$text\"}"
+    done
+    LARGE+=']}'
+}
