@@ -5,15 +5,18 @@
 #
 # Fat LTO leaves a 10 MB text section in which the 425 functions of a
 # small completion were scattered over 328 pages of 4 KB, where their
-# bytes would fill 151; the list (those of a stream and a large request
-# too) lies in about 180. A request that finds the instruction caches and TLB cold
-# (at one connection, after the core slept) pays for each page and line
-# it touches; see docs/performance.md, "Hot functions side by side".
+# bytes would fill 151; the chat endpoint's part of the list (those of a
+# stream and a large request too) lies in about 175, and the other
+# dialects' translated paths follow. A request that finds the instruction
+# caches and TLB cold (at one connection, after the core slept) pays for
+# each page and line it touches; see docs/performance.md, "Hot functions side by side".
 #
 #   benches/hot-functions.sh           write the list from the release build
 #                                      (callgrind over a small completion, a
 #                                      100-token stream and a 64 KB request,
-#                                      the gateway as shipped)
+#                                      then Messages and Responses clients
+#                                      translated to chat, whole and
+#                                      streamed; the gateway as shipped)
 #   benches/hot-functions.sh --check   check the release build against the
 #                                      list: its names are found and lie side
 #                                      by side (exit 1 if not)
@@ -68,20 +71,20 @@ GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
 bench_bodies
 
 # Self instructions per function of the gateway's own binary serving $1
-# requests of body $2 (after one that warms it up: start-up, first
-# connections and the metrics clock's calibration are not counted), into
-# file $3 as "count name" lines, names mangled.
-profile() { # requests body out
+# requests of body $2 to endpoint $4 under config $5 (after one that warms
+# it up: start-up, first connections and the metrics clock's calibration
+# are not counted), into file $3 as "count name" lines, names mangled.
+profile() { # requests body out endpoint config
     local out="$WORK/cg.out" log="$WORK/gw.log" pid addr urls=()
     rm -f "$out"
     env -u RUST_LOG valgrind --tool=callgrind --demangle=no --instr-atstart=no \
-        --callgrind-out-file="$out" "$GATEWAY" --config "$WORK/gateway.toml" >"$log" 2>"$WORK/stderr.log" &
+        --callgrind-out-file="$out" "$GATEWAY" --config "$5" >"$log" 2>"$WORK/stderr.log" &
     pid=$!
     addr=$(wait_ready $pid "$log" 'ready on http://127\.0\.0\.1:[0-9]+' 60)
     addr=${addr##*//}
-    curl -s -H 'content-type: application/json' -d "$2" "http://$addr/v1/chat/completions" >/dev/null
+    curl -s -H 'content-type: application/json' -d "$2" "http://$addr$4" >/dev/null
     callgrind_control -i on $pid >/dev/null 2>&1
-    for _ in $(seq "$1"); do urls+=("http://$addr/v1/chat/completions"); done
+    for _ in $(seq "$1"); do urls+=("http://$addr$4"); done
     curl -s -H 'content-type: application/json' -d "$2" "${urls[@]}" >/dev/null
     callgrind_control -i off $pid >/dev/null 2>&1
     kill -INT $pid
@@ -91,20 +94,43 @@ profile() { # requests body out
             n = $1; gsub(",", "", n); name = $(NF - 1); sub(/.*:/, "", name); print n, name }' >"$3"
 }
 
+# The other dialects' clients, translated to the chat upstream by a route
+# (the benchmarks' config has none, so each endpoint keeps its own
+# catch-all there): Messages and Responses, whole and streamed.
+cp "$WORK/gateway.toml" "$WORK/routed.toml"
+printf '\n[[routes]]\nmodel = "bench"\ntargets = [{ provider = "up" }]\n' >>"$WORK/routed.toml"
+MESSAGES='{"model":"bench","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}'
+MESSAGES_STREAM='{"model":"bench","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+RESPONSES='{"model":"bench","input":"Say hello."}'
+RESPONSES_STREAM='{"model":"bench","stream":true,"input":"Say hello."}'
+
 # Each workload's functions with their share of its instructions; a
-# function's weight is its largest share in any workload, and the list
-# runs from the heaviest. Names that LTO numbered (`name.1234`, a local
-# copy) are left out: their numbers change with any change to the code.
-for workload in small stream large; do
+# function's weight is its largest share in any workload of its group.
+# The chat endpoint's functions come first, from the heaviest (their
+# layout is the one measured in benches/README.md), then the other
+# dialects' that chat does not run. Names that LTO numbered (`name.1234`,
+# a local copy) are left out: their numbers change with any change to
+# the code.
+CHAT=/v1/chat/completions
+for workload in small stream large messages messages-stream responses responses-stream; do
     case $workload in
-        small) body=$SMALL n=100 ;;
-        stream) body=$STREAM n=50 ;;
-        large) body=$LARGE n=20 ;;
+        small) set -- 100 "$SMALL" $CHAT "$WORK/gateway.toml" chat ;;
+        stream) set -- 50 "$STREAM" $CHAT "$WORK/gateway.toml" chat ;;
+        large) set -- 20 "$LARGE" $CHAT "$WORK/gateway.toml" chat ;;
+        messages) set -- 50 "$MESSAGES" /v1/messages "$WORK/routed.toml" other ;;
+        messages-stream) set -- 25 "$MESSAGES_STREAM" /v1/messages "$WORK/routed.toml" other ;;
+        responses) set -- 50 "$RESPONSES" /v1/responses "$WORK/routed.toml" other ;;
+        responses-stream) set -- 25 "$RESPONSES_STREAM" /v1/responses "$WORK/routed.toml" other ;;
     esac
-    profile $n "$body" "$WORK/$workload.cost"
+    profile "$1" "$2" "$WORK/$workload.cost" "$3" "$4"
     awk '{ cost[$2] += $1; total += $1 } END { for (f in cost) printf "%.9f %s\n", cost[f] / total, f }' \
-        "$WORK/$workload.cost" >"$WORK/$workload.share"
+        "$WORK/$workload.cost" >>"$WORK/$5.share"
 done
-sort -k2,2 "$WORK"/*.share | awk '{ if (!($2 in w) || $1 > w[$2]) w[$2] = $1 } END { for (f in w) print w[f], f }' |
-    sort -k1,1gr | awk '$2 !~ /\.[0-9]+$/ { print $2 }' >"$LIST"
-echo "wrote $LIST: $(wc -l <"$LIST") functions"
+ranked() { # shares
+    awk '{ if (!($2 in w) || $1 > w[$2]) w[$2] = $1 } END { for (f in w) print w[f], f }' "$1" |
+        sort -k1,1gr | awk '$2 !~ /\.[0-9]+$/ { print $2 }'
+}
+ranked "$WORK/chat.share" >"$WORK/chat.list"
+ranked "$WORK/other.share" | awk 'FNR == NR { chat[$1] = 1; next } !($1 in chat)' "$WORK/chat.list" - >"$WORK/other.list"
+cat "$WORK/chat.list" "$WORK/other.list" >"$LIST"
+echo "wrote $LIST: $(wc -l <"$WORK/chat.list") functions of the chat endpoint, then $(wc -l <"$WORK/other.list") of the other dialects'"

@@ -1,7 +1,8 @@
 //! Lays out the release gateway's per-request functions side by side.
 //!
 //! `hot-functions.txt` (written by `benches/hot-functions.sh`) lists the
-//! functions a small completion, a stream and a large request run, by
+//! functions a small completion, a stream and a large request run (then
+//! those of the Messages and Responses clients' translated paths), by
 //! their mangled names. Fat LTO scatters them over the binary's 10 MB of
 //! text; handed to the linker as a symbol ordering, they lie together in
 //! about half the pages, which a request that finds the caches cold (one
