@@ -35,10 +35,8 @@ fn main() {
     let list = Path::new(&dir).join("hot-functions.txt");
     let list = list.is_file().then(|| list.to_string_lossy().into_owned());
     let var = |name: &str| env::var(name).ok();
-    if !hot_layout::applies(&var, rustc_minor(), list.as_deref()) {
-        return;
-    }
-    let Some(list) = list else {
+    let Some(list) = list.filter(|list| hot_layout::applies(&var, rustc_minor(), Some(list)))
+    else {
         return;
     };
     println!("cargo:rustc-link-arg-bin=tower-llm-gateway=-Wl,--symbol-ordering-file={list}");
