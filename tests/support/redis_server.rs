@@ -115,23 +115,33 @@ impl RedisServer {
             missing(test, "redis-server");
             return None;
         }
-        let port = free_port();
-        let dir = temp_dir(port);
-        let config = config.map(|text| {
-            let path = dir.join("server.conf");
-            std::fs::write(&path, text.replace("$PORT", &port.to_string())).expect("config");
-            path
-        });
-        let mut server = Self {
-            port,
-            dir,
-            child: None,
-            config,
-            extra,
-            tls_ca,
-        };
-        server.restart().await;
-        Some(server)
+        // A port free when asked may be taken before the server binds it
+        // (tests run in parallel): a server that exits at once is tried
+        // again on another port.
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir(port);
+            let config = config.as_ref().map(|text| {
+                let path = dir.join("server.conf");
+                std::fs::write(&path, text.replace("$PORT", &port.to_string())).expect("config");
+                path
+            });
+            let mut server = Self {
+                port,
+                dir,
+                child: None,
+                config,
+                extra: extra.clone(),
+                tls_ca: tls_ca.clone(),
+            };
+            match server.spawn_and_wait().await {
+                Ok(()) => return Some(server),
+                Err(Start::Exited(why)) => last = why,
+                Err(Start::Silent(why)) => panic!("{why}"),
+            }
+        }
+        panic!("redis-server exited at start five times; the last: {last}");
     }
 
     /// A server that speaks TLS only (`--port 0`): `cert_pem`/`key_pem` its
@@ -203,6 +213,14 @@ impl RedisServer {
 
     /// (Re)starts the server on the same port.
     pub async fn restart(&mut self) {
+        if let Err(Start::Exited(why) | Start::Silent(why)) = self.spawn_and_wait().await {
+            panic!("{why}");
+        }
+    }
+
+    /// Spawns the server, its output to `server.log` in its directory, and
+    /// waits until it answers PING (bounded: 20 s, each try 2 s).
+    async fn spawn_and_wait(&mut self) -> Result<(), Start> {
         let mut command = Command::new(binary().expect("redis-server"));
         if let Some(config) = &self.config {
             // A sentinel's port is in its file, which comes first.
@@ -212,6 +230,8 @@ impl RedisServer {
         } else {
             command.args(["--port", &self.port.to_string()]);
         }
+        let log_path = self.dir.join("server.log");
+        let log = std::fs::File::create(&log_path).expect("server.log");
         let child = command
             .args([
                 "--bind",
@@ -224,24 +244,40 @@ impl RedisServer {
             ])
             .arg(&self.dir)
             .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.try_clone().expect("server.log"))
+            .stderr(log)
             .spawn()
             .expect("redis-server starts");
         self.child = Some(child);
-        // Ready when it answers PING (bounded: 200 × 25 ms).
-        for _ in 0..200 {
-            if let Ok(mut c) = self.client().get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return;
+        let log_tail = || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(8)..].join("\n")
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(Start::Exited(format!(
+                    "redis-server on port {} exited ({status}):\n{}",
+                    self.port,
+                    log_tail()
+                )));
+            }
+            let ping = async {
+                let mut c = self.client().get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            };
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), ping).await {
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("redis-server did not come up on port {}", self.port);
+        Err(Start::Silent(format!(
+            "redis-server did not answer PING on port {} within 20 s:\n{}",
+            self.port,
+            log_tail()
+        )))
     }
 
     /// Kills the server (SIGKILL) and waits for it to go.
@@ -273,6 +309,14 @@ impl RedisServer {
             })
             .collect()
     }
+}
+
+/// Why a server did not come up.
+enum Start {
+    /// The process ended (a port taken since it was picked, say).
+    Exited(String),
+    /// It runs but did not answer in time.
+    Silent(String),
 }
 
 impl Drop for RedisServer {
