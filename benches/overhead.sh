@@ -9,7 +9,8 @@
 #     (examples/gateway/fixtures/fake_upstream.rs, no pacing), which is;
 #   - a bare hyper pass-through proxy (examples/gateway/fixtures/passthrough.rs,
 #     built as binary `passthrough` of benches/fixtures, without the
-#     gateway's dev-dependencies' features), the baseline;
+#     gateway's dev-dependencies' features, and without the gateway's
+#     profile: in target/baseline), the baseline;
 #   - the gateway (target/release/tower-llm-gateway, package tower-llm-gateway)
 #     with one provider, no routes, twice: with RUST_LOG=warn, and as shipped
 #     (RUST_LOG unset: the default filter, one log line per turn, to a
@@ -143,7 +144,7 @@ TARGET_DIR=$(cargo metadata --no-deps --format-version 1 |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN="$TARGET_DIR/release/examples"
 GATEWAY="$TARGET_DIR/release/tower-llm-gateway"
-PASSTHROUGH="$TARGET_DIR/release/passthrough"
+PASSTHROUGH="$TARGET_DIR/baseline/release/passthrough"
 for b in "$BIN/$UPSTREAM" "$PASSTHROUGH" "$GATEWAY" "${COMPARE[@]#*=}"; do
     [[ -x $b ]] || die "missing $b"
 done

@@ -32,17 +32,23 @@ TOML
 }
 
 # build_bench_binaries EXAMPLE...: the release gateway as its users build
-# it (`cargo run --release -p tower-llm-gateway`), the bare pass-through
-# (binary `passthrough` of `benches/fixtures`), then the gateway's example
+# it (`cargo run --release -p tower-llm-gateway`, with the workspace's
+# profile: examples/gateway/pgo/rustc-wrapper.sh), the bare pass-through
+# (binary `passthrough` of `benches/fixtures`) as a user would build their
+# own, without that profile (TOWER_LLM_GATEWAY_PGO=0, in a target dir of
+# its own, TARGET/baseline: cargo does not see what the wrapper adds, and
+# would reuse the gateway's dependencies), then the gateway's example
 # fixtures. Separate builds, not one: an example in a build brings its
 # package's dev-dependencies and their features into every binary of that
 # build (tokio's `test-util` clock, which takes a lock at every clock read;
 # its `process` driver, which tries a process-wide lock at every park),
 # and the benches would compare a gateway and a baseline nobody ships.
 build_bench_binaries() {
-    local example args=()
+    local example args=() target_dir
+    target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
     cargo build --release --quiet -p tower-llm-gateway --bin tower-llm-gateway
-    cargo build --release --quiet -p tower-llm-bench-fixtures --bin passthrough
+    TOWER_LLM_GATEWAY_PGO=0 cargo build --release --quiet -p tower-llm-bench-fixtures --bin passthrough \
+        --target-dir "$target_dir/baseline"
     for example in "$@"; do args+=(--example "$example"); done
     cargo build --release --quiet -p tower-llm-gateway "${args[@]}"
 }
@@ -64,7 +70,7 @@ valgrind_bench_setup() {
     TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
     build_bench_binaries prepared_upstream
     BIN="$TARGET_DIR/release/examples"
-    PASSTHROUGH="$TARGET_DIR/release/passthrough"
+    PASSTHROUGH="$TARGET_DIR/baseline/release/passthrough"
     "$BIN/prepared_upstream" --port 0 --name up --tokens 100 --completion-tokens 8 >"$WORK/up.log" 2>&1 &
     PIDS+=($!)
     upstream_ready $! "$WORK/up.log" "$WORK"
