@@ -94,15 +94,9 @@ profile() { # requests body out endpoint config
             n = $1; gsub(",", "", n); name = $(NF - 1); sub(/.*:/, "", name); print n, name }' >"$3"
 }
 
-# The other dialects' clients, translated to the chat upstream by a route
-# (the benchmarks' config has none, so each endpoint keeps its own
-# catch-all there): Messages and Responses, whole and streamed.
-cp "$WORK/gateway.toml" "$WORK/routed.toml"
-printf '\n[[routes]]\nmodel = "bench"\ntargets = [{ provider = "up" }]\n' >>"$WORK/routed.toml"
-MESSAGES='{"model":"bench","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}'
-MESSAGES_STREAM='{"model":"bench","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
-RESPONSES='{"model":"bench","input":"Say hello."}'
-RESPONSES_STREAM='{"model":"bench","stream":true,"input":"Say hello."}'
+# The other dialects' clients, translated to the chat upstream by a route:
+# Messages and Responses, whole and streamed.
+dialect_bodies "$WORK"
 
 # Each workload's functions with their share of its instructions; a
 # function's weight is its largest share in any workload of its group.

@@ -58,20 +58,19 @@ cargo build --release --quiet -p tower-llm-gateway --example prepared_upstream
     >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 upstream_ready $! "$WORK/up.log" "$WORK"
-cp "$WORK/gateway.toml" "$WORK/routed.toml"
-printf '\n[[routes]]\nmodel = "bench"\ntargets = [{ provider = "up" }]\n' >>"$WORK/routed.toml"
 
 bench_bodies
+dialect_bodies "$WORK"
 script() { # name body
     printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = [==[%s]==]\n' "$2" >"$WORK/$1.lua"
 }
 script small "$SMALL"
 script stream "$STREAM"
 script large "$LARGE"
-script messages '{"model":"bench","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}'
-script messages-stream '{"model":"bench","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
-script responses '{"model":"bench","input":"Say hello."}'
-script responses-stream '{"model":"bench","stream":true,"input":"Say hello."}'
+script messages "$MESSAGES"
+script messages-stream "$MESSAGES_STREAM"
+script responses "$RESPONSES"
+script responses-stream "$RESPONSES_STREAM"
 
 # train CONFIG WORKLOAD:PATH:CONNECTIONS:SECONDS...: one gateway process
 # (its counts written when it exits) under each load in turn.

@@ -95,3 +95,18 @@ bench_bodies() {
     done
     LARGE+=']}'
 }
+
+# dialect_bodies DIR: sets MESSAGES, MESSAGES_STREAM, RESPONSES and
+# RESPONSES_STREAM, small requests of the other dialects' clients (whole
+# and streamed), and writes DIR/routed.toml: DIR/gateway.toml with a route
+# for their model to the upstream (the benchmarks' config has none, so
+# each endpoint keeps its own catch-all there), which translates them to
+# the upstream's chat (hot-functions.sh, pgo.sh).
+dialect_bodies() {
+    MESSAGES='{"model":"bench","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}'
+    MESSAGES_STREAM='{"model":"bench","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Say hello."}]}'
+    RESPONSES='{"model":"bench","input":"Say hello."}'
+    RESPONSES_STREAM='{"model":"bench","stream":true,"input":"Say hello."}'
+    cp "$1/gateway.toml" "$1/routed.toml"
+    printf '\n[[routes]]\nmodel = "bench"\ntargets = [{ provider = "up" }]\n' >>"$1/routed.toml"
+}
